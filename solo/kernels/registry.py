@@ -1,0 +1,37 @@
+"""Chooses the routed-expert backend by name; an unavailable backend is an error, never a fallback."""
+
+from __future__ import annotations
+
+import torch
+
+from solo.kernels.moe import DenseExperts, MoEBackend, MXFP4Experts, TorchMoE
+
+MOE_BACKENDS = ("torch", "triton", "humming")
+
+
+class BackendUnavailable(RuntimeError):
+    """A requested kernel backend cannot run here; the message says why and what to do."""
+
+
+def make_moe_backend(
+    name: str,
+    experts: MXFP4Experts | DenseExperts,
+    dtype: torch.dtype,
+    swiglu_limit: float | None,
+) -> MoEBackend:
+    if name == "torch":
+        return TorchMoE(experts, dtype, swiglu_limit)
+    if name not in MOE_BACKENDS:
+        raise BackendUnavailable(f"unknown MoE backend '{name}'; choose one of {', '.join(MOE_BACKENDS)}.")
+    if not isinstance(experts, MXFP4Experts):
+        raise BackendUnavailable(
+            f"--moe-backend {name} runs MXFP4 experts, but this checkpoint's experts are not MXFP4. "
+            "Convert it with `solo quantize IN_DIR OUT_DIR`, or use --moe-backend torch."
+        )
+    if name == "triton":
+        from solo.kernels.triton_moe import TritonMoE
+
+        return TritonMoE(experts, dtype=dtype, swiglu_limit=swiglu_limit)
+    from solo.kernels.humming_moe import HummingMoE
+
+    return HummingMoE(experts, dtype=dtype, swiglu_limit=swiglu_limit)

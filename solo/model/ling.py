@@ -1,0 +1,160 @@
+"""The Ling-3.0 hybrid decoder (KDA + MLA layers, MoE MLPs) and its NEXTN draft layer.
+
+Batch size is always 1, so activations are [T, hidden] with no batch dimension. Module names
+mirror the checkpoint's tensor names (`model.word_embeddings`, `model.layers.N.attention...`),
+so loading is a name-for-name assignment.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from solo.config import LingConfig
+from solo.model.cache import HybridCache
+from solo.model.kda import KimiDeltaAttention
+from solo.model.layers import Linear, RMSNorm, RotaryEmbedding
+from solo.model.mla import MultiLatentAttention
+from solo.model.moe import SparseMoE, SwiGLUMLP
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LingConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.is_mla = config.is_mla(layer)
+        self.attention: nn.Module = (
+            MultiLatentAttention(config) if self.is_mla else KimiDeltaAttention(config)
+        )
+        self.mlp: nn.Module = (
+            SparseMoE(config, layer)
+            if config.is_moe(layer)
+            else SwiGLUMLP(config.hidden_size, config.intermediate_size)
+        )
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        cache: HybridCache,
+        kda_history: dict[int, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        if self.is_mla:
+            h = self.attention(h, positions, cos_sin, cache.mla[self.layer])
+        else:
+            history = None if kda_history is None else kda_history[self.layer]
+            h = self.attention(h, cache.kda[self.layer], history)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class NextNLayer(DecoderLayer):
+    """The multi-token-prediction layer: x = eh_proj([enorm(embed(token)); hnorm(hidden)]), one
+    MLA + MoE decoder block, then final_layernorm. The LM head is the target model's own."""
+
+    def __init__(self, config: LingConfig) -> None:
+        super().__init__(config, config.num_hidden_layers)
+        hidden = config.hidden_size
+        self.enorm = RMSNorm(hidden, config.rms_norm_eps)
+        self.hnorm = RMSNorm(hidden, config.rms_norm_eps)
+        self.eh_proj = Linear(2 * hidden, hidden)
+        self.final_layernorm = RMSNorm(hidden, config.rms_norm_eps)
+
+    def draft_hidden(
+        self,
+        token_embeddings: torch.Tensor,
+        previous_hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        cache: HybridCache,
+    ) -> torch.Tensor:
+        x = self.eh_proj(torch.cat([self.enorm(token_embeddings), self.hnorm(previous_hidden)], dim=-1))
+        return self.final_layernorm(super().forward(x, positions, cos_sin, cache))
+
+
+class LingBackbone(nn.Module):
+    def __init__(self, config: LingConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.word_embeddings.weight.requires_grad_(False)
+        layers: list[nn.Module] = [DecoderLayer(config, i) for i in range(config.num_hidden_layers)]
+        if config.has_nextn:
+            layers.append(NextNLayer(config))
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LingForCausalLM(nn.Module):
+    def __init__(self, config: LingConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LingBackbone(config)
+        self.lm_head: nn.Module = Linear(config.hidden_size, config.vocab_size)
+        self.rotary = RotaryEmbedding(config)
+
+    @property
+    def nextn(self) -> NextNLayer | None:
+        if not self.config.has_nextn:
+            return None
+        layer = self.model.layers[self.config.num_hidden_layers]
+        assert isinstance(layer, NextNLayer)
+        return layer
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.norm.weight.device
+
+    def finalize(self) -> None:
+        """Build derived buffers after the weights are in place (fused conv, absorbed MLA)."""
+        self.rotary.inv_freq = self.rotary.inv_freq.to(self.device)
+        for layer in self.model.layers:
+            attention = layer.attention
+            if isinstance(attention, MultiLatentAttention):
+                attention.finalize(self.dtype)
+            elif isinstance(attention, KimiDeltaAttention):
+                attention.finalize()
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.word_embeddings(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: HybridCache,
+        kda_history: dict[int, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """input_ids, positions [T] -> final-norm hidden states [T, hidden]; updates the cache."""
+        x = self.embed(input_ids)
+        cos_sin = self.rotary.cos_sin(positions, x.dtype)
+        for layer in self.model.layers[: self.config.num_hidden_layers]:
+            x = layer(x, positions, cos_sin, cache, kda_history)
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head in fp32 logits (the head's own arithmetic decides the precision of the product)."""
+        return self.lm_head(hidden).float()
+
+    def draft_forward(
+        self,
+        input_ids: torch.Tensor,
+        previous_hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cache: HybridCache,
+    ) -> torch.Tensor:
+        """NEXTN: hidden states predicting the token after `input_ids`, from the target's hidden
+        state at the previous position. Logits come from `self.logits` (the shared head module)."""
+        nextn = self.nextn
+        if nextn is None:
+            raise RuntimeError("this checkpoint has no NEXTN layer (num_nextn_predict_layers = 0)")
+        x = self.embed(input_ids)
+        cos_sin = self.rotary.cos_sin(positions, x.dtype)
+        return nextn.draft_hidden(x, previous_hidden, positions, cos_sin, cache)

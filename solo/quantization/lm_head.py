@@ -1,0 +1,101 @@
+"""LM head modes: `bf16` (the checkpoint's precision), `fp32` (FP32 weights and product, like
+SGLang's --enable-fp32-lm-head) and `fp8` (quantized online at load, one fp32 scale per vocabulary
+row: half the bytes of BF16, which every decode step reads in full).
+
+The head is one module object shared by the target and the NEXTN draft; `describe()` reports what
+is really in use so start-up checks can prove it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from solo.quantization import formats
+
+LM_HEAD_MODES = ("bf16", "fp32", "fp8")
+
+
+class LMHeadModeError(ValueError):
+    pass
+
+
+def validate_mode(mode: str) -> None:
+    if mode not in LM_HEAD_MODES:
+        raise LMHeadModeError(f"unknown --lm-head '{mode}'; choose one of {', '.join(LM_HEAD_MODES)}.")
+
+
+class DenseHead(nn.Module):
+    """Dense head whose product is computed in the weight's dtype."""
+
+    def __init__(self, weight: torch.Tensor, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.weight = nn.Parameter(weight, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "weight_dtype": str(self.weight.dtype).removeprefix("torch."),
+            "shape": list(self.weight.shape),
+            "scales": None,
+            "bytes": self.weight.nbytes,
+        }
+
+
+class Fp8RowwiseHead(nn.Module):
+    """FP8 E4M3 weight with one fp32 scale per output row; activations stay BF16/FP32.
+
+    `kernel(x, weight, scale)` computes x @ (weight * scale)^T; the default dequantizes on the fly
+    (the CPU reference); the GPU path plugs in the Triton FP8 GEMV.
+    """
+
+    mode = "fp8"
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, kernel: Callable | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.scale = nn.Parameter(scale, requires_grad=False)
+        self.kernel = kernel or reference_fp8_rowwise_linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel(x, self.weight, self.scale)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "mode": "fp8",
+            "weight_dtype": str(self.weight.dtype).removeprefix("torch."),
+            "shape": list(self.weight.shape),
+            "scales": {
+                "dtype": str(self.scale.dtype).removeprefix("torch."),
+                "shape": list(self.scale.shape),
+                "min": float(self.scale.min()),
+                "max": float(self.scale.max()),
+            },
+            "bytes": self.weight.nbytes + self.scale.nbytes,
+            "kernel": getattr(self.kernel, "__name__", type(self.kernel).__name__),
+        }
+
+
+def reference_fp8_rowwise_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    dtype = x.dtype if x.dtype in (torch.float32, torch.bfloat16, torch.float16) else torch.float32
+    return F.linear(x, formats.dequantize_fp8_rowwise(weight, scale, dtype))
+
+
+def build(head: nn.Module, mode: str) -> nn.Module:
+    """Turn the loaded head (a Linear holding the checkpoint weight) into the requested mode."""
+    validate_mode(mode)
+    weight = head.weight.data
+    if mode == "fp32":
+        return DenseHead(weight.float(), "fp32")
+    if mode == "bf16":
+        return DenseHead(weight.to(torch.bfloat16), "bf16")
+    w8, scale = formats.quantize_fp8_rowwise(weight.float())
+    return Fp8RowwiseHead(w8, scale)

@@ -1,0 +1,1 @@
+"""Training-side utilities (tokenizer training for small test and draft models)."""
