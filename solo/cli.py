@@ -1,0 +1,163 @@
+"""The `solo` command line: generate, quantize, make-tiny."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "ling-gsm8k-tiny"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed as one line, exit code 2."""
+
+
+def default_model() -> str | None:
+    return str(DEFAULT_MODEL) if (DEFAULT_MODEL / "config.json").is_file() else None
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by every command that loads a model (generate, check, serve, bench)."""
+    p.add_argument("--model", default=default_model(), help="checkpoint folder (default: the bundled model)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help="compute dtype (default: bfloat16 on GPU, float32 on CPU)",
+    )
+    p.add_argument(
+        "--moe-backend",
+        choices=("torch", "triton", "humming"),
+        default="torch",
+        help="routed-expert kernels (default: torch reference)",
+    )
+    p.add_argument(
+        "--lm-head",
+        choices=("bf16", "fp32", "fp8"),
+        default="bf16",
+        help="LM head precision: bf16 (default), fp32, or fp8 quantized online at load",
+    )
+
+
+def load_options(args: argparse.Namespace) -> dict:
+    if args.model is None:
+        raise UsageError("no model: pass --model PATH (a Ling-3.0 checkpoint folder).")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: no CUDA GPU is visible. Use --device cpu.")
+    dtype = (
+        DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    )
+    return dict(device=device, dtype=dtype, moe_backend=args.moe_backend, lm_head=args.lm_head)
+
+
+# --------------------------------------------------------------------------- generate
+def cmd_generate(args: argparse.Namespace) -> int:
+    from solo.engine.engine import Engine, GenerationParams
+    from solo.engine.sampling import SamplingParams
+
+    sampling = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
+    )
+    params = GenerationParams(max_tokens=args.max_tokens, sampling=sampling, stop=tuple(args.stop or ()))
+    engine = Engine.from_pretrained(args.model, **load_options(args))
+    prompt = args.prompt if args.prompt != "-" else sys.stdin.read()
+    if args.json:
+        result = engine.generate(prompt, params, chat=args.chat)
+        print(
+            json.dumps(
+                {
+                    "text": result.text,
+                    "token_ids": result.token_ids,
+                    "finish_reason": result.finish_reason,
+                    "stats": result.stats.to_dict(),
+                }
+            )
+        )
+        return 0
+    for event in engine.stream(prompt, params, chat=args.chat):
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+    s = engine.last_result.stats
+    rate = f"{s.decode_tok_per_s:.1f} tok/s" if s.decode_tok_per_s else "n/a"
+    line = f"\n[{s.completion_tokens} tokens, TTFT {s.ttft_s * 1e3:.1f} ms, decode {rate}"
+    if s.accept_length is not None:
+        line += f", accept length {s.accept_length:.2f}"
+    print(line + f", finish: {engine.last_result.finish_reason}]", file=sys.stderr)
+    return 0
+
+
+def add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="generate text from a prompt, streaming")
+    add_model_options(p)
+    p.add_argument("prompt", help="prompt text ('-' reads stdin)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the Ling chat format")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    p.set_defaults(func=cmd_generate)
+
+
+# --------------------------------------------------------------------------- make-tiny
+def cmd_make_tiny(args: argparse.Namespace) -> int:
+    try:
+        from solo.testing.tiny import write_tiny_checkpoint
+    except ImportError as e:  # transformers is a test dependency
+        raise UsageError(
+            f"make-tiny needs transformers 5.23 (pip install 'transformers==5.23.0'): {e}"
+        ) from e
+    write_tiny_checkpoint(args.out, preset=args.preset, seed=args.seed, with_nextn=not args.no_nextn)
+    print(f"wrote a tiny random Ling-3.0 checkpoint (preset {args.preset}) to {args.out}")
+    return 0
+
+
+def add_make_tiny(sub) -> None:
+    p = sub.add_parser(
+        "make-tiny", help="write a tiny random Ling-3.0 checkpoint through transformers (tests)"
+    )
+    p.add_argument("out")
+    p.add_argument("--preset", choices=("a", "b", "c"), default="a")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-nextn", action="store_true", help="omit the NEXTN layer")
+    p.set_defaults(func=cmd_make_tiny)
+
+
+COMMANDS = [add_generate, add_make_tiny]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="solo", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from solo.checkpoint.reader import CheckpointError
+    from solo.config import ConfigError
+    from solo.kernels.registry import BackendUnavailable
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"solo: error: {e}", file=sys.stderr)
+        return 2
+    except (CheckpointError, ConfigError, BackendUnavailable, ValueError) as e:
+        print(f"solo {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
