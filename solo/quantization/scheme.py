@@ -87,7 +87,8 @@ class QuantScheme:
             )
         if tuple(weight.shape) != tuple(shape):
             raise CheckpointError(
-                f"{reader.directory}: '{prefix}.weight' has shape {list(weight.shape)}, expected {list(shape)}."
+                f"{reader.directory}: '{prefix}.weight' has shape {list(weight.shape)}, "
+                f"expected {list(shape)}."
             )
         try:
             formats.check_fp8_block_shapes(f"{prefix}.weight_scale_inv", weight, scale, self.block_size)
