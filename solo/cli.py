@@ -21,6 +21,25 @@ def default_model() -> str | None:
     return str(DEFAULT_MODEL) if (DEFAULT_MODEL / "config.json").is_file() else None
 
 
+class OnceOnly(argparse.Action):
+    """An option that may be given once: a second, different value is an error, not silently the last."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen = f"_{self.dest}_given"
+        if getattr(namespace, seen, False) and getattr(namespace, self.dest) != values:
+            first = getattr(namespace, self.dest)
+            hint = CONFLICT_HINTS.get(frozenset((first, values)), "choose one")
+            parser.error(f"{option_string} given twice ({first} and {values}): {hint}.")
+        setattr(namespace, self.dest, values)
+        setattr(namespace, seen, True)
+
+
+CONFLICT_HINTS = {
+    frozenset(("fp8", "fp32")): "fp8 quantizes the LM head to FP8 while fp32 computes it in FP32; "
+    "they cannot be combined, choose one",
+}
+
+
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """Options shared by every command that loads a model (generate, check, serve, bench)."""
     p.add_argument("--model", default=default_model(), help="checkpoint folder (default: the bundled model)")
@@ -35,12 +54,14 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "--moe-backend",
         choices=("torch", "triton", "humming"),
         default="torch",
+        action=OnceOnly,
         help="routed-expert kernels (default: torch reference)",
     )
     p.add_argument(
         "--lm-head",
         choices=("bf16", "fp32", "fp8"),
         default="bf16",
+        action=OnceOnly,
         help="LM head precision: bf16 (default), fp32, or fp8 quantized online at load",
     )
 
@@ -70,16 +91,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt != "-" else sys.stdin.read()
     if args.json:
         result = engine.generate(prompt, params, chat=args.chat)
-        print(
-            json.dumps(
-                {
-                    "text": result.text,
-                    "token_ids": result.token_ids,
-                    "finish_reason": result.finish_reason,
-                    "stats": result.stats.to_dict(),
-                }
-            )
-        )
+        report = {
+            "text": result.text,
+            "token_ids": result.token_ids,
+            "finish_reason": result.finish_reason,
+            "stats": result.stats.to_dict(),
+            "engine": engine.describe(),
+        }
+        print(json.dumps(report))
         return 0
     for event in engine.stream(prompt, params, chat=args.chat):
         sys.stdout.write(event.text)
@@ -89,7 +108,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     line = f"\n[{s.completion_tokens} tokens, TTFT {s.ttft_s * 1e3:.1f} ms, decode {rate}"
     if s.accept_length is not None:
         line += f", accept length {s.accept_length:.2f}"
-    print(line + f", finish: {engine.last_result.finish_reason}]", file=sys.stderr)
+    used = engine.describe()
+    line += f", finish: {engine.last_result.finish_reason}; lm head {used['lm_head']['mode']}"
+    print(line + f", moe {used['moe_backend']}]", file=sys.stderr)
     return 0
 
 
@@ -132,7 +153,26 @@ def add_make_tiny(sub) -> None:
     p.set_defaults(func=cmd_make_tiny)
 
 
-COMMANDS = [add_generate, add_make_tiny]
+# --------------------------------------------------------------------------- quantize
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from solo.quantization.convert import quantize_checkpoint
+
+    errors = quantize_checkpoint(args.in_dir, args.out_dir, verbose=not args.quiet)
+    print(f"wrote {len(errors)} quantized tensors to {args.out_dir}")
+    return 0
+
+
+def add_quantize(sub) -> None:
+    p = sub.add_parser(
+        "quantize", help="convert a BF16 checkpoint to the fp4 format (MXFP4 experts, block FP8)"
+    )
+    p.add_argument("in_dir")
+    p.add_argument("out_dir")
+    p.add_argument("--quiet", action="store_true", help="only the summary, not every tensor's error")
+    p.set_defaults(func=cmd_quantize)
+
+
+COMMANDS = [add_generate, add_quantize, add_make_tiny]
 
 
 def build_parser() -> argparse.ArgumentParser:

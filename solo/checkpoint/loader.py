@@ -30,6 +30,7 @@ from solo.quantization.scheme import QuantScheme
 FP32_PARAMS = re.compile(r"(A_log|dt_bias|_conv1d\.weight|expert_bias)$")
 ALIASES = {"expert_bias": "e_score_correction_bias"}
 PROGRESS_MIN_BYTES = 1 << 30
+QUANTIZED_DTYPES = (torch.float8_e4m3fn, torch.uint8, torch.int8)
 
 
 @dataclass
@@ -138,7 +139,14 @@ def _fetch(reader: CheckpointReader, name: str, shape: tuple[int, ...], used: se
             "from config.json. The checkpoint and its config do not match."
         )
     used.add(key)
-    return reader.get(key)
+    tensor = reader.get(key)
+    if tensor.dtype in QUANTIZED_DTYPES:
+        raise CheckpointError(
+            f"{reader.directory}: tensor '{key}' is {str(tensor.dtype).removeprefix('torch.')} but its scale "
+            f"tensor '{key.removesuffix('.weight')}.weight_scale_inv' is missing. Re-export the checkpoint "
+            "with `solo quantize`."
+        )
+    return tensor
 
 
 def _param_dtype(name: str, options: LoadOptions) -> torch.dtype:

@@ -106,6 +106,22 @@ class Engine:
         model = load_model(path, LoadOptions(**load_options))
         return cls(model, Tokenizer.from_dir(path, model.config.eos_token_id))
 
+    def describe(self) -> dict[str, Any]:
+        """What is really in use: the LM head's weights, the routed-expert backend, dtype, device."""
+        from solo.model.moe import SparseMoE
+
+        backends = sorted(
+            {m.experts.name for m in self.model.modules() if isinstance(m, SparseMoE) and m.experts}
+        )
+        head = self.model.lm_head
+        return {
+            "device": str(self.model.device),
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "lm_head": head.describe() if hasattr(head, "describe") else {"mode": "dense"},
+            "moe_backend": backends[0] if len(backends) == 1 else backends,
+            "decoder": type(self.decoder).__name__,
+        }
+
     # ------------------------------------------------------------------ caches
     @property
     def cache_margin(self) -> int:

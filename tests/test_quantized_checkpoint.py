@@ -1,0 +1,194 @@
+"""The fp4 checkpoint format: `solo quantize`, loading, LM head modes, malformed metadata."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from solo.bench.quant_quality import compare, position_logits
+from solo.checkpoint.loader import LoadOptions, load_model
+from solo.checkpoint.reader import CheckpointError
+from solo.quantization import formats
+from solo.quantization.convert import quantize_checkpoint
+
+
+@pytest.fixture(scope="module")
+def fp4_pair(tiny_checkpoints, tmp_path_factory):
+    src, _ = tiny_checkpoints["a"]
+    out = tmp_path_factory.mktemp("fp4")
+    errors = quantize_checkpoint(src, out, verbose=False)
+    return src, out, errors
+
+
+def read_all(path):
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    tensors = {}
+    for shard in set(index["weight_map"].values()):
+        with safe_open(str(path / shard), "pt") as f:
+            tensors.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
+    return tensors
+
+
+def test_quantized_layout_and_names(fp4_pair):
+    src, out, errors = fp4_pair
+    t = read_all(out)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["quantization_config"]["routed_experts_quant_method"] == "mxfp4"
+    assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
+    up = "model.layers.1.mlp.experts.3.up_proj"
+    assert t[f"{up}.weight"].dtype == torch.uint8 and t[f"{up}.weight"].shape == (32, 32)
+    assert t[f"{up}.weight_scale_inv"].dtype == torch.uint8 and t[f"{up}.weight_scale_inv"].shape == (32, 2)
+    q = "model.layers.0.attention.q_proj"
+    assert t[f"{q}.weight"].dtype == torch.float8_e4m3fn and t[f"{q}.weight_scale_inv"].shape == (1, 1)
+    assert t["lm_head.weight"].dtype == torch.float32  # the head is not converted
+    assert "model.layers.1.mlp.gate.weight_scale_inv" not in t  # the router stays as it was
+    assert (out / "tokenizer.json").is_file()
+    assert all(e.rel_rms < 0.2 for e in errors) and {e.fmt for e in errors} == {"mxfp4", "fp8"}
+
+
+def test_fp4_checkpoint_computes_with_exactly_its_dequantized_weights(fp4_pair, tmp_path, fresh_ids):
+    """Loading the fp4 checkpoint == loading a dense checkpoint holding its dequantized weights."""
+    _, out, _ = fp4_pair
+    dense = {}
+    for name, w in read_all(out).items():
+        if name.endswith("weight_scale_inv"):
+            continue
+        base = name[: -len(".weight")]
+        scales = read_all(out).get(f"{base}.weight_scale_inv") if name.endswith(".weight") else None
+        if scales is None:
+            dense[name] = w
+        elif w.dtype == torch.uint8:
+            dense[name] = formats.dequantize_mxfp4(w, scales)
+        else:
+            dense[name] = formats.dequantize_fp8_block(w, scales)
+    save_file(dense, str(tmp_path / "model.safetensors"))
+    cfg = json.loads((out / "config.json").read_text())
+    del cfg["quantization_config"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    shutil.copy(out / "tokenizer.json", tmp_path)
+    ids = fresh_ids(60).tolist()
+    got = position_logits(load_model(out, LoadOptions(lm_head="fp32")), ids)
+    want = position_logits(load_model(tmp_path, LoadOptions(lm_head="fp32")), ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_quantized_model_generates_and_reports_quality(fp4_pair):
+    src, out, _ = fp4_pair
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "solo.cli",
+            "generate",
+            "--model",
+            str(out),
+            "--json",
+            "--max-tokens",
+            "8",
+            "Hello",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert len(json.loads(proc.stdout)["token_ids"]) >= 1
+    prompts = [torch.randint(6, 262, (48,)).tolist() for _ in range(8)]
+    ref_model = load_model(src, LoadOptions(lm_head="fp32"))
+    reference = [position_logits(ref_model, p) for p in prompts]
+    fp8_head = compare(
+        reference, [position_logits(load_model(src, LoadOptions(lm_head="fp8")), p) for p in prompts]
+    )
+    fp4 = compare(
+        reference, [position_logits(load_model(out, LoadOptions(lm_head="fp32")), p) for p in prompts]
+    )
+    print(
+        f"\ntiny random model: fp8 head top-1 {fp8_head['top1_agreement']:.3f} KL {fp8_head['mean_kl']:.2e}; "
+        f"fp4 checkpoint top-1 {fp4['top1_agreement']:.3f} KL {fp4['mean_kl']:.2e}"
+    )
+    # a random model has many near-ties; the >= 99% criterion is checked on the trained bundled model
+    assert fp8_head["top1_agreement"] > 0.9 and fp8_head["mean_kl"] < 1e-2
+    assert fp4["mean_kl"] < 1.0
+
+
+def test_lm_head_modes_report_what_is_in_use(tiny_checkpoints):
+    src, _ = tiny_checkpoints["a"]
+    heads = {
+        mode: load_model(src, LoadOptions(lm_head=mode)).lm_head.describe()
+        for mode in ("bf16", "fp32", "fp8")
+    }
+    assert heads["bf16"]["weight_dtype"] == "bfloat16" and heads["fp32"]["weight_dtype"] == "float32"
+    assert heads["fp8"]["weight_dtype"] == "float8_e4m3fn" and heads["fp8"]["scales"]["shape"] == [264]
+    assert heads["fp8"]["bytes"] < heads["bf16"]["bytes"] * 0.6
+
+
+def test_fp8_and_fp32_heads_cannot_be_combined(tiny_checkpoints):
+    src, _ = tiny_checkpoints["a"]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "solo.cli",
+            "generate",
+            "--model",
+            str(src),
+            "--lm-head",
+            "fp8",
+            "--lm-head",
+            "fp32",
+            "hi",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0 and "cannot be combined" in proc.stderr
+
+
+def _edit(out, tmp_path, edit_tensors=None, edit_config=None):
+    dst = tmp_path / "bad"
+    shutil.copytree(out, dst)
+    if edit_tensors:
+        shard = next(dst.glob("model-*.safetensors"))
+        with safe_open(str(shard), "pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+        edit_tensors(tensors)
+        save_file(tensors, str(shard))
+        index = json.loads((dst / "model.safetensors.index.json").read_text())
+        index["weight_map"] = dict.fromkeys(tensors, shard.name)
+        (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    if edit_config:
+        cfg = json.loads((dst / "config.json").read_text())
+        edit_config(cfg["quantization_config"])
+        (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_wrong_scale_shape_is_named(fp4_pair, tmp_path):
+    name = "model.layers.2.mlp.experts.5.down_proj.weight_scale_inv"
+    bad = _edit(fp4_pair[1], tmp_path, lambda t: t.update({name: t[name][:40].contiguous()}))
+    with pytest.raises(CheckpointError, match="experts.5.down_proj.weight_scale_inv"):
+        load_model(bad)
+
+
+def test_missing_scale_tensor_is_named(fp4_pair, tmp_path):
+    name = "model.layers.0.attention.g_proj.weight_scale_inv"
+    bad = _edit(fp4_pair[1], tmp_path, lambda t: t.pop(name))
+    with pytest.raises(CheckpointError, match="g_proj.weight_scale_inv' is missing"):
+        load_model(bad)
+
+
+def test_unknown_quant_method_is_named(fp4_pair, tmp_path):
+    bad = _edit(fp4_pair[1], tmp_path, edit_config=lambda qc: qc.update(quant_method="awq"))
+    with pytest.raises(CheckpointError, match="quant_method.*'awq'"):
+        load_model(bad)
+    bad2 = _edit(
+        fp4_pair[1], tmp_path / "2", edit_config=lambda qc: qc.update(routed_experts_quant_method="nvfp4")
+    )
+    with pytest.raises(CheckpointError, match="routed_experts_quant_method"):
+        load_model(bad2)
