@@ -65,6 +65,34 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         help="LM head precision: bf16 (default), fp32, or fp8 quantized online at load",
     )
 
+    p.add_argument(
+        "--speculative-algorithm",
+        default=None,
+        metavar="NEXTN",
+        help="speculative decoding with the checkpoint's NEXTN (MTP) layer",
+    )
+    p.add_argument("--speculative-num-steps", type=int, default=3, help="draft steps per round (default 3)")
+    p.add_argument(
+        "--speculative-num-draft-tokens",
+        type=int,
+        default=4,
+        help="tokens verified per round: num-steps + 1 (default 4)",
+    )
+    p.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft tree width; only 1 (a chain)")
+
+
+def speculative_config(args: argparse.Namespace):
+    if args.speculative_algorithm is None:
+        return None
+    from solo.speculative.nextn import SpeculativeConfig
+
+    return SpeculativeConfig(
+        algorithm=args.speculative_algorithm,
+        num_steps=args.speculative_num_steps,
+        num_draft_tokens=args.speculative_num_draft_tokens,
+        topk=args.speculative_eagle_topk,
+    )
+
 
 def load_options(args: argparse.Namespace) -> dict:
     if args.model is None:
@@ -75,7 +103,13 @@ def load_options(args: argparse.Namespace) -> dict:
     dtype = (
         DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     )
-    return dict(device=device, dtype=dtype, moe_backend=args.moe_backend, lm_head=args.lm_head)
+    return dict(
+        device=device,
+        dtype=dtype,
+        moe_backend=args.moe_backend,
+        lm_head=args.lm_head,
+        speculative=speculative_config(args),
+    )
 
 
 # --------------------------------------------------------------------------- generate

@@ -100,11 +100,18 @@ class Engine:
         self._cache: HybridCache | None = None
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **load_options: Any) -> Engine:
+    def from_pretrained(cls, path: str | Path, speculative: Any = None, **load_options: Any) -> Engine:
+        """Load a checkpoint folder; `speculative` (a SpeculativeConfig) turns on NEXTN drafting."""
         from solo.checkpoint.loader import LoadOptions, load_model
 
         model = load_model(path, LoadOptions(**load_options))
-        return cls(model, Tokenizer.from_dir(path, model.config.eos_token_id))
+        tokenizer = Tokenizer.from_dir(path, model.config.eos_token_id)
+        decoder = None
+        if speculative is not None:
+            from solo.speculative.nextn import NextNDecoder
+
+            decoder = NextNDecoder(model, speculative)
+        return cls(model, tokenizer, decoder)
 
     def describe(self) -> dict[str, Any]:
         """What is really in use: the LM head's weights, the routed-expert backend, dtype, device."""

@@ -22,6 +22,14 @@ class KDAState:
 
 
 @dataclass
+class KDAHistory:
+    """What a KDA layer saw during a verification pass of W tokens, kept to roll back to any prefix."""
+
+    states: torch.Tensor  # [W, heads, d_k, d_v]: the recurrent state after each token
+    window: torch.Tensor  # [3 * heads * d, K - 1 + W]: the conv inputs before and during the pass
+
+
+@dataclass
 class MLACache:
     latent: torch.Tensor  # [max_len, kv_lora_rank], normalised compressed kv
     rope: torch.Tensor  # [max_len, qk_rope_head_dim], rotated shared key
@@ -55,6 +63,29 @@ class HybridCache:
                 latent=torch.zeros(max_len, config.kv_lora_rank, dtype=dtype, device=device),
                 rope=torch.zeros(max_len, config.qk_rope_head_dim, dtype=dtype, device=device),
             )
+
+    def new_history(self, tokens: int) -> dict[int, KDAHistory]:
+        return {
+            layer: KDAHistory(
+                states=torch.zeros(
+                    (tokens, *state.recurrent.shape), dtype=torch.float32, device=state.recurrent.device
+                ),
+                window=torch.zeros(
+                    state.conv.shape[0], state.conv.shape[1] + tokens, device=state.conv.device
+                ),
+            )
+            for layer, state in self.kda.items()
+        }
+
+    def rollback_kda(self, history: dict[int, KDAHistory], keep: torch.Tensor) -> None:
+        """Make each KDA state what it would be had only the first `keep` (a 1-element tensor, >= 1)
+        tokens of the verification pass been processed. MLA caches need nothing: entries past the
+        kept positions are masked by position and overwritten by the next pass."""
+        for layer, state in self.kda.items():
+            past = history[layer]
+            state.recurrent.copy_(past.states.index_select(0, keep - 1)[0])
+            columns = keep + torch.arange(state.conv.shape[1], device=keep.device)
+            state.conv.copy_(past.window.index_select(1, columns))
 
     def reset(self) -> None:
         """Zero every buffer in place (a new request); MLA slots past the position are masked anyway."""

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from solo.config import LingConfig
-from solo.model.cache import KDAState
+from solo.model.cache import KDAHistory, KDAState
 from solo.model.layers import GatedRMSNorm, Linear, l2_normalize
 
 RECURRENT_MAX_TOKENS = 16  # up to this many tokens per call run the token-by-token form
@@ -140,27 +140,30 @@ class KimiDeltaAttention(nn.Module):
             return self.lower_bound * torch.sigmoid(rate * gate_in)
         return -rate * F.softplus(gate_in)
 
-    def short_conv(self, qkv: torch.Tensor, conv_state: torch.Tensor) -> torch.Tensor:
+    def short_conv(
+        self, qkv: torch.Tensor, conv_state: torch.Tensor, history: KDAHistory | None = None
+    ) -> torch.Tensor:
         """Causal depthwise conv + SiLU over [T, 3D], continuing from the state's last K-1 inputs."""
         window = torch.cat([conv_state, qkv.float().t()], dim=1)  # [3D, K-1+T]
+        if history is not None:
+            history.window.copy_(window)
         conv_state.copy_(window[:, window.shape[1] - conv_state.shape[1] :])
         out = F.conv1d(window[None], self.conv_weight[:, None, :], groups=window.shape[0])[0]
         return F.silu(out).t()  # [T, 3D] fp32
 
-    def forward(
-        self, x: torch.Tensor, state: KDAState, state_history: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: KDAState, history: KDAHistory | None = None) -> torch.Tensor:
         num_tokens = x.shape[0]
         shape = (num_tokens, self.num_heads, self.head_dim)
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        q, k, v = self.short_conv(qkv, state.conv).chunk(3, dim=-1)
+        q, k, v = self.short_conv(qkv, state.conv, history).chunk(3, dim=-1)
         q = l2_normalize(q.reshape(shape)) * self.head_dim**-0.5
         k = l2_normalize(k.reshape(shape))
         v = v.reshape(shape)
         g = self.forget_gate(x)
         beta = torch.sigmoid(self.b_proj(x).float())
-        if state_history is not None or num_tokens <= RECURRENT_MAX_TOKENS:
-            o = kda_recurrent(q, k, v, g, beta, state.recurrent, state_history)
+        if history is not None or num_tokens <= RECURRENT_MAX_TOKENS:
+            states = None if history is None else history.states
+            o = kda_recurrent(q, k, v, g, beta, state.recurrent, states)
         else:
             o = kda_chunked(q, k, v, g, beta, state.recurrent)
         gate = self.g_proj(x).view(shape)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from solo.config import LingConfig
-from solo.model.cache import HybridCache
+from solo.model.cache import HybridCache, KDAHistory
 from solo.model.kda import KimiDeltaAttention
 from solo.model.layers import Linear, RMSNorm, RotaryEmbedding
 from solo.model.mla import MultiLatentAttention
@@ -40,7 +40,7 @@ class DecoderLayer(nn.Module):
         positions: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         cache: HybridCache,
-        kda_history: dict[int, torch.Tensor] | None = None,
+        kda_history: dict[int, KDAHistory] | None = None,
     ) -> torch.Tensor:
         h = self.input_layernorm(x)
         if self.is_mla:
@@ -130,7 +130,7 @@ class LingForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         cache: HybridCache,
-        kda_history: dict[int, torch.Tensor] | None = None,
+        kda_history: dict[int, KDAHistory] | None = None,
     ) -> torch.Tensor:
         """input_ids, positions [T] -> final-norm hidden states [T, hidden]; updates the cache."""
         x = self.embed(input_ids)

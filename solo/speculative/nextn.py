@@ -1,0 +1,208 @@
+"""NEXTN multi-token-prediction speculative decoding (chain drafts, one verification pass).
+
+Round structure with S draft steps (`--speculative-num-steps`, default 3) and a window of S + 1
+tokens (`--speculative-num-draft-tokens`, default 4):
+  1. verify: the target processes [last token, d_1..d_S] in one forward, keeping per-token KDA
+     states; target distributions p_1..p_{S+1} come from its S + 1 hidden states;
+  2. accept: `accept_drafts` keeps a leading run of a drafts and draws the next token t;
+     the round emits d_1..d_a, t;
+  3. roll back: KDA states are set to those after the a + 1 kept tokens (MLA entries past them are
+     masked by position and overwritten later);
+  4. draft: the NEXTN layer processes the window's slots (token at position p + 1, target hidden
+     at p) with the slot at a carrying t, which yields d'_1; S - 1 chained steps on the NEXTN's own
+     hidden state give d'_2..d'_S.
+Every shape is fixed by S, so the round needs no host synchronisation before its tokens are read.
+
+The draft computes its logits with the target's LM head *module* (`draft_head`, the same object),
+so whatever the head's quantization, draft and target agree on it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from solo.engine.engine import GenerationStats
+from solo.engine.sampling import SamplingParams, make_generator, probabilities, sample_from
+from solo.model.cache import HybridCache
+from solo.model.ling import LingForCausalLM
+from solo.speculative.acceptance import accept_drafts
+
+log = logging.getLogger("solo.speculative")
+
+
+class SpeculationUnavailable(ValueError):
+    """Speculation was requested but cannot run; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    algorithm: str = "NEXTN"
+    num_steps: int = 3
+    num_draft_tokens: int = 4
+    topk: int = 1
+
+    def __post_init__(self) -> None:
+        if self.algorithm.upper() not in ("NEXTN", "MTP"):
+            raise SpeculationUnavailable(
+                f"--speculative-algorithm {self.algorithm}: solo implements NEXTN (the checkpoint's own MTP layer)."
+            )
+        if self.topk != 1:
+            raise SpeculationUnavailable(
+                "--speculative-eagle-topk must be 1: solo drafts a chain, not a tree."
+            )
+        if self.num_steps < 1:
+            raise SpeculationUnavailable(f"--speculative-num-steps must be >= 1, got {self.num_steps}.")
+        if self.num_draft_tokens != self.num_steps + 1:
+            raise SpeculationUnavailable(
+                f"--speculative-num-draft-tokens must be num-steps + 1 = {self.num_steps + 1} for a chain "
+                f"(got {self.num_draft_tokens})."
+            )
+
+
+@dataclass
+class AcceptanceTotals:
+    """Acceptance statistics over every request of the process."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_at: list[int] = field(default_factory=list)
+
+    @property
+    def accept_length(self) -> float | None:
+        return 1 + self.accepted / self.rounds if self.rounds else None
+
+    def per_position(self) -> list[float]:
+        return [n / self.rounds for n in self.accepted_at] if self.rounds else []
+
+
+class AcceptanceWatchdog:
+    """Warns when the rolling accept length stays below a floor: speculation is not paying off."""
+
+    def __init__(self, window: int = 64, floor: float = 1.1) -> None:
+        self.lengths: deque[int] = deque(maxlen=window)
+        self.floor = floor
+        self.warnings = 0
+
+    def observe(self, tokens_this_round: int) -> None:
+        self.lengths.append(tokens_this_round)
+        if len(self.lengths) == self.lengths.maxlen:
+            mean = sum(self.lengths) / len(self.lengths)
+            if mean < self.floor:
+                self.warnings += 1
+                log.warning(
+                    "speculative decoding: accept length %.2f over the last %d rounds is below %.2f; "
+                    "drafts are almost never accepted, so speculation costs more than it saves "
+                    "(check the NEXTN weights and that the draft uses the target's LM head module).",
+                    mean,
+                    len(self.lengths),
+                    self.floor,
+                )
+                self.lengths.clear()
+
+    @property
+    def rolling_accept_length(self) -> float | None:
+        return sum(self.lengths) / len(self.lengths) if self.lengths else None
+
+
+class NextNDecoder:
+    def __init__(self, model: LingForCausalLM, config: SpeculativeConfig | None = None) -> None:
+        if model.nextn is None:
+            raise SpeculationUnavailable(
+                "speculative decoding needs the checkpoint's NEXTN layer (model.layers."
+                f"{model.config.num_hidden_layers}.*), but this checkpoint has none. "
+                "Run without --speculative-algorithm, or use a checkpoint that ships its MTP layer."
+            )
+        self.model = model
+        self.config = config or SpeculativeConfig()
+        self.draft_head = model.lm_head  # the module itself, never a copy of its weight tensor
+        self.totals = AcceptanceTotals(accepted_at=[0] * self.config.num_steps)
+        self.watchdog = AcceptanceWatchdog()
+
+    @property
+    def window(self) -> int:
+        """Positions a round may write past the last emitted token."""
+        return 2 * self.config.num_draft_tokens
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.draft_head(hidden).float()
+
+    # ------------------------------------------------------------------ one round's pieces
+    def draft_chain(
+        self, first_hidden: torch.Tensor, position: torch.Tensor, cache: HybridCache, params, generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """From the NEXTN hidden state predicting `position` + 1, draft S tokens by chaining.
+        Returns (drafts [S], draft probabilities [S, V])."""
+        tokens, dists = [], []
+        hidden = first_hidden
+        for step in range(self.config.num_steps):
+            q = probabilities(self.draft_logits(hidden), params)
+            token = sample_from(q, generator)
+            tokens.append(token)
+            dists.append(q)
+            if step + 1 < self.config.num_steps:
+                hidden = self.model.draft_forward(token, hidden, position + 1 + step, cache)
+        return torch.cat(tokens), torch.cat(dists)
+
+    def rounds(
+        self, prompt_ids: torch.Tensor, cache: HybridCache, params: SamplingParams, stats: GenerationStats
+    ) -> Iterator[list[int]]:
+        model, device = self.model, self.model.device
+        steps = self.config.num_steps
+        generator = make_generator(params, device)
+        stats.verify_rounds, stats.drafted_tokens, stats.accepted_tokens = 0, 0, 0
+        accepted_at = [0] * steps
+        history = cache.new_history(steps + 1)
+        offsets = torch.arange(steps + 1, device=device)
+
+        n = prompt_ids.numel()
+        hidden = model(prompt_ids, torch.arange(n, device=device), cache)
+        last = sample_from(probabilities(model.logits(hidden[-1:]), params), generator)
+        yield [int(last.item())]
+        # NEXTN over the prompt: slot j holds token j + 1 and the target's hidden state at j
+        slots = torch.cat([prompt_ids[1:], last])
+        draft_hidden = model.draft_forward(slots, hidden, torch.arange(1, n + 1, device=device), cache)
+        position = torch.tensor([n], device=device)  # position of `last`
+        drafts, draft_probs = self.draft_chain(draft_hidden[-1:], position, cache, params, generator)
+
+        while True:
+            window = torch.cat([last, drafts])
+            positions = position + offsets
+            verify_hidden = model(window, positions, cache, kda_history=history)
+            target_probs = probabilities(model.logits(verify_hidden), params)
+            accepted, last = accept_drafts(target_probs[None], draft_probs[None], drafts[None], generator)
+            cache.rollback_kda(history, accepted + 1)
+
+            # draft the next round before reading anything back to the host
+            slot_tokens = torch.cat([drafts, last])
+            slot_tokens = torch.where(offsets == accepted, last, slot_tokens)
+            draft_hidden = model.draft_forward(slot_tokens, verify_hidden, positions + 1, cache)
+            first = draft_hidden.index_select(0, accepted)
+            next_position = position + accepted + 1
+            next_drafts, next_probs = self.draft_chain(first, next_position, cache, params, generator)
+
+            a = int(accepted.item())
+            emitted = drafts[:a].tolist() + [int(last.item())]
+            stats.verify_rounds += 1
+            stats.drafted_tokens += steps
+            stats.accepted_tokens += a
+            for i in range(a):
+                accepted_at[i] += 1
+            stats.accept_length = 1 + stats.accepted_tokens / stats.verify_rounds
+            stats.per_position_acceptance = [c / stats.verify_rounds for c in accepted_at]
+            self._record(a)
+            yield emitted
+            drafts, draft_probs, position = next_drafts, next_probs, next_position
+
+    def _record(self, accepted: int) -> None:
+        self.totals.rounds += 1
+        self.totals.drafted += self.config.num_steps
+        self.totals.accepted += accepted
+        for i in range(accepted):
+            self.totals.accepted_at[i] += 1
+        self.watchdog.observe(accepted + 1)
