@@ -49,7 +49,8 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if self.algorithm.upper() not in ("NEXTN", "MTP"):
             raise SpeculationUnavailable(
-                f"--speculative-algorithm {self.algorithm}: solo implements NEXTN (the checkpoint's own MTP layer)."
+                f"--speculative-algorithm {self.algorithm}: solo implements NEXTN "
+                "(the checkpoint's own MTP layer)."
             )
         if self.topk != 1:
             raise SpeculationUnavailable(
