@@ -81,6 +81,40 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft tree width; only 1 (a chain)")
 
 
+def add_preflight_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-fallback",
+        action="store_true",
+        help="start even if a requested optimization is not active (loud warning instead of exit)",
+    )
+    p.add_argument(
+        "--min-accept-length",
+        type=float,
+        default=1.2,
+        help="MTP calibration: the accept length below which speculation counts as not working",
+    )
+
+
+def preflight(engine, args: argparse.Namespace, quiet: bool = False):
+    """Run the start-up checks; a requested optimization that is not active ends the program,
+    unless --allow-fallback turns that into a loud warning."""
+    from solo.preflight.checks import PreflightFailed, run_preflight
+
+    report = run_preflight(
+        engine, args.moe_backend, args.lm_head, args.speculative_algorithm is not None, args.min_accept_length
+    )
+    if not quiet:
+        print(report.text(), file=sys.stderr)
+    if report.failed:
+        names = ", ".join(f"{c.name} ({c.reason})" for c in report.failed)
+        if not args.allow_fallback:
+            raise PreflightFailed(
+                f"requested optimization not active: {names}. Fix it, or pass --allow-fallback to run anyway."
+            )
+        print(f"solo: WARNING: running with inactive optimizations: {names}", file=sys.stderr)
+    return report
+
+
 def speculative_config(args: argparse.Namespace):
     if args.speculative_algorithm is None:
         return None
@@ -122,6 +156,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     params = GenerationParams(max_tokens=args.max_tokens, sampling=sampling, stop=tuple(args.stop or ()))
     engine = Engine.from_pretrained(args.model, **load_options(args))
+    preflight(engine, args, quiet=args.json)
     prompt = args.prompt if args.prompt != "-" else sys.stdin.read()
     if args.json:
         result = engine.generate(prompt, params, chat=args.chat)
@@ -151,6 +186,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt, streaming")
     add_model_options(p)
+    add_preflight_options(p)
     p.add_argument("prompt", help="prompt text ('-' reads stdin)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -161,6 +197,36 @@ def add_generate(sub) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the Ling chat format")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     p.set_defaults(func=cmd_generate)
+
+
+# --------------------------------------------------------------------------- check
+def cmd_check(args: argparse.Namespace) -> int:
+    from solo.engine.engine import Engine
+    from solo.preflight.checks import PreflightFailed, run_preflight
+
+    engine = Engine.from_pretrained(args.model, **load_options(args))
+    report = run_preflight(
+        engine, args.moe_backend, args.lm_head, args.speculative_algorithm is not None, args.min_accept_length
+    )
+    if args.json:
+        print(json.dumps({"model": args.model, "engine": engine.describe(), **report.to_dict()}, indent=2))
+    else:
+        print(report.text())
+    if report.failed and not args.allow_fallback:
+        raise PreflightFailed(
+            "requested optimization not active: " + ", ".join(c.name for c in report.failed)
+        )
+    return 0
+
+
+def add_check(sub) -> None:
+    p = sub.add_parser(
+        "check", help="prove every requested optimization is live (ACTIVE/FAILED with evidence)"
+    )
+    add_model_options(p)
+    add_preflight_options(p)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_check)
 
 
 # --------------------------------------------------------------------------- make-tiny
@@ -206,7 +272,7 @@ def add_quantize(sub) -> None:
     p.set_defaults(func=cmd_quantize)
 
 
-COMMANDS = [add_generate, add_quantize, add_make_tiny]
+COMMANDS = [add_generate, add_check, add_quantize, add_make_tiny]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -221,14 +287,23 @@ def main(argv: list[str] | None = None) -> int:
     from solo.checkpoint.reader import CheckpointError
     from solo.config import ConfigError
     from solo.kernels.registry import BackendUnavailable
+    from solo.preflight.checks import PreflightFailed, UnknownEnvironment, check_environment
 
     args = build_parser().parse_args(argv)
     try:
+        check_environment()
         return args.func(args)
     except UsageError as e:
         print(f"solo: error: {e}", file=sys.stderr)
         return 2
-    except (CheckpointError, ConfigError, BackendUnavailable, ValueError) as e:
+    except (
+        CheckpointError,
+        ConfigError,
+        BackendUnavailable,
+        PreflightFailed,
+        UnknownEnvironment,
+        ValueError,
+    ) as e:
         print(f"solo {args.command}: error: {e}", file=sys.stderr)
         return 1
 

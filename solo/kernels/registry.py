@@ -28,10 +28,13 @@ def make_moe_backend(
             f"--moe-backend {name} runs MXFP4 experts, but this checkpoint's experts are not MXFP4. "
             "Convert it with `solo quantize IN_DIR OUT_DIR`, or use --moe-backend torch."
         )
-    if name == "triton":
-        from solo.kernels.triton_moe import TritonMoE
+    try:
+        if name == "triton":
+            from solo.kernels.triton_moe import TritonMoE
 
-        return TritonMoE(experts, dtype=dtype, swiglu_limit=swiglu_limit)
-    from solo.kernels.humming_moe import HummingMoE
+            return TritonMoE(experts, dtype=dtype, swiglu_limit=swiglu_limit)
+        from solo.kernels.humming_moe import HummingMoE
 
-    return HummingMoE(experts, dtype=dtype, swiglu_limit=swiglu_limit)
+        return HummingMoE(experts, dtype=dtype, swiglu_limit=swiglu_limit)
+    except (ImportError, RuntimeError) as e:
+        raise BackendUnavailable(f"--moe-backend {name} cannot run here: {e}") from e

@@ -1,0 +1,223 @@
+"""Start-up verification: every requested optimization is proven live, with evidence.
+
+The seed system's worst failure was silent: with the FP8 LM head and MTP both on, the draft read
+the head's FP8 bytes as BF16, accepted 1.00 tokens per round and ran slower than no optimization
+at all, without an error. These checks look at what is really running (counted backend calls, the
+head's dtype and scales, object identity of the draft's head, a measured accept length) and make
+start-up fail when a requested optimization is not active.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from solo.engine.engine import Engine, GenerationParams
+from solo.model.moe import SparseMoE
+
+ACTIVE, FAILED, OFF = "ACTIVE", "FAILED", "OFF"
+KNOWN_ENV = {"SOLO_CACHE_DIR": "folder for compiled kernels (default ~/.cache/solo)"}
+HEAD_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp8": "float8_e4m3fn"}
+CALIBRATION_PROMPT = (
+    "Question: Janet has 3 boxes with 12 pencils in each box. She gives away 10 pencils. "
+    "How many pencils does she have left?\nAnswer: Janet has 3 * 12 = <<3*12=36>>36 pencils. "
+    "She has 36 - 10 = <<36-10=26>>26 pencils left.\n#### 26\n\n"
+    "Question: Janet has 3 boxes with 12 pencils in each box. She gives away 10 pencils. "
+    "How many pencils does she have left?\nAnswer:"
+)
+
+
+class PreflightFailed(RuntimeError):
+    """A requested optimization is not active; the message names it and why."""
+
+
+class UnknownEnvironment(ValueError):
+    pass
+
+
+@dataclass
+class Check:
+    name: str
+    requested: str
+    status: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+
+    def line(self) -> str:
+        text = f"{self.status:<7} {self.name:<12} {self.requested:<10}"
+        detail = self.reason if self.status == FAILED else _short(self.evidence)
+        return f"{text} {detail}".rstrip()
+
+
+@dataclass
+class PreflightReport:
+    checks: list[Check]
+    seconds: float
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == FAILED]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": not self.failed,
+            "seconds": round(self.seconds, 3),
+            "checks": [asdict(c) for c in self.checks],
+        }
+
+    def text(self) -> str:
+        lines = [c.line() for c in self.checks]
+        lines.append(
+            f"preflight: {'all requested optimizations active' if not self.failed else 'FAILED'} "
+            f"({self.seconds:.2f} s)"
+        )
+        return "\n".join(lines)
+
+
+def _short(evidence: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in evidence.items() if not isinstance(v, (dict, list)))
+
+
+def check_environment(environ: dict[str, str] | None = None) -> None:
+    """Unknown SOLO_* variables are errors: a misspelled setting must not be silently ignored."""
+    environ = dict(os.environ if environ is None else environ)
+    unknown = sorted(k for k in environ if k.startswith("SOLO_") and k not in KNOWN_ENV)
+    if unknown:
+        known = ", ".join(f"{k} ({v})" for k, v in KNOWN_ENV.items())
+        raise UnknownEnvironment(f"unknown environment variable(s) {', '.join(unknown)}; solo knows {known}.")
+
+
+# --------------------------------------------------------------------------- the checks
+def check_moe_backend(engine: Engine, requested: str) -> Check:
+    trunk = engine.model.model.layers[: engine.model.config.num_hidden_layers]
+    moes = [m for m in trunk.modules() if isinstance(m, SparseMoE)]
+    if not moes:
+        return Check("moe_backend", requested, OFF, {"reason": "model has no MoE layers"})
+    before = [m.experts.calls for m in moes]
+    ids = torch.tensor(engine.tokenizer.encode("1 + 1 = 2")[:8] or [0], device=engine.model.device)
+    with torch.inference_mode():
+        cache = engine.cache_for(len(ids) + 1)
+        engine.model(ids, torch.arange(len(ids), device=engine.model.device), cache)
+    names = sorted({m.experts.name for m in moes})
+    calls = sum(m.experts.calls - b for m, b in zip(moes, before, strict=True))
+    evidence = {"executed_by": ",".join(names), "calls": calls, "layers": len(moes), "tokens": len(ids)}
+    idle = [i for i, (m, b) in enumerate(zip(moes, before, strict=True)) if m.experts.calls == b]
+    if names != [requested]:
+        return Check(
+            "moe_backend",
+            requested,
+            FAILED,
+            evidence,
+            f"experts ran on {names}, not on the requested '{requested}'",
+        )
+    if idle or calls < len(moes):
+        return Check(
+            "moe_backend", requested, FAILED, evidence, f"{len(idle)} MoE layers executed no expert call"
+        )
+    return Check("moe_backend", requested, ACTIVE, evidence)
+
+
+def check_lm_head(engine: Engine, requested: str) -> Check:
+    head = engine.model.lm_head
+    info = head.describe() if hasattr(head, "describe") else {"mode": "unknown"}
+    evidence = {
+        "mode": info.get("mode"),
+        "weight_dtype": info.get("weight_dtype"),
+        "bytes": info.get("bytes"),
+    }
+    if info.get("scales"):
+        evidence["scales"] = info["scales"]
+    if info.get("weight_dtype") != HEAD_DTYPES[requested]:
+        return Check(
+            "lm_head",
+            requested,
+            FAILED,
+            evidence,
+            f"head weights are {info.get('weight_dtype')}, expected {HEAD_DTYPES[requested]}",
+        )
+    if requested == "fp8":
+        scales = info.get("scales") or {}
+        if scales.get("shape") != [engine.model.config.vocab_size] or not scales.get("min", 0) > 0:
+            return Check("lm_head", requested, FAILED, evidence, "FP8 head has no valid per-row scales")
+    return Check("lm_head", requested, ACTIVE, evidence)
+
+
+def check_speculation(engine: Engine, min_accept_length: float, tokens: int = 48) -> list[Check]:
+    decoder = engine.decoder
+    draft_head = getattr(decoder, "draft_head", None)
+    same = draft_head is engine.model.lm_head
+    head_check = Check(
+        "draft_head",
+        "shared",
+        ACTIVE if same else FAILED,
+        {
+            "draft_head": type(draft_head).__name__,
+            "target_head": type(engine.model.lm_head).__name__,
+            "same_object": same,
+        },
+        ""
+        if same
+        else "the draft computes logits with a different head object than the target "
+        "(a copy or a bare weight tensor): share the target's LM head module",
+    )
+    steps = decoder.config.num_steps
+    before = (decoder.totals.rounds, decoder.totals.accepted)
+    result = engine.generate(CALIBRATION_PROMPT, GenerationParams(max_tokens=tokens, ignore_eos=True))
+    rounds = decoder.totals.rounds - before[0]
+    accepted = decoder.totals.accepted - before[1]
+    # the calibration run is not user traffic: keep it out of the process statistics
+    decoder.totals.rounds, decoder.totals.accepted = before
+    decoder.totals.drafted -= rounds * steps
+    decoder.watchdog.lengths.clear()
+    length = 1 + accepted / rounds if rounds else 0.0
+    evidence = {
+        "accept_length": round(length, 3),
+        "rounds": rounds,
+        "tokens": len(result.token_ids),
+        "threshold": min_accept_length,
+        "num_steps": steps,
+    }
+    ok = length >= min_accept_length
+    mtp = Check(
+        "mtp",
+        f"NEXTN/{steps}",
+        ACTIVE if ok else FAILED,
+        evidence,
+        ""
+        if ok
+        else f"calibration accept length {length:.2f} < {min_accept_length}: drafts are "
+        "rejected, so speculation would run slower than plain decoding",
+    )
+    return [head_check, mtp]
+
+
+def check_kernels(engine: Engine, backend: str) -> Check:
+    if backend == "torch":
+        return Check("kernels", "torch", OFF, {"reason": "reference backend, nothing compiled"})
+    if backend == "triton":
+        from solo.kernels.triton_fp8 import kernel_cache_report
+
+        report = kernel_cache_report()
+        evidence = {k: report[k] for k in ("cache_dir", "compile_seconds", "new_cache_entries", "all_cached")}
+        evidence["warmups"] = len(report["warmups"])
+        if not report["warmups"]:
+            return Check("kernels", backend, FAILED, evidence, "no Triton kernel was compiled for this model")
+        return Check("kernels", backend, ACTIVE, evidence)
+    return Check("kernels", backend, ACTIVE, {"jit": "humming (NVRTC), cached in HUMMING_CACHE_DIR"})
+
+
+def run_preflight(
+    engine: Engine, moe_backend: str, lm_head: str, speculative: bool, min_accept_length: float = 1.2
+) -> PreflightReport:
+    start = time.perf_counter()
+    checks = [check_moe_backend(engine, moe_backend), check_lm_head(engine, lm_head)]
+    if speculative:
+        checks.extend(check_speculation(engine, min_accept_length))
+    else:
+        checks.append(Check("mtp", "off", OFF))
+    checks.append(check_kernels(engine, moe_backend))
+    return PreflightReport(checks, time.perf_counter() - start)

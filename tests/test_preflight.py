@@ -1,0 +1,118 @@
+"""Start-up verification: requested optimizations are proven live or start-up fails, loudly."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from solo.engine.engine import Engine, GenerationParams
+from solo.preflight.checks import ACTIVE, FAILED, UnknownEnvironment, check_environment, run_preflight
+from solo.quantization.convert import quantize_checkpoint
+from solo.quantization.lm_head import DenseHead
+from solo.speculative.nextn import SpeculativeConfig
+
+BUNDLED = Path(__file__).resolve().parent.parent / "models" / "ling-gsm8k-tiny"
+
+
+def solo(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "solo.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def by_name(report):
+    return {c.name: c for c in report.checks}
+
+
+@pytest.fixture(scope="module")
+def fp4_tiny(tiny_checkpoints, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fp4")
+    quantize_checkpoint(tiny_checkpoints["a"][0], out, verbose=False)
+    return out
+
+
+def miswire_fp8_bytes_as_bf16(engine: Engine) -> None:
+    """The seed's bug: the draft gets only the FP8 head's weight tensor and reads it as BF16
+    (no per-row scales), instead of the head module."""
+    engine.decoder.draft_head = DenseHead(engine.model.lm_head.weight.data.to(torch.bfloat16), "bf16")
+
+
+def miswire_own_bf16_head(engine: Engine, path) -> None:
+    """The draft has its own BF16 copy of the head: numerically plausible, but not the target's module."""
+    from solo.checkpoint.loader import LoadOptions, load_model
+
+    engine.decoder.draft_head = load_model(path, LoadOptions(lm_head="bf16")).lm_head
+
+
+def test_check_fails_when_speculation_does_not_pay(tiny_checkpoints):
+    """A random NEXTN layer never gets its drafts accepted: start-up refuses, unless --allow-fallback."""
+    path = tiny_checkpoints["a"][0]
+    proc = solo("check", "--model", str(path), "--speculative-algorithm", "NEXTN")
+    assert proc.returncode != 0 and "mtp" in proc.stderr and "FAILED" in proc.stdout
+    proc = solo(
+        "generate", "--model", str(path), "--speculative-algorithm", "NEXTN", "--max-tokens", "4", "hi"
+    )
+    assert proc.returncode != 0 and "requested optimization not active: mtp" in proc.stderr
+    proc = solo(
+        "generate",
+        "--model",
+        str(path),
+        "--speculative-algorithm",
+        "NEXTN",
+        "--max-tokens",
+        "4",
+        "--allow-fallback",
+        "hi",
+    )
+    assert proc.returncode == 0 and "WARNING" in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+@pytest.mark.parametrize("backend", ["triton", "humming"])
+def test_gpu_backend_on_cpu_fails_loudly(fp4_tiny, backend):
+    proc = solo("generate", "--model", str(fp4_tiny), "--moe-backend", backend, "--max-tokens", "2", "hi")
+    assert (
+        proc.returncode != 0 and f"--moe-backend {backend}" in proc.stderr and "Traceback" not in proc.stderr
+    )
+    proc = solo("check", "--model", str(fp4_tiny), "--moe-backend", backend)
+    assert proc.returncode != 0 and backend in proc.stderr
+
+
+def test_misspelled_option_and_unknown_environment_fail(tiny_checkpoints):
+    path = str(tiny_checkpoints["a"][0])
+    proc = solo("generate", "--model", path, "--lm-haed", "fp8", "hi")
+    assert proc.returncode == 2 and "unrecognized arguments: --lm-haed" in proc.stderr
+    proc = solo("generate", "--model", path, "--lm-head", "fp4", "hi")
+    assert proc.returncode == 2 and "invalid choice: 'fp4'" in proc.stderr
+    proc = solo("check", "--model", path, env={"SOLO_CACHE_DIRR": "/tmp/x"})
+    assert proc.returncode != 0 and "SOLO_CACHE_DIRR" in proc.stderr
+    with pytest.raises(UnknownEnvironment, match="SOLO_MOE_BACKEND"):
+        check_environment({"SOLO_MOE_BACKEND": "triton"})
+    check_environment({"SOLO_CACHE_DIR": "/tmp/x", "PATH": "/bin"})
+
+
+def test_check_reports_backend_that_actually_ran(tiny_checkpoints):
+    engine = Engine.from_pretrained(tiny_checkpoints["b"][0], lm_head="fp32")
+    report = by_name(run_preflight(engine, "torch", "fp32", speculative=False))
+    assert report["moe_backend"].status == ACTIVE and report["moe_backend"].evidence["calls"] >= 1
+    asked_other = by_name(run_preflight(engine, "triton", "fp32", speculative=False))
+    assert asked_other["moe_backend"].status == FAILED  # the experts ran on torch, not triton
+    wrong_head = by_name(run_preflight(engine, "torch", "fp8", speculative=False))
+    assert wrong_head["lm_head"].status == FAILED
+
+
+def test_watchdog_warns_when_accept_length_stays_low(tiny_checkpoints, caplog):
+    engine = Engine.from_pretrained(tiny_checkpoints["a"][0], speculative=SpeculativeConfig())
+    with caplog.at_level(logging.WARNING, logger="solo.speculative"):
+        engine.generate(list(range(6, 20)), GenerationParams(max_tokens=90, ignore_eos=True))
+    assert engine.decoder.watchdog.warnings >= 1
+    assert any("accept length" in r.message for r in caplog.records)
