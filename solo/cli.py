@@ -134,9 +134,7 @@ def load_options(args: argparse.Namespace) -> dict:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {device}: no CUDA GPU is visible. Use --device cpu.")
-    dtype = (
-        DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-    )
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     return dict(
         device=device,
         dtype=dtype,
@@ -151,9 +149,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from solo.engine.engine import Engine, GenerationParams
     from solo.engine.sampling import SamplingParams
 
-    sampling = SamplingParams(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
-    )
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     params = GenerationParams(max_tokens=args.max_tokens, sampling=sampling, stop=tuple(args.stop or ()))
     engine = Engine.from_pretrained(args.model, **load_options(args))
     preflight(engine, args, quiet=args.json)
@@ -213,20 +209,38 @@ def cmd_check(args: argparse.Namespace) -> int:
     else:
         print(report.text())
     if report.failed and not args.allow_fallback:
-        raise PreflightFailed(
-            "requested optimization not active: " + ", ".join(c.name for c in report.failed)
-        )
+        raise PreflightFailed("requested optimization not active: " + ", ".join(c.name for c in report.failed))
     return 0
 
 
 def add_check(sub) -> None:
-    p = sub.add_parser(
-        "check", help="prove every requested optimization is live (ACTIVE/FAILED with evidence)"
-    )
+    p = sub.add_parser("check", help="prove every requested optimization is live (ACTIVE/FAILED with evidence)")
     add_model_options(p)
     add_preflight_options(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_check)
+
+
+# --------------------------------------------------------------------------- bench
+def cmd_bench(args: argparse.Namespace) -> int:
+    from solo.bench import harness
+    from solo.engine.engine import Engine
+
+    engine = Engine.from_pretrained(args.model, **load_options(args))
+    preflight(engine, args)
+    return harness.main(args, engine)
+
+
+def add_bench(sub) -> None:
+    from solo.bench.harness import add_arguments
+
+    p = sub.add_parser(
+        "bench", help="benchmark a workload (gsm8k, synthetic, repeat), optionally against plain decoding"
+    )
+    add_model_options(p)
+    add_preflight_options(p)
+    add_arguments(p)
+    p.set_defaults(func=cmd_bench)
 
 
 # --------------------------------------------------------------------------- make-tiny
@@ -234,18 +248,14 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
     try:
         from solo.testing.tiny import write_tiny_checkpoint
     except ImportError as e:  # transformers is a test dependency
-        raise UsageError(
-            f"make-tiny needs transformers 5.23 (pip install 'transformers==5.23.0'): {e}"
-        ) from e
+        raise UsageError(f"make-tiny needs transformers 5.23 (pip install 'transformers==5.23.0'): {e}") from e
     write_tiny_checkpoint(args.out, preset=args.preset, seed=args.seed, with_nextn=not args.no_nextn)
     print(f"wrote a tiny random Ling-3.0 checkpoint (preset {args.preset}) to {args.out}")
     return 0
 
 
 def add_make_tiny(sub) -> None:
-    p = sub.add_parser(
-        "make-tiny", help="write a tiny random Ling-3.0 checkpoint through transformers (tests)"
-    )
+    p = sub.add_parser("make-tiny", help="write a tiny random Ling-3.0 checkpoint through transformers (tests)")
     p.add_argument("out")
     p.add_argument("--preset", choices=("a", "b", "c"), default="a")
     p.add_argument("--seed", type=int, default=0)
@@ -263,16 +273,14 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def add_quantize(sub) -> None:
-    p = sub.add_parser(
-        "quantize", help="convert a BF16 checkpoint to the fp4 format (MXFP4 experts, block FP8)"
-    )
+    p = sub.add_parser("quantize", help="convert a BF16 checkpoint to the fp4 format (MXFP4 experts, block FP8)")
     p.add_argument("in_dir")
     p.add_argument("out_dir")
     p.add_argument("--quiet", action="store_true", help="only the summary, not every tensor's error")
     p.set_defaults(func=cmd_quantize)
 
 
-COMMANDS = [add_generate, add_check, add_quantize, add_make_tiny]
+COMMANDS = [add_generate, add_check, add_bench, add_quantize, add_make_tiny]
 
 
 def build_parser() -> argparse.ArgumentParser:
