@@ -243,6 +243,31 @@ def add_bench(sub) -> None:
     p.set_defaults(func=cmd_bench)
 
 
+# --------------------------------------------------------------------------- serve
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from solo.engine.engine import Engine
+    from solo.serving.server import build_app
+
+    engine = Engine.from_pretrained(args.model, **load_options(args))
+    preflight(engine, args)
+    name = args.served_model_name or Path(args.model).name
+    uvicorn.run(build_app(engine, name, args.default_max_tokens), host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (completions, chat, streaming)")
+    add_model_options(p)
+    add_preflight_options(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="model id in the API (default: folder name)")
+    p.add_argument("--default-max-tokens", type=int, default=256)
+    p.set_defaults(func=cmd_serve)
+
+
 # --------------------------------------------------------------------------- make-tiny
 def cmd_make_tiny(args: argparse.Namespace) -> int:
     try:
@@ -280,7 +305,7 @@ def add_quantize(sub) -> None:
     p.set_defaults(func=cmd_quantize)
 
 
-COMMANDS = [add_generate, add_check, add_bench, add_quantize, add_make_tiny]
+COMMANDS = [add_generate, add_check, add_bench, add_serve, add_quantize, add_make_tiny]
 
 
 def build_parser() -> argparse.ArgumentParser:
