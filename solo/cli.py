@@ -65,6 +65,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         help="LM head precision: bf16 (default), fp32, or fp8 quantized online at load",
     )
 
+    add_graph_options(p)
     p.add_argument(
         "--speculative-algorithm",
         default=None,
@@ -79,6 +80,16 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         help="tokens verified per round: num-steps + 1 (default 4)",
     )
     p.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft tree width; only 1 (a chain)")
+
+
+def add_graph_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cuda-graphs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="replay decode/verify steps from CUDA graphs (auto: on for CUDA devices)",
+    )
+    p.add_argument("--max-context", type=int, default=4096, help="positions of the pinned cache with CUDA graphs")
 
 
 def add_preflight_options(p: argparse.ArgumentParser) -> None:
@@ -101,7 +112,12 @@ def preflight(engine, args: argparse.Namespace, quiet: bool = False):
     from solo.preflight.checks import PreflightFailed, run_preflight
 
     report = run_preflight(
-        engine, args.moe_backend, args.lm_head, args.speculative_algorithm is not None, args.min_accept_length
+        engine,
+        args.moe_backend,
+        args.lm_head,
+        args.speculative_algorithm is not None,
+        args.min_accept_length,
+        cuda_graphs=getattr(engine, "graphs_max_len", None) is not None,
     )
     if not quiet:
         print(report.text(), file=sys.stderr)
@@ -135,7 +151,12 @@ def load_options(args: argparse.Namespace) -> dict:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {device}: no CUDA GPU is visible. Use --device cpu.")
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    graphs = args.cuda_graphs == "on" or (args.cuda_graphs == "auto" and device.startswith("cuda"))
+    if graphs and not device.startswith("cuda"):
+        raise UsageError("--cuda-graphs on needs --device cuda.")
     return dict(
+        cuda_graphs=graphs,
+        max_context=args.max_context,
         device=device,
         dtype=dtype,
         moe_backend=args.moe_backend,
@@ -202,7 +223,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     engine = Engine.from_pretrained(args.model, **load_options(args))
     report = run_preflight(
-        engine, args.moe_backend, args.lm_head, args.speculative_algorithm is not None, args.min_accept_length
+        engine,
+        args.moe_backend,
+        args.lm_head,
+        args.speculative_algorithm is not None,
+        args.min_accept_length,
+        cuda_graphs=engine.graphs_max_len is not None,
     )
     if args.json:
         print(json.dumps({"model": args.model, "engine": engine.describe(), **report.to_dict()}, indent=2))

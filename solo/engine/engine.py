@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from solo.engine.graphs import EagerStep, GraphedStep
 from solo.engine.sampling import SamplingParams, make_generator, sample
 from solo.model.cache import HybridCache
 from solo.model.ling import LingForCausalLM
@@ -75,6 +76,11 @@ class PlainDecoder:
 
     def __init__(self, model: LingForCausalLM) -> None:
         self.model = model
+        self.step = EagerStep(model)
+
+    def capture_graphs(self, cache: HybridCache) -> None:
+        self.step = GraphedStep(self.model)
+        self.step.capture(1, cache)
 
     def rounds(
         self, prompt_ids: torch.Tensor, cache: HybridCache, params: SamplingParams, stats: GenerationStats
@@ -84,12 +90,12 @@ class PlainDecoder:
         positions = torch.arange(prompt_ids.numel(), device=device)
         hidden = model(prompt_ids, positions, cache)
         token = sample(model.logits(hidden[-1:]), params, generator)
-        position = prompt_ids.numel()
+        position_buf = torch.tensor([prompt_ids.numel()], device=device)
         while True:
             yield [int(token.item())]
-            hidden = model(token, torch.tensor([position], device=device), cache)
-            token = sample(model.logits(hidden), params, generator)
-            position += 1
+            _, logits = self.step(token, position_buf, cache)
+            token = sample(logits, params, generator)
+            position_buf += 1
 
 
 class Engine:
@@ -98,10 +104,19 @@ class Engine:
         self.tokenizer = tokenizer
         self.decoder = decoder or PlainDecoder(model)
         self._cache: HybridCache | None = None
+        self.graphs_max_len: int | None = None  # set when CUDA graphs pin the cache
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, speculative: Any = None, **load_options: Any) -> Engine:
-        """Load a checkpoint folder; `speculative` (a SpeculativeConfig) turns on NEXTN drafting."""
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        speculative: Any = None,
+        cuda_graphs: bool = False,
+        max_context: int = 4096,
+        **load_options: Any,
+    ) -> Engine:
+        """Load a checkpoint folder; `speculative` (a SpeculativeConfig) turns on NEXTN drafting;
+        `cuda_graphs` captures the target steps over a pinned cache of `max_context` positions."""
         from solo.checkpoint.loader import LoadOptions, load_model
 
         model = load_model(path, LoadOptions(**load_options))
@@ -111,15 +126,16 @@ class Engine:
             from solo.speculative.nextn import NextNDecoder
 
             decoder = NextNDecoder(model, speculative)
-        return cls(model, tokenizer, decoder)
+        engine = cls(model, tokenizer, decoder)
+        if cuda_graphs:
+            engine.enable_cuda_graphs(max_context)
+        return engine
 
     def describe(self) -> dict[str, Any]:
         """What is really in use: the LM head's weights, the routed-expert backend, dtype, device."""
         from solo.model.moe import SparseMoE
 
-        backends = sorted(
-            {m.experts.name for m in self.model.modules() if isinstance(m, SparseMoE) and m.experts}
-        )
+        backends = sorted({m.experts.name for m in self.model.modules() if isinstance(m, SparseMoE) and m.experts})
         head = self.model.lm_head
         return {
             "device": str(self.model.device),
@@ -127,6 +143,7 @@ class Engine:
             "lm_head": head.describe() if hasattr(head, "describe") else {"mode": "dense"},
             "moe_backend": backends[0] if len(backends) == 1 else backends,
             "decoder": type(self.decoder).__name__,
+            "step": getattr(self.decoder.step, "name", "eager"),
         }
 
     # ------------------------------------------------------------------ caches
@@ -142,12 +159,24 @@ class Engine:
                 f"prompt plus max_tokens needs {length} positions; the model supports {limit}. "
                 "Shorten the prompt or lower --max-tokens."
             )
-        if self._cache is None or self._cache.max_len < length:
-            self._cache = HybridCache(
-                self.model.config, length, self.model.device, self.model.dtype, with_nextn=True
+        if self.graphs_max_len is not None and length > self.graphs_max_len:
+            raise ValueError(
+                f"prompt plus max_tokens needs {length} positions; the CUDA-graph cache holds "
+                f"{self.graphs_max_len} (--max-context). Raise --max-context or shorten the request."
             )
+        if self._cache is None or self._cache.max_len < length:
+            self._cache = HybridCache(self.model.config, length, self.model.device, self.model.dtype, with_nextn=True)
         self._cache.reset()
         return self._cache
+
+    def enable_cuda_graphs(self, max_len: int) -> None:
+        """Pin one cache of `max_len` positions and capture the decoder's target steps on it."""
+        if self.model.device.type != "cuda":
+            raise ValueError("CUDA graphs need the model on a CUDA device (--device cuda).")
+        self._cache = HybridCache(self.model.config, max_len, self.model.device, self.model.dtype, with_nextn=True)
+        self.graphs_max_len = max_len
+        self.decoder.capture_graphs(self._cache)
+        self._cache.reset()
 
     # ------------------------------------------------------------------ generation
     def encode_prompt(self, prompt: str | list[int], chat: bool = False) -> list[int]:

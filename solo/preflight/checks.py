@@ -72,8 +72,7 @@ class PreflightReport:
     def text(self) -> str:
         lines = [c.line() for c in self.checks]
         lines.append(
-            f"preflight: {'all requested optimizations active' if not self.failed else 'FAILED'} "
-            f"({self.seconds:.2f} s)"
+            f"preflight: {'all requested optimizations active' if not self.failed else 'FAILED'} ({self.seconds:.2f} s)"
         )
         return "\n".join(lines)
 
@@ -115,9 +114,7 @@ def check_moe_backend(engine: Engine, requested: str) -> Check:
             f"experts ran on {names}, not on the requested '{requested}'",
         )
     if idle or calls < len(moes):
-        return Check(
-            "moe_backend", requested, FAILED, evidence, f"{len(idle)} MoE layers executed no expert call"
-        )
+        return Check("moe_backend", requested, FAILED, evidence, f"{len(idle)} MoE layers executed no expert call")
     return Check("moe_backend", requested, ACTIVE, evidence)
 
 
@@ -210,8 +207,30 @@ def check_kernels(engine: Engine, backend: str) -> Check:
     return Check("kernels", backend, ACTIVE, {"jit": "humming (NVRTC), cached in HUMMING_CACHE_DIR"})
 
 
+def check_cuda_graphs(engine: Engine) -> Check:
+    """The decoder's step must really replay graphs: a short generation must count replays."""
+    step = engine.decoder.step
+    if getattr(step, "name", "") != "cuda_graph":
+        return Check("cuda_graphs", "on", FAILED, {"step": getattr(step, "name", "?")}, "no graph was captured")
+    before = step.replays
+    engine.generate([0, 1, 2], GenerationParams(max_tokens=4, ignore_eos=True))
+    evidence = {
+        "captured_sizes": step.captured_sizes,
+        "replays": step.replays - before,
+        "max_context": engine.graphs_max_len,
+    }
+    if step.replays == before:
+        return Check("cuda_graphs", "on", FAILED, evidence, "a generation ran without replaying a graph")
+    return Check("cuda_graphs", "on", ACTIVE, evidence)
+
+
 def run_preflight(
-    engine: Engine, moe_backend: str, lm_head: str, speculative: bool, min_accept_length: float = 1.2
+    engine: Engine,
+    moe_backend: str,
+    lm_head: str,
+    speculative: bool,
+    min_accept_length: float = 1.2,
+    cuda_graphs: bool = False,
 ) -> PreflightReport:
     start = time.perf_counter()
     checks = [check_moe_backend(engine, moe_backend), check_lm_head(engine, lm_head)]
@@ -220,4 +239,5 @@ def run_preflight(
     else:
         checks.append(Check("mtp", "off", OFF))
     checks.append(check_kernels(engine, moe_backend))
+    checks.append(check_cuda_graphs(engine) if cuda_graphs else Check("cuda_graphs", "off", OFF))
     return PreflightReport(checks, time.perf_counter() - start)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from solo.engine.engine import GenerationStats
+from solo.engine.graphs import EagerStep, GraphedStep
 from solo.engine.sampling import SamplingParams, make_generator, probabilities, sample_from
 from solo.model.cache import HybridCache
 from solo.model.ling import LingForCausalLM
@@ -49,13 +50,10 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if self.algorithm.upper() not in ("NEXTN", "MTP"):
             raise SpeculationUnavailable(
-                f"--speculative-algorithm {self.algorithm}: solo implements NEXTN "
-                "(the checkpoint's own MTP layer)."
+                f"--speculative-algorithm {self.algorithm}: solo implements NEXTN (the checkpoint's own MTP layer)."
             )
         if self.topk != 1:
-            raise SpeculationUnavailable(
-                "--speculative-eagle-topk must be 1: solo drafts a chain, not a tree."
-            )
+            raise SpeculationUnavailable("--speculative-eagle-topk must be 1: solo drafts a chain, not a tree.")
         if self.num_steps < 1:
             raise SpeculationUnavailable(f"--speculative-num-steps must be >= 1, got {self.num_steps}.")
         if self.num_draft_tokens != self.num_steps + 1:
@@ -123,12 +121,24 @@ class NextNDecoder:
         self.config = config or SpeculativeConfig()
         self.draft_head = model.lm_head  # the module itself, never a copy of its weight tensor
         self.totals = AcceptanceTotals(accepted_at=[0] * self.config.num_steps)
+        self.step = EagerStep(model)
+        self._history: tuple[int, dict] | None = None
         self.watchdog = AcceptanceWatchdog()
 
     @property
     def window(self) -> int:
         """Positions a round may write past the last emitted token."""
         return 2 * self.config.num_draft_tokens
+
+    def history_for(self, cache: HybridCache) -> dict:
+        """Per-token KDA states of a verification pass; persistent per cache (graphs point at it)."""
+        if self._history is None or self._history[0] != id(cache):
+            self._history = (id(cache), cache.new_history(self.config.num_draft_tokens))
+        return self._history[1]
+
+    def capture_graphs(self, cache: HybridCache) -> None:
+        self.step = GraphedStep(self.model)
+        self.step.capture(self.config.num_draft_tokens, cache, self.history_for(cache))
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.draft_head(hidden).float()
@@ -158,7 +168,7 @@ class NextNDecoder:
         generator = make_generator(params, device)
         stats.verify_rounds, stats.drafted_tokens, stats.accepted_tokens = 0, 0, 0
         accepted_at = [0] * steps
-        history = cache.new_history(steps + 1)
+        history = self.history_for(cache)
         offsets = torch.arange(steps + 1, device=device)
 
         n = prompt_ids.numel()
@@ -174,8 +184,8 @@ class NextNDecoder:
         while True:
             window = torch.cat([last, drafts])
             positions = position + offsets
-            verify_hidden = model(window, positions, cache, kda_history=history)
-            target_probs = probabilities(model.logits(verify_hidden), params)
+            verify_hidden, verify_logits = self.step(window, positions, cache, history)
+            target_probs = probabilities(verify_logits, params)
             accepted, last = accept_drafts(target_probs[None], draft_probs[None], drafts[None], generator)
             cache.rollback_kda(history, accepted + 1)
 
