@@ -232,8 +232,7 @@ class LingConfig:
         if self.num_experts_per_tok > per_group * self.topk_group:
             fail(
                 "num_experts_per_tok",
-                f"({self.num_experts_per_tok}) exceeds the experts in the kept groups "
-                f"({per_group * self.topk_group}).",
+                f"({self.num_experts_per_tok}) exceeds the experts in the kept groups ({per_group * self.topk_group}).",
             )
         if self.qk_rope_head_dim % 2:
             fail("qk_rope_head_dim", f"must be even for rotary embeddings, got {self.qk_rope_head_dim}.")
@@ -274,9 +273,7 @@ def _merge_alias(d: dict[str, Any], canonical: str, alternatives: tuple[str, ...
         if d.get(canonical) is None:
             d[canonical] = d[alt]
         elif d[canonical] != d[alt]:
-            raise ConfigError(
-                f"config.json: '{canonical}' ({d[canonical]}) and its alias '{alt}' ({d[alt]}) disagree."
-            )
+            raise ConfigError(f"config.json: '{canonical}' ({d[canonical]}) and its alias '{alt}' ({d[alt]}) disagree.")
 
 
 def _rope_parameters(d: dict[str, Any]) -> dict[str, Any]:

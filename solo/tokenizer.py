@@ -58,9 +58,7 @@ class Tokenizer:
         for message in messages:
             role = CHAT_ROLES.get(message.get("role", ""))
             if role is None:
-                raise ValueError(
-                    f"chat message role {message.get('role')!r} is not one of {sorted(CHAT_ROLES)}."
-                )
+                raise ValueError(f"chat message role {message.get('role')!r} is not one of {sorted(CHAT_ROLES)}.")
             parts.append(f"<role>{role}</role>{message.get('content', '')}{ROLE_END}")
         parts.append("<role>ASSISTANT</role>" + ("\n<think>" if thinking else "\n<think></think>"))
         return "".join(parts)

@@ -111,9 +111,7 @@ class _DrawCache:
 _DRAWS = _DrawCache()
 
 
-def fewshot_indices(
-    index: int, n_train: int, num_shots: int = NUM_SHOTS, seed: int = FEWSHOT_SEED
-) -> list[int]:
+def fewshot_indices(index: int, n_train: int, num_shots: int = NUM_SHOTS, seed: int = FEWSHOT_SEED) -> list[int]:
     """Train positions of the shots for test question ``index`` (before the leakage guard)."""
     if index < 0:
         raise ValueError(f"index must be >= 0, got {index}")
@@ -230,9 +228,7 @@ def grade(completion: str, target: str) -> Grade:
     """Score one completion (truncated at the stop sequences first) against ``target``."""
     text = truncate_at_stop(completion)
     strict_pred, flexible_pred = extract_strict(text), extract_flexible(text)
-    return Grade(
-        strict_pred, flexible_pred, is_correct(strict_pred, target), is_correct(flexible_pred, target)
-    )
+    return Grade(strict_pred, flexible_pred, is_correct(strict_pred, target), is_correct(flexible_pred, target))
 
 
 def binom_two_sided_half(k: int, n: int) -> float:

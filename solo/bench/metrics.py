@@ -166,9 +166,7 @@ def summarize(
     accepted = sum(r.accepted_tokens for r in ok)
     drafted = sum(r.drafted_tokens for r in ok)
     width = max((len(r.accepted_per_position) for r in ok), default=0)
-    per_pos = [
-        sum(r.accepted_per_position[k] for r in ok if k < len(r.accepted_per_position)) for k in range(width)
-    ]
+    per_pos = [sum(r.accepted_per_position[k] for r in ok if k < len(r.accepted_per_position)) for k in range(width)]
     summary["spec_verify_rounds"] = rounds
     summary["spec_drafted_tokens"] = drafted
     summary["spec_accepted_tokens"] = accepted

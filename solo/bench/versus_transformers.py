@@ -34,11 +34,16 @@ def time_transformers(model, prompt: list[int], new_tokens: int) -> tuple[list[i
 
     start = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                             do_sample=False, streamer=FirstToken())
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            streamer=FirstToken(),
+        )
     end = time.perf_counter()
     ttft = (first[0] if first else end) - start
-    return out[0, len(prompt):].tolist(), ttft, end - start
+    return out[0, len(prompt) :].tolist(), ttft, end - start
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             if ids != result.token_ids:
                 raise SystemExit("generated ids differ between solo and transformers; not reporting speed")
 
-    print(f"preset {args.preset}, {args.prompt_tokens} prompt tokens, {args.new_tokens} new tokens, greedy, fp32, "
-          f"CPU threads {torch.get_num_threads()}, median of {args.repeats}; ids identical")
+    print(
+        f"preset {args.preset}, {args.prompt_tokens} prompt tokens, {args.new_tokens} new tokens, greedy, fp32, "
+        f"CPU threads {torch.get_num_threads()}, median of {args.repeats}; ids identical"
+    )
     print(f"{'engine':<14}{'TTFT ms':>10}{'decode tok/s':>14}")
     rates = {}
     for name, runs in rows.items():

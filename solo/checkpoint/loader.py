@@ -188,10 +188,7 @@ def _load_experts(
             reader, f"{prefix}.experts", count, hidden, inter, used
         )
         experts = MXFP4Experts(
-            *(
-                t.to(options.device)
-                for t in (experts.gate_up, experts.gate_up_scale, experts.down, experts.down_scale)
-            )
+            *(t.to(options.device) for t in (experts.gate_up, experts.gate_up_scale, experts.down, experts.down_scale))
         )
     else:
         gate_up, down = [], []

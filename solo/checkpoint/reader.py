@@ -94,9 +94,7 @@ class CheckpointReader:
         try:
             return self._open(self._where[name]).get_tensor(name)  # type: ignore[attr-defined]
         except KeyError:
-            raise CheckpointError(
-                f"{self.directory}: tensor '{name}' is missing from the checkpoint."
-            ) from None
+            raise CheckpointError(f"{self.directory}: tensor '{name}' is missing from the checkpoint.") from None
         except (SafetensorError, OSError, RuntimeError, ValueError) as e:
             raise CheckpointError(
                 f"{self._where[name]}: reading tensor '{name}' failed ({e}). The file is truncated "

@@ -51,9 +51,7 @@ class HybridCache:
         for layer in config.kda_layers:
             self.kda[layer] = KDAState(
                 recurrent=torch.zeros(heads, d, d, dtype=torch.float32, device=device),
-                conv=torch.zeros(
-                    3 * heads * d, config.conv_kernel_size - 1, dtype=torch.float32, device=device
-                ),
+                conv=torch.zeros(3 * heads * d, config.conv_kernel_size - 1, dtype=torch.float32, device=device),
             )
         mla_layers = list(config.mla_layers)
         if with_nextn and config.has_nextn:
@@ -70,9 +68,7 @@ class HybridCache:
                 states=torch.zeros(
                     (tokens, *state.recurrent.shape), dtype=torch.float32, device=state.recurrent.device
                 ),
-                window=torch.zeros(
-                    state.conv.shape[0], state.conv.shape[1] + tokens, device=state.conv.device
-                ),
+                window=torch.zeros(state.conv.shape[0], state.conv.shape[1] + tokens, device=state.conv.device),
             )
             for layer, state in self.kda.items()
         }

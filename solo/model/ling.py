@@ -23,9 +23,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.layer = layer
         self.is_mla = config.is_mla(layer)
-        self.attention: nn.Module = (
-            MultiLatentAttention(config) if self.is_mla else KimiDeltaAttention(config)
-        )
+        self.attention: nn.Module = MultiLatentAttention(config) if self.is_mla else KimiDeltaAttention(config)
         self.mlp: nn.Module = (
             SparseMoE(config, layer)
             if config.is_moe(layer)

@@ -72,9 +72,7 @@ class MultiLatentAttention(nn.Module):
         cache.rope.index_copy_(0, positions, k_rope.to(cache.rope.dtype))
 
         q_latent = torch.einsum("thn,hnr->thr", q_nope, self.w_uk)
-        scores = torch.einsum("thr,lr->thl", q_latent, cache.latent) + torch.einsum(
-            "thd,ld->thl", q_rope, cache.rope
-        )
+        scores = torch.einsum("thr,lr->thl", q_latent, cache.latent) + torch.einsum("thd,ld->thl", q_rope, cache.rope)
         key_pos = torch.arange(cache.latent.shape[0], device=x.device)
         visible = key_pos[None, :] <= positions[:, None]  # causal over absolute positions
         scores = scores.float().masked_fill(~visible[:, None, :], float("-inf")) * self.scale

@@ -180,8 +180,7 @@ def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     if w.ndim == 0 or w.shape[-1] % MXFP4_BLOCK:
         raise ValueError(
-            f"MXFP4 needs the last dimension to be a multiple of {MXFP4_BLOCK}, "
-            f"got shape {_fmt_shape(w.shape)}"
+            f"MXFP4 needs the last dimension to be a multiple of {MXFP4_BLOCK}, got shape {_fmt_shape(w.shape)}"
         )
     if not w.is_floating_point():
         raise ValueError(f"quantize_mxfp4 expects a floating-point tensor, got {_fmt_dtype(w.dtype)}")
@@ -201,16 +200,12 @@ def _e2m1_pair_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return e2m1_decode(torch.stack((byte & 0x0F, byte >> 4), dim=-1), dtype)
 
 
-def dequantize_mxfp4(
-    packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32
-) -> torch.Tensor:
+def dequantize_mxfp4(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode MXFP4: packed [..., K//2] with E8M0 scales [..., K//32] -> values [..., K]."""
     p = _as_bytes(packed, "packed MXFP4 weight", _packed_dtypes())
     s = _as_bytes(scales, "MXFP4 scales", _scale_dtypes())
     if p.ndim == 0 or (2 * p.shape[-1]) % MXFP4_BLOCK:
-        raise ValueError(
-            f"packed MXFP4 weight must be [..., K/2] with K % 32 == 0, got {_fmt_shape(p.shape)}"
-        )
+        raise ValueError(f"packed MXFP4 weight must be [..., K/2] with K % 32 == 0, got {_fmt_shape(p.shape)}")
     k = 2 * p.shape[-1]
     if s.shape != (*p.shape[:-1], k // MXFP4_BLOCK):
         raise ValueError(

@@ -34,15 +34,11 @@ class QuantScheme:
 
         method = qc.get("quant_method")
         if method != "fp8":
-            raise bad(
-                "quant_method", f"is {method!r}; solo loads only 'fp8' (the Ling-3.0-flash-fp4 format)."
-            )
+            raise bad("quant_method", f"is {method!r}; solo loads only 'fp8' (the Ling-3.0-flash-fp4 format).")
         if qc.get("fmt", "e4m3") != "e4m3":
             raise bad("fmt", f"is {qc.get('fmt')!r}; only 'e4m3' is supported.")
         block = qc.get("weight_block_size")
-        if not (
-            isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)
-        ):
+        if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
             raise bad("weight_block_size", f"is {block!r}; expected two positive integers like [128, 128].")
         scale_fmt = qc.get("scale_fmt")
         if scale_fmt not in (None, "ue8m0"):
@@ -87,8 +83,7 @@ class QuantScheme:
             )
         if tuple(weight.shape) != tuple(shape):
             raise CheckpointError(
-                f"{reader.directory}: '{prefix}.weight' has shape {list(weight.shape)}, "
-                f"expected {list(shape)}."
+                f"{reader.directory}: '{prefix}.weight' has shape {list(weight.shape)}, expected {list(shape)}."
             )
         try:
             formats.check_fp8_block_shapes(f"{prefix}.weight_scale_inv", weight, scale, self.block_size)
@@ -134,9 +129,7 @@ class QuantScheme:
         )
 
 
-def _quantized_pair(
-    reader: CheckpointReader, prefix: str, used: set[str]
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantized_pair(reader: CheckpointReader, prefix: str, used: set[str]) -> tuple[torch.Tensor, torch.Tensor]:
     for suffix in ("weight", "weight_scale_inv"):
         if f"{prefix}.{suffix}" not in reader:
             raise CheckpointError(

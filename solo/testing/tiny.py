@@ -205,8 +205,6 @@ def _append_shard(out: Path, shard_name: str, tensors: dict[str, torch.Tensor]) 
         single = out / "model.safetensors"
         with safe_open(str(single), "pt") as f:
             index = {"metadata": {}, "weight_map": dict.fromkeys(f.keys(), "model.safetensors")}
-    save_file(
-        {k: v.contiguous() for k, v in tensors.items()}, str(out / shard_name), metadata={"format": "pt"}
-    )
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / shard_name), metadata={"format": "pt"})
     index["weight_map"].update(dict.fromkeys(tensors, shard_name))
     index_path.write_text(json.dumps(index, indent=2))

@@ -199,9 +199,7 @@ def save_tokenizer(tok: Tokenizer, path: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point: train on ``--data`` and write ``--out``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m solo.training.tokenizer", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m solo.training.tokenizer", description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True, help="GSM8K train.jsonl")
     parser.add_argument("--vocab-size", type=int, default=2048)
     parser.add_argument("--max-examples", type=int, default=None, help="use only the first N lines")
