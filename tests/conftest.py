@@ -5,12 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", minversion="5.23")
-
-
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     """preset -> (checkpoint dir, transformers model that wrote it)."""
+    pytest.importorskip("transformers", minversion="5.23")  # the oracle (CI installs it)
     from solo.testing.tiny import write_tiny_checkpoint
 
     made = {}

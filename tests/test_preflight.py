@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -41,9 +42,10 @@ def fp4_tiny(tiny_checkpoints, tmp_path_factory):
 
 
 def miswire_fp8_bytes_as_bf16(engine: Engine) -> None:
-    """The seed's bug: the draft gets only the FP8 head's weight tensor and reads it as BF16
-    (no per-row scales), instead of the head module."""
-    engine.decoder.draft_head = DenseHead(engine.model.lm_head.weight.data.to(torch.bfloat16), "bf16")
+    """The seed's bug: the draft gets only the FP8 head's weight tensor (no scales, not the module)
+    and reads its bytes as BF16: each E4M3 byte lands in the high byte of a BF16 value."""
+    raw = engine.model.lm_head.weight.data.view(torch.uint8).to(torch.int16)
+    engine.decoder.draft_head = DenseHead((raw << 8).view(torch.bfloat16), "bf16")
 
 
 def miswire_own_bf16_head(engine: Engine, path) -> None:
@@ -51,6 +53,35 @@ def miswire_own_bf16_head(engine: Engine, path) -> None:
     from solo.checkpoint.loader import LoadOptions, load_model
 
     engine.decoder.draft_head = load_model(path, LoadOptions(lm_head="bf16")).lm_head
+
+
+def test_seed_failure_fp8_weight_tensor_in_draft_is_caught():
+    engine = Engine.from_pretrained(BUNDLED, lm_head="fp8", speculative=SpeculativeConfig())
+    good = by_name(run_preflight(engine, "torch", "fp8", speculative=True))
+    assert good["draft_head"].status == ACTIVE and good["mtp"].status == ACTIVE, good
+    miswire_fp8_bytes_as_bf16(engine)
+    bad = by_name(run_preflight(engine, "torch", "fp8", speculative=True))
+    assert bad["draft_head"].status == FAILED
+    assert bad["mtp"].status == FAILED and bad["mtp"].evidence["accept_length"] < 1.2
+    assert bad["lm_head"].status == ACTIVE  # the target's head itself is fine: only the wiring is wrong
+
+
+def test_draft_with_its_own_bf16_head_is_caught():
+    engine = Engine.from_pretrained(BUNDLED, lm_head="bf16", speculative=SpeculativeConfig())
+    miswire_own_bf16_head(engine, BUNDLED)
+    report = by_name(run_preflight(engine, "torch", "bf16", speculative=True))
+    assert report["draft_head"].status == FAILED and "same_object" in report["draft_head"].evidence
+
+
+def test_check_cli_passes_with_correct_wiring_and_reports_json():
+    proc = solo("check", "--model", str(BUNDLED), "--lm-head", "fp8", "--speculative-algorithm", "NEXTN", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert statuses == {"moe_backend": "ACTIVE", "lm_head": "ACTIVE", "draft_head": "ACTIVE", "mtp": "ACTIVE",
+                        "kernels": "OFF", "cuda_graphs": "OFF"}
+    assert all(c["evidence"] for c in report["checks"] if c["status"] == "ACTIVE")
+    assert report["ok"] and report["seconds"] < 30
 
 
 def test_check_fails_when_speculation_does_not_pay(tiny_checkpoints):

@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -192,3 +193,20 @@ def test_unknown_quant_method_is_named(fp4_pair, tmp_path):
     )
     with pytest.raises(CheckpointError, match="routed_experts_quant_method"):
         load_model(bad2)
+
+
+BUNDLED = Path(__file__).resolve().parent.parent / "models"
+
+
+def test_fp8_head_agreement_on_the_trained_bundled_model():
+    """The trained model (not a random one, whose logits are full of near-ties): with only the FP8
+    LM head, top-1 next-token agreement with the BF16 checkpoint computed in fp32 is >= 99% at the
+    positions decoding reads (the reference's own greedy continuations of 16 GSM8K prompts)."""
+    from solo.bench.quant_quality import default_prompts, evaluate
+
+    reference = BUNDLED / "ling-gsm8k-tiny-bf16"
+    report = evaluate(reference, BUNDLED / "ling-gsm8k-tiny", default_prompts(reference, 16), new_tokens=64)
+    fp8 = report["bf16 checkpoint, fp8 head"]
+    print("\n" + "\n".join(f"{k}: top-1 {v['top1_agreement']:.4f} KL {v['mean_kl']:.2e}" for k, v in report.items()))
+    assert fp8["positions"] == 16 * 64 and fp8["top1_agreement"] >= 0.99
+    assert report["fp4 checkpoint, fp8 head"]["top1_agreement"] > 0.9

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from solo.bench import gsm8k
+from solo.bench.harness import DEFAULT_GSM8K as GSM8K
 from solo.checkpoint.loader import LoadOptions, load_model
 from solo.model.cache import HybridCache
 from solo.tokenizer import Tokenizer
@@ -35,25 +37,40 @@ def compare(reference: list[torch.Tensor], candidate: list[torch.Tensor]) -> dic
 
 
 def default_prompts(directory: Path, count: int, seed: int = 0) -> list[list[int]]:
-    """GSM8K-like prompts if the tokenizer knows words, else random token ids (tiny test models)."""
+    """GSM8K 5-shot prompts (in-distribution text for a model that has a real vocabulary), else
+    random token ids (tiny random test models, whose byte vocabulary has no words)."""
     tok = Tokenizer.from_dir(directory)
+    if tok.vocab_size > 1000 and (GSM8K / "test.jsonl").is_file():
+        test = gsm8k.load_gsm8k(GSM8K / "test.jsonl")[:count]
+        prompts = gsm8k.build_prompts(test, gsm8k.load_gsm8k(GSM8K / "train.jsonl"))
+        return [tok.encode(p)[-384:] for p in prompts]
     gen = torch.Generator().manual_seed(seed)
-    texts = [
-        "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-        "How many clips did Natalia sell altogether in April and May?\nAnswer:",
-        "Question: Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. "
-        "How much did she earn?\nAnswer:",
-    ]
-    prompts = [tok.encode(t) for t in texts][:count]
-    while len(prompts) < count:
-        prompts.append(torch.randint(6, tok.vocab_size, (48,), generator=gen).tolist())
-    return prompts
+    return [torch.randint(6, tok.vocab_size, (48,), generator=gen).tolist() for _ in range(count)]
 
 
-def evaluate(reference_dir: Path, quantized_dir: Path | None, prompts: list[list[int]]) -> dict[str, dict]:
+def greedy_continuations(reference_dir: Path, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """Each prompt followed by the reference model's own greedy continuation (decode positions)."""
+    from solo.engine.engine import Engine, GenerationParams
+
+    engine = Engine.from_pretrained(reference_dir, lm_head="fp32")
+    params = GenerationParams(max_tokens=new_tokens, ignore_eos=True)
+    return [p + engine.generate(p, params).token_ids for p in prompts]
+
+
+def evaluate(
+    reference_dir: Path, quantized_dir: Path | None, prompts: list[list[int]], new_tokens: int = 0
+) -> dict[str, dict]:
+    """Agreement at every position of the prompts, or, with `new_tokens`, only at the positions
+    that predict the reference model's own greedy continuation (what decoding actually reads)."""
+    sequences = greedy_continuations(reference_dir, prompts, new_tokens) if new_tokens else prompts
+    starts = [len(p) - 1 if new_tokens else 0 for p in prompts]
+
     def run(path: Path, head: str) -> list[torch.Tensor]:
         model = load_model(path, LoadOptions(lm_head=head))
-        return [position_logits(model, p) for p in prompts]
+        return [
+            position_logits(model, seq)[start : -1 if new_tokens else None]
+            for seq, start in zip(sequences, starts, strict=True)
+        ]
 
     reference = run(reference_dir, "fp32")
     report = {
@@ -71,9 +88,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference", required=True, type=Path)
     ap.add_argument("--quantized", type=Path)
     ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument(
+        "--new-tokens",
+        type=int,
+        default=0,
+        help="compare only at the positions of the reference's greedy continuation of this length",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    report = evaluate(args.reference, args.quantized, default_prompts(args.reference, args.prompts))
+    prompts = default_prompts(args.reference, args.prompts)
+    report = evaluate(args.reference, args.quantized, prompts, args.new_tokens)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

@@ -1,0 +1,384 @@
+"""Triton MoE / FP8 kernels and the Humming backend against their torch references.
+
+CPU part: Triton's interpreter (TRITON_INTERPRET=1) on small odd shapes. The interpreter must be
+switched on before the kernel modules are imported, so on a machine without CUDA this module
+switches it on itself; where that is not possible (a CUDA machine, or the kernels were imported
+earlier by another test module) one test reruns this file's CPU tests in a subprocess.
+
+GPU part (``-m gpu``, skipped without CUDA): Ling-3.0-flash shapes, bf16 tolerance against fp32
+references, Humming, and CUDA-graph capture/replay.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed (pip install triton)", allow_module_level=True)
+
+# TRITON_INTERPRET is read when triton (and its standard library) is first imported.
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") is None and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+from solo.kernels import triton_fp8  # noqa: E402
+from solo.kernels.moe import MXFP4Experts, TorchMoE, swiglu  # noqa: E402
+from solo.kernels.triton_fp8 import Fp8Config, fp8_block_linear, fp8_rowwise_linear  # noqa: E402
+from solo.kernels.triton_moe import MoEConfig, TritonMoE  # noqa: E402
+from solo.quantization.formats import (  # noqa: E402
+    dequantize_fp8_block,
+    dequantize_fp8_rowwise,
+    dequantize_mxfp4,
+    quantize_fp8_block,
+    quantize_fp8_rowwise,
+    quantize_mxfp4,
+)
+
+cpu_only = pytest.mark.skipif(not INTERPRET, reason="interpreter tests run in a TRITON_INTERPRET=1 subprocess here")
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(
+    INTERPRET or not torch.cuda.is_available(), reason="needs a CUDA GPU (and no TRITON_INTERPRET)"
+)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    return float((out - ref).norm() / ref.norm())
+
+
+def mxfp4_experts(e: int, h: int, i: int, device: str = "cpu", seed: int | None = None) -> MXFP4Experts:
+    g = torch.Generator(device="cpu")
+    if seed is not None:
+        g.manual_seed(seed)
+    else:
+        g.seed()
+    gate_up = torch.randn((e, 2 * i, h), generator=g) * 0.05
+    down = torch.randn((e, h, i), generator=g) * 0.05
+    gp, gs = quantize_mxfp4(gate_up)
+    dp, ds = quantize_mxfp4(down)
+    return MXFP4Experts(gp.to(device), gs.to(device), dp.to(device), ds.to(device))
+
+
+def random_routing(t: int, k: int, e: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.stack([torch.randperm(e)[:k] for _ in range(t)]).to(device)
+    w = torch.rand((t, k)) + 0.1
+    w = (w / w.sum(-1, keepdim=True) * 2.5).to(device)
+    return ids, w
+
+
+# ============================================================================== CPU (interpreter)
+
+
+@cpu_only
+@pytest.mark.parametrize("limit", [None, 0.6])
+@pytest.mark.parametrize(
+    "config",
+    [
+        MoEConfig(),
+        MoEConfig(gu_block_i=16, gu_block_k=64, gu_w_lhs=True, dn_block_h=32, dn_block_k=64, dn_w_lhs=True, block_t=8),
+        MoEConfig(gu_block_k=64, gu_split_k=3, dn_split_e=4, gu_target_ctas=10**6),
+        MoEConfig(gu_block_k=64, gu_split_k=1, dn_split_e=1),
+    ],
+    ids=["default", "w_lhs", "split", "nosplit"],
+)
+def test_triton_moe_matches_torch_reference(limit, config):
+    h, i, e, k = 160, 64, 16, 4
+    experts = mxfp4_experts(e, h, i)
+    moe = TritonMoE(experts, dtype=torch.bfloat16, swiglu_limit=limit, config=config)
+    ref = TorchMoE(experts, torch.float32, swiglu_limit=limit)
+    for t in (1, 2, 5):
+        x = torch.randn((t, h)).to(torch.bfloat16)
+        ids, w = random_routing(t, k, e)
+        out = torch.full((t, h), float("nan"), dtype=torch.bfloat16)
+        res = moe.forward(x, ids, w, out=out)
+        assert res.data_ptr() == out.data_ptr()
+        assert not torch.isnan(out).any(), "output not fully written"
+        expected = ref(x.float(), ids, w)
+        if config.gu_target_ctas == 10**6:
+            assert moe.splits(t, k) == (3, 4)  # H=160 in three 64-wide K tiles (last one partial)
+        # The interpreter truncates fp32 -> bf16 (the GPU rounds to nearest), so the bf16 act and
+        # output carry up to twice the usual rounding error here.
+        assert rel_err(out, expected) < 1e-2, (t, rel_err(out, expected))
+    for name, buf in moe._scratch.items():  # split counters are reset by the last program
+        if name.endswith("_cnt"):
+            assert int(buf.abs().sum()) == 0, name
+
+
+@cpu_only
+def test_triton_moe_gate_up_writes_every_activation():
+    h, i, e, k, t = 96, 96, 8, 3, 4  # I=96 is not a multiple of the 64-row tile
+    experts = mxfp4_experts(e, h, i)
+    moe = TritonMoE(experts, config=MoEConfig(gu_block_i=64, gu_block_k=64))
+    x = torch.randn((t, h)).to(torch.bfloat16)
+    ids, _ = random_routing(t, k, e)
+    act = torch.full((t * k, i), float("nan"), dtype=torch.bfloat16)
+    moe.launch_gate_up(x, ids.reshape(-1).contiguous(), act, k)
+    assert not torch.isnan(act).any()
+    w_gu = dequantize_mxfp4(experts.gate_up, experts.gate_up_scale)[ids.reshape(-1)]
+    hh = torch.einsum("ah,aoh->ao", x.float().repeat_interleave(k, 0), w_gu)
+    expected = swiglu(hh[:, :i], hh[:, i:], None)
+    assert rel_err(act, expected) < 1e-2
+
+
+def _fp8_case(kind: str, n: int, kdim: int):
+    w = torch.randn((n, kdim)) * 0.05
+    if kind == "block":
+        q, s = quantize_fp8_block(w)
+        return q, s, dequantize_fp8_block(q, s)
+    q, s = quantize_fp8_rowwise(w)
+    return q, s, dequantize_fp8_rowwise(q, s)
+
+
+@cpu_only
+@pytest.mark.parametrize("kind", ["rowwise", "block"])
+@pytest.mark.parametrize(
+    "config",
+    [None, Fp8Config(32, 64, 16, False, 4, 2), Fp8Config(16, 128, 8, True, 4, 2)],
+    ids=["default", "x_lhs", "small"],
+)
+def test_fp8_linear_matches_dequantized_matmul(kind, config):
+    fn = fp8_block_linear if kind == "block" else fp8_rowwise_linear
+    for n, kdim, t in ((200, 160, 1), (130, 96, 3), (72, 320, 5)):
+        q, s, w = _fp8_case(kind, n, kdim)
+        x = torch.randn((t, kdim)).to(torch.bfloat16)
+        expected = x.float() @ w.T
+        out = torch.full((t, n), float("nan"), dtype=torch.float32)
+        fn(x, q, s, out=out, config=config)
+        assert not torch.isnan(out).any(), "output not fully written"
+        assert rel_err(out, expected) < 1e-5  # fp16 holds E4M3 and these bf16 inputs exactly
+        out_bf = fn(x, q, s, config=config)
+        assert out_bf.dtype == torch.bfloat16 and out_bf.shape == (t, n)
+        assert rel_err(out_bf, expected) < 1e-2
+
+
+@cpu_only
+def test_fp8_linear_leading_dims_and_many_tokens():
+    q, s, w = _fp8_case("rowwise", 48, 64)
+    x = torch.randn((2, 9, 64)).to(torch.bfloat16)  # 18 rows: two token tiles of 16
+    out = fp8_rowwise_linear(x, q, s, out_dtype=torch.float32)
+    assert out.shape == (2, 9, 48)
+    assert rel_err(out, x.float() @ w.T) < 1e-5
+
+
+def test_triton_cache_dir_defaults_under_solo_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path))
+    assert triton_fp8.configure_triton_cache() == str(tmp_path / "triton")
+    assert (tmp_path / "triton").is_dir()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    assert triton_fp8.configure_triton_cache() == str(tmp_path / "mine")
+    report = triton_fp8.kernel_cache_report()
+    assert report["cache_dir"] == str(tmp_path / "mine")
+    for key in ("warmups", "compile_seconds", "all_cached", "new_cache_entries"):
+        assert key in report
+
+
+def test_backends_refuse_cpu_without_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="NVIDIA GPU"):
+        triton_fp8.require_triton_device("--moe-backend triton", torch.device("cpu"))
+    if not torch.cuda.is_available():
+        from solo.kernels.humming_moe import HummingMoE
+
+        with pytest.raises(RuntimeError, match="pip install humming-kernels"):
+            HummingMoE(mxfp4_experts(4, 64, 32, seed=0))
+
+
+@pytest.mark.skipif(INTERPRET, reason="the interpreter tests already run in this process")
+def test_interpreter_suite_in_subprocess():
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-m", "not gpu", "-p", "no:cacheprovider", __file__],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+# ============================================================================== GPU
+
+H, I, E, TOPK = 2560, 768, 512, 8
+
+
+def random_mxfp4_experts_cuda(e: int = E, h: int = H, i: int = I) -> MXFP4Experts:
+    """Random codes and a spread of scales, generated on the device (fresh every call)."""
+    dev = "cuda"
+    return MXFP4Experts(
+        gate_up=torch.randint(0, 256, (e, 2 * i, h // 2), dtype=torch.uint8, device=dev),
+        gate_up_scale=torch.randint(118, 124, (e, 2 * i, h // 32), dtype=torch.uint8, device=dev),
+        down=torch.randint(0, 256, (e, h, i // 2), dtype=torch.uint8, device=dev),
+        down_scale=torch.randint(118, 124, (e, h, i // 32), dtype=torch.uint8, device=dev),
+    )
+
+
+def moe_reference_fp32(experts: MXFP4Experts, x, ids, w, limit=None) -> torch.Tensor:
+    """fp32 reference from the selected experts only (no full-size dequantization)."""
+    flat = ids.reshape(-1)
+    gu = dequantize_mxfp4(experts.gate_up[flat], experts.gate_up_scale[flat])  # [a, 2I, H]
+    dn = dequantize_mxfp4(experts.down[flat], experts.down_scale[flat])  # [a, H, I]
+    k = ids.shape[1]
+    i = gu.shape[1] // 2
+    h = torch.einsum("ah,aoh->ao", x.float().repeat_interleave(k, 0), gu)
+    act = swiglu(h[:, :i], h[:, i:], limit)
+    y = torch.einsum("ai,ahi->ah", act, dn).view(ids.shape[0], k, -1)
+    return (y * w[..., None].float()).sum(1)
+
+
+@pytest.fixture(scope="module")
+def cuda_experts():
+    if INTERPRET or not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    return random_mxfp4_experts_cuda()
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("t", [1, 4, 16])
+@pytest.mark.parametrize("limit", [None, 7.0])
+def test_gpu_triton_moe_real_shapes(cuda_experts, t, limit):
+    moe = TritonMoE(cuda_experts, dtype=torch.bfloat16, swiglu_limit=limit)
+    x = torch.randn((t, H), device="cuda").to(torch.bfloat16)
+    ids, w = random_routing(t, TOPK, E, "cuda")
+    out = torch.full((t, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+    moe.forward(x, ids, w, out=out)
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any()
+    ref = moe_reference_fp32(cuda_experts, x, ids, w, limit)
+    assert rel_err(out, ref) <= 1e-2
+    # split reductions are deterministic and leave their counters at zero
+    for _ in range(3):
+        assert torch.equal(moe.forward(x, ids, w), out)
+    assert all(int(b.abs().sum()) == 0 for n, b in moe._scratch.items() if n.endswith("_cnt"))
+
+
+@gpu
+@needs_cuda
+def test_gpu_humming_matches_reference(cuda_experts):
+    try:
+        from solo.kernels.humming_moe import HummingMoE
+
+        moe = HummingMoE(cuda_experts, dtype=torch.bfloat16)
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    for t in (1, 4):
+        x = torch.randn((t, H), device="cuda").to(torch.bfloat16)
+        ids, w = random_routing(t, TOPK, E, "cuda")
+        out = moe(x, ids, w)
+        ref = moe_reference_fp32(cuda_experts, x, ids, w)
+        assert rel_err(out, ref) <= 1e-2, (t, rel_err(out, ref))
+        # repeated experts across tokens (verification batches share experts)
+        ids2 = ids.clone()
+        ids2[-1] = ids[0]
+        out2 = moe(x, ids2, w)
+        assert rel_err(out2, moe_reference_fp32(cuda_experts, x, ids2, w)) <= 1e-2
+
+
+def _graph_check(fn, inputs: list[torch.Tensor], fresh: list[torch.Tensor]) -> None:
+    """Capture fn() over static inputs, replay after copying fresh data in, compare with eager."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out = fn()
+    for dst, src in zip(inputs, fresh, strict=True):
+        dst.copy_(src)
+    g.replay()
+    torch.cuda.synchronize()
+    eager = fn()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, eager)
+
+
+@gpu
+@needs_cuda
+def test_gpu_cuda_graph_replay(cuda_experts):
+    moe = TritonMoE(cuda_experts)
+    for t in (1, 4):
+        x = torch.randn((t, H), device="cuda").to(torch.bfloat16)
+        ids, w = random_routing(t, TOPK, E, "cuda")
+        x2 = torch.randn((t, H), device="cuda").to(torch.bfloat16)
+        ids2, w2 = random_routing(t, TOPK, E, "cuda")
+        _graph_check(lambda x=x, ids=ids, w=w: moe.forward(x, ids, w), [x, ids, w], [x2, ids2, w2])
+    q = torch.randn((4096, 2560), device="cuda").to(torch.float8_e4m3fn)
+    s = torch.rand((32, 20), device="cuda") * 1e-2
+    x = torch.randn((2, 2560), device="cuda").to(torch.bfloat16)
+    _graph_check(lambda: fp8_block_linear(x, q, s), [x], [torch.randn_like(x)])
+    r = torch.rand((4096,), device="cuda") * 1e-2
+    _graph_check(lambda: fp8_rowwise_linear(x, q, r), [x], [torch.randn_like(x)])
+    try:
+        from solo.kernels.humming_moe import HummingMoE
+
+        hm = HummingMoE(cuda_experts)
+    except RuntimeError:
+        return
+    x = torch.randn((4, H), device="cuda").to(torch.bfloat16)
+    ids, w = random_routing(4, TOPK, E, "cuda")
+    ids2, w2 = random_routing(4, TOPK, E, "cuda")
+    hm(x, ids, w)  # JIT compile outside the capture
+    _graph_check(lambda: hm.forward(x, ids, w), [ids, w], [ids2, w2])
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("t", [1, 4])
+def test_gpu_fp8_rowwise_lm_head(t):
+    n, k = 157184, 2560
+    w = torch.randn((n, k), device="cuda") * 0.02
+    q, s = quantize_fp8_rowwise(w)
+    del w
+    x = torch.randn((t, k), device="cuda").to(torch.bfloat16)
+    out = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fp8_rowwise_linear(x, q, s, out=out)
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any()
+    ref = torch.cat(
+        [x.float() @ dequantize_fp8_rowwise(q[j : j + 16384], s[j : j + 16384]).T for j in range(0, n, 16384)], dim=1
+    )
+    assert rel_err(out, ref) <= 1e-2
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("n,k", [(4096, 2560), (2560, 4096), (6144, 2560), (576, 2560), (2560, 768), (1000, 1000)])
+@pytest.mark.parametrize("t", [1, 4, 17])
+def test_gpu_fp8_block_linear(n, k, t):
+    w = torch.randn((n, k), device="cuda") * 0.02
+    q, s = quantize_fp8_block(w)
+    x = torch.randn((t, k), device="cuda").to(torch.bfloat16)
+    out = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fp8_block_linear(x, q, s, out=out)
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any()
+    assert rel_err(out, x.float() @ dequantize_fp8_block(q, s).T) <= 1e-2
+    out32 = fp8_block_linear(x, q, s, out_dtype=torch.float32)
+    assert rel_err(out32, x.float() @ dequantize_fp8_block(q, s).T) <= 1e-4
+
+
+@gpu
+@needs_cuda
+def test_gpu_warmup_reports_compile_and_cache(cuda_experts):
+    moe = TritonMoE(cuda_experts)
+    rec = moe.warmup(top_k=TOPK, max_tokens=4)
+    assert rec["seconds"] >= 0
+    triton_fp8.warmup_fp8_linear("block", 4096, 2560)
+    report = triton_fp8.kernel_cache_report()
+    assert len(report["warmups"]) >= 2
+    assert report["cache_dir"] and os.path.isdir(report["cache_dir"])
+    # a second warm-up of the same shapes compiles nothing new
+    rec2 = moe.warmup(top_k=TOPK, max_tokens=4)
+    assert rec2["new_cache_entries"] == 0
