@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     """preset -> (checkpoint dir, transformers model that wrote it)."""
