@@ -27,7 +27,10 @@ from solo.bench.metrics import RequestRecord, summarize
 from solo.engine.engine import Engine, GenerationParams, PlainDecoder
 from solo.engine.sampling import SamplingParams
 
-DEFAULT_GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
+_ROOT = Path(__file__).resolve().parents[2]
+# ../shared/data/gsm8k beside the checkout, else a copy in the checkout's git-ignored .data/gsm8k
+_GSM8K_PLACES = (_ROOT.parent / "shared" / "data" / "gsm8k", _ROOT / ".data" / "gsm8k")
+DEFAULT_GSM8K = next((d for d in _GSM8K_PLACES if (d / "test.jsonl").is_file()), _GSM8K_PLACES[0])
 
 
 @dataclass
@@ -161,7 +164,10 @@ def main(args: argparse.Namespace, engine: Engine) -> int:
         )
     engines = {}
     if args.baseline and not isinstance(engine.decoder, PlainDecoder):
-        engines["baseline"] = Engine(engine.model, engine.tokenizer, PlainDecoder(engine.model))
+        baseline = Engine(engine.model, engine.tokenizer, PlainDecoder(engine.model))
+        if engine.graphs_max_len is not None:  # the same step machinery as the optimized run
+            baseline.enable_cuda_graphs(engine.graphs_max_len)
+        engines["baseline"] = baseline
     engines["mtp" if not isinstance(engine.decoder, PlainDecoder) else "plain"] = engine
     report = compare_configs(engines, requests)
     report["workload"] = {

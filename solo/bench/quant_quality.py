@@ -25,7 +25,8 @@ from solo.tokenizer import Tokenizer
 def position_logits(model, ids: list[int]) -> torch.Tensor:
     cache = HybridCache(model.config, len(ids), model.device, model.dtype)
     with torch.inference_mode():
-        return model.logits(model(torch.tensor(ids), torch.arange(len(ids)), cache))
+        positions = torch.arange(len(ids), device=model.device)
+        return model.logits(model(torch.tensor(ids, device=model.device), positions, cache))
 
 
 def compare(reference: list[torch.Tensor], candidate: list[torch.Tensor]) -> dict[str, float]:

@@ -199,4 +199,6 @@ def _load_experts(
             gate_up.append(torch.cat([gate, up]).to(options.dtype))
             down.append(_fetch(reader, f"{base}.down_proj.weight", (hidden, inter), used).to(options.dtype))
         experts = DenseExperts(torch.stack(gate_up).to(options.device), torch.stack(down).to(options.device))
-    module.experts = make_moe_backend(options.moe_backend, experts, options.dtype, module.swiglu_limit)
+    module.experts = make_moe_backend(
+        options.moe_backend, experts, options.dtype, module.swiglu_limit, top_k=config.num_experts_per_tok
+    )

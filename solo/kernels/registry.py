@@ -18,7 +18,11 @@ def make_moe_backend(
     experts: MXFP4Experts | DenseExperts,
     dtype: torch.dtype,
     swiglu_limit: float | None,
+    top_k: int = 8,
+    max_tokens: int = 8,
 ) -> MoEBackend:
+    """Build the backend; compiled backends are warmed up (compiled or loaded from the on-disk
+    cache) here, for `top_k` experts and up to `max_tokens` tokens per call."""
     if name == "torch":
         return TorchMoE(experts, dtype, swiglu_limit)
     if name not in MOE_BACKENDS:
@@ -32,7 +36,9 @@ def make_moe_backend(
         if name == "triton":
             from solo.kernels.triton_moe import TritonMoE
 
-            return TritonMoE(experts, dtype=dtype, swiglu_limit=swiglu_limit)
+            backend = TritonMoE(experts, dtype=dtype, swiglu_limit=swiglu_limit)
+            backend.warmup(top_k=top_k, max_tokens=max_tokens)
+            return backend
         from solo.kernels.humming_moe import HummingMoE
 
         return HummingMoE(experts, dtype=dtype, swiglu_limit=swiglu_limit)

@@ -419,13 +419,17 @@ class TritonMoE(MoEBackend):
         return gu, dn
 
     def _buffer(self, name: str, numel: int, dtype: torch.dtype, zero: bool) -> torch.Tensor:
+        # A stored buffer is never replaced: a captured CUDA graph may point at it, and freeing it
+        # would leave the graph writing into memory that other tensors reuse. A call needing more
+        # (a long prefill) gets a buffer of its own.
         buf = self._scratch.get(name)
-        if buf is None or buf.numel() < numel:
-            size = max(numel, 1)
-            alloc = torch.zeros if zero else torch.empty
-            buf = alloc(size, dtype=dtype, device=self.gate_up.device)
-            self._scratch[name] = buf
-        return buf
+        if buf is not None and buf.numel() >= numel:
+            return buf
+        alloc = torch.zeros if zero else torch.empty
+        fresh = alloc(max(numel, 1), dtype=dtype, device=self.gate_up.device)
+        if buf is None:
+            self._scratch[name] = fresh
+        return fresh
 
     def reserve(self, max_tokens: int, top_k: int) -> None:
         """Allocate the split-reduction scratch for up to max_tokens (do it before graph capture)."""

@@ -98,4 +98,10 @@ def build(head: nn.Module, mode: str) -> nn.Module:
     if mode == "bf16":
         return DenseHead(weight.to(torch.bfloat16), "bf16")
     w8, scale = formats.quantize_fp8_rowwise(weight.float())
-    return Fp8RowwiseHead(w8, scale)
+    kernel = None
+    if w8.is_cuda:  # the GPU path: the Triton FP8 GEMV, compiled for this shape now
+        from solo.kernels.triton_fp8 import fp8_rowwise_linear, warmup_fp8_linear
+
+        warmup_fp8_linear("rowwise", w8.shape[0], w8.shape[1], w8.device)
+        kernel = fp8_rowwise_linear
+    return Fp8RowwiseHead(w8, scale, kernel)
