@@ -39,7 +39,7 @@ def test_gpu_logits_match_cpu_reference(prompts):
         err = max(float((g - r).norm() / r.norm()) for g, r in zip(got, ref, strict=True))
         agreement = compare(ref, got)["top1_agreement"]
         print(f"\n{options['moe_backend']}/{options['lm_head']}: rel err {err:.2e}, top-1 {agreement:.4f}")
-        assert err < 3e-2 and agreement > 0.95
+        assert err < 5e-2 and agreement > 0.95  # bf16 end to end vs fp32
 
 
 def test_graphs_reproduce_eager_and_speculation_emits_target_argmax(prompts):
@@ -67,10 +67,10 @@ def test_graphs_reproduce_eager_and_speculation_emits_target_argmax(prompts):
         worst_gap = max(worst_gap, float(gaps.max()))
     print(f"\ngraph==eager {same_graph}/{len(prompts)}, spec==plain {same_spec}/{len(prompts)}, "
           f"accept length {1 + accepted / rounds:.2f}, argmax {exact}/{checked}, worst gap {worst_gap:.3f}, "
-          f"graph replays {spec.decoder.step.replays}")
+          f"round replays {spec.decoder.round_replays}")
     assert same_graph == len(prompts)
     assert exact >= 0.99 * checked and worst_gap < 0.25
-    assert 1 + accepted / rounds > 2.0 and spec.decoder.step.replays > 0
+    assert 1 + accepted / rounds > 2.0 and spec.decoder.round_replays >= rounds
 
 
 def test_preflight_all_active_on_gpu():

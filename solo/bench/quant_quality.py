@@ -41,7 +41,12 @@ def default_prompts(directory: Path, count: int, seed: int = 0) -> list[list[int
     """GSM8K 5-shot prompts (in-distribution text for a model that has a real vocabulary), else
     random token ids (tiny random test models, whose byte vocabulary has no words)."""
     tok = Tokenizer.from_dir(directory)
-    if tok.vocab_size > 1000 and (GSM8K / "test.jsonl").is_file():
+    if tok.vocab_size > 1000:  # a real vocabulary: real text, never silently random ids
+        if not (GSM8K / "test.jsonl").is_file():
+            raise FileNotFoundError(
+                f"GSM8K not found at {GSM8K}: put test.jsonl and train.jsonl in ../shared/data/gsm8k "
+                "or .data/gsm8k of the checkout."
+            )
         test = gsm8k.load_gsm8k(GSM8K / "test.jsonl")[:count]
         prompts = gsm8k.build_prompts(test, gsm8k.load_gsm8k(GSM8K / "train.jsonl"))
         return [tok.encode(p)[-384:] for p in prompts]

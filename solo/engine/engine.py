@@ -82,6 +82,12 @@ class PlainDecoder:
         self.step = GraphedStep(self.model)
         self.step.capture(1, cache)
 
+    def graph_report(self) -> dict | None:
+        """None when steps run eagerly; else what was captured and how often it replayed."""
+        if not isinstance(self.step, GraphedStep):
+            return None
+        return {"captured": "decode step", "sizes": self.step.captured_sizes, "replays": self.step.replays}
+
     def rounds(
         self, prompt_ids: torch.Tensor, cache: HybridCache, params: SamplingParams, stats: GenerationStats
     ) -> Iterator[list[int]]:
@@ -143,7 +149,7 @@ class Engine:
             "lm_head": head.describe() if hasattr(head, "describe") else {"mode": "dense"},
             "moe_backend": backends[0] if len(backends) == 1 else backends,
             "decoder": type(self.decoder).__name__,
-            "step": getattr(self.decoder.step, "name", "eager"),
+            "cuda_graphs": self.decoder.graph_report(),
         }
 
     # ------------------------------------------------------------------ caches

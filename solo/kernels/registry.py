@@ -32,6 +32,11 @@ def make_moe_backend(
             f"--moe-backend {name} runs MXFP4 experts, but this checkpoint's experts are not MXFP4. "
             "Convert it with `solo quantize IN_DIR OUT_DIR`, or use --moe-backend torch."
         )
+    if experts.gate_up.device.type != "cuda" and not _triton_interpreter():
+        raise BackendUnavailable(
+            f"--moe-backend {name} needs an NVIDIA GPU (CUDA) and the model on it (--device cuda); this run is "
+            f"on '{experts.gate_up.device.type}'. Use --moe-backend torch on a CPU."
+        )
     try:
         if name == "triton":
             from solo.kernels.triton_moe import TritonMoE
@@ -42,5 +47,11 @@ def make_moe_backend(
         from solo.kernels.humming_moe import HummingMoE
 
         return HummingMoE(experts, dtype=dtype, swiglu_limit=swiglu_limit)
-    except (ImportError, RuntimeError) as e:
+    except (ImportError, RuntimeError, ValueError) as e:
         raise BackendUnavailable(f"--moe-backend {name} cannot run here: {e}") from e
+
+
+def _triton_interpreter() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from solo.engine.engine import GenerationStats
-from solo.engine.graphs import EagerStep, GraphedStep
+from solo.engine.graphs import EagerStep
 from solo.engine.sampling import SamplingParams, make_generator, probabilities, sample_from
 from solo.model.cache import HybridCache
 from solo.model.ling import LingForCausalLM
@@ -61,6 +61,29 @@ class SpeculativeConfig:
                 f"--speculative-num-draft-tokens must be num-steps + 1 = {self.num_steps + 1} for a chain "
                 f"(got {self.num_draft_tokens})."
             )
+
+
+@dataclass
+class RoundState:
+    """What one round hands the next, in static buffers (graph inputs and outputs)."""
+
+    last: torch.Tensor  # [1] the last emitted token
+    position: torch.Tensor  # [1] its position
+    drafts: torch.Tensor  # [S] drafted tokens after it
+    draft_probs: torch.Tensor  # [S, V] the distributions they were drawn from
+    emitted: torch.Tensor  # [S + 2]: the verified drafts, the next token, the accepted count
+
+    @classmethod
+    def allocate(cls, steps: int, model: LingForCausalLM) -> RoundState:
+        device, vocab = model.device, model.config.vocab_size
+        long = dict(dtype=torch.long, device=device)
+        return cls(
+            last=torch.zeros(1, **long),
+            position=torch.zeros(1, **long),
+            drafts=torch.zeros(steps, **long),
+            draft_probs=torch.zeros(steps, vocab, dtype=torch.float32, device=device),
+            emitted=torch.zeros(steps + 2, **long),
+        )
 
 
 @dataclass
@@ -123,6 +146,11 @@ class NextNDecoder:
         self.totals = AcceptanceTotals(accepted_at=[0] * self.config.num_steps)
         self.step = EagerStep(model)
         self._history: tuple[int, dict] | None = None
+        self._state: tuple[int, RoundState] | None = None
+        self.use_graphs = False
+        self._round_graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._graph_generators: dict[tuple, torch.Generator] = {}
+        self.round_replays = 0
         self.watchdog = AcceptanceWatchdog()
 
     @property
@@ -137,8 +165,10 @@ class NextNDecoder:
         return self._history[1]
 
     def capture_graphs(self, cache: HybridCache) -> None:
-        self.step = GraphedStep(self.model)
-        self.step.capture(self.config.num_draft_tokens, cache, self.history_for(cache))
+        """Whole rounds (verify, accept, roll back, draft) replay from graphs, captured per sampling
+        setting at the first request that uses it."""
+        self.use_graphs = True
+        self.state_for(cache)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.draft_head(hidden).float()
@@ -168,8 +198,8 @@ class NextNDecoder:
         generator = make_generator(params, device)
         stats.verify_rounds, stats.drafted_tokens, stats.accepted_tokens = 0, 0, 0
         accepted_at = [0] * steps
-        history = self.history_for(cache)
-        offsets = torch.arange(steps + 1, device=device)
+        state = self.state_for(cache)
+        run_round = self._round_runner(cache, params, generator)  # may capture (and reset the cache)
 
         n = prompt_ids.numel()
         hidden = model(prompt_ids, torch.arange(n, device=device), cache)
@@ -178,27 +208,17 @@ class NextNDecoder:
         # NEXTN over the prompt: slot j holds token j + 1 and the target's hidden state at j
         slots = torch.cat([prompt_ids[1:], last])
         draft_hidden = model.draft_forward(slots, hidden, torch.arange(1, n + 1, device=device), cache)
-        position = torch.tensor([n], device=device)  # position of `last`
-        drafts, draft_probs = self.draft_chain(draft_hidden[-1:], position, cache, params, generator)
+        state.position.fill_(n)  # position of `last`
+        drafts, draft_probs = self.draft_chain(draft_hidden[-1:], state.position, cache, params, generator)
+        state.last.copy_(last)
+        state.drafts.copy_(drafts)
+        state.draft_probs.copy_(draft_probs)
 
         while True:
-            window = torch.cat([last, drafts])
-            positions = position + offsets
-            verify_hidden, verify_logits = self.step(window, positions, cache, history)
-            target_probs = probabilities(verify_logits, params)
-            accepted, last = accept_drafts(target_probs[None], draft_probs[None], drafts[None], generator)
-            cache.rollback_kda(history, accepted + 1)
-
-            # draft the next round before reading anything back to the host
-            slot_tokens = torch.cat([drafts, last])
-            slot_tokens = torch.where(offsets == accepted, last, slot_tokens)
-            draft_hidden = model.draft_forward(slot_tokens, verify_hidden, positions + 1, cache)
-            first = draft_hidden.index_select(0, accepted)
-            next_position = position + accepted + 1
-            next_drafts, next_probs = self.draft_chain(first, next_position, cache, params, generator)
-
-            a = int(accepted.item())
-            emitted = drafts[:a].tolist() + [int(last.item())]
+            run_round()
+            emitted_buffer = state.emitted.tolist()  # the one host synchronisation of the round
+            a = emitted_buffer[-1]
+            emitted = emitted_buffer[:a] + [emitted_buffer[steps]]
             stats.verify_rounds += 1
             stats.drafted_tokens += steps
             stats.accepted_tokens += a
@@ -208,7 +228,90 @@ class NextNDecoder:
             stats.per_position_acceptance = [c / stats.verify_rounds for c in accepted_at]
             self._record(a)
             yield emitted
-            drafts, draft_probs, position = next_drafts, next_probs, next_position
+
+    def graph_report(self) -> dict | None:
+        """None when rounds run eagerly; else what was captured and how often it replayed."""
+        if not self.use_graphs:
+            return None
+        return {"captured": "round (verify + accept + rollback + draft)", "graphs": len(self._round_graphs),
+                "replays": self.round_replays}
+
+    def state_for(self, cache: HybridCache) -> RoundState:
+        if self._state is None or self._state[0] != id(cache):
+            self._state = (id(cache), RoundState.allocate(self.config.num_steps, self.model))
+        return self._state[1]
+
+    def round(
+        self, state: RoundState, cache: HybridCache, params: SamplingParams, generator: torch.Generator | None
+    ) -> None:
+        """One verification round, in place on `state`: verify [last, drafts], accept, roll the KDA
+        states back, draft the next chain. `state.emitted` receives [drafts..., next token, accepted].
+        Static shapes, no host synchronisation: safe to capture in a CUDA graph."""
+        model, steps = self.model, self.config.num_steps
+        history = self.history_for(cache)
+        offsets = torch.arange(steps + 1, device=state.last.device)
+        window = torch.cat([state.last, state.drafts])
+        positions = state.position + offsets
+        verify_hidden, verify_logits = self.step(window, positions, cache, history)
+        target_probs = probabilities(verify_logits, params)
+        accepted, last = accept_drafts(target_probs[None], state.draft_probs[None], state.drafts[None], generator)
+        cache.rollback_kda(history, accepted + 1)
+        state.emitted.copy_(torch.cat([state.drafts, last, accepted]))
+
+        slot_tokens = torch.where(offsets == accepted, last, torch.cat([state.drafts, last]))
+        draft_hidden = model.draft_forward(slot_tokens, verify_hidden, positions + 1, cache)
+        first = draft_hidden.index_select(0, accepted)
+        next_position = state.position + accepted + 1
+        drafts, draft_probs = self.draft_chain(first, next_position, cache, params, generator)
+        state.last.copy_(last)
+        state.position.copy_(next_position)
+        state.drafts.copy_(drafts)
+        state.draft_probs.copy_(draft_probs)
+
+    def _round_runner(self, cache: HybridCache, params: SamplingParams, generator: torch.Generator | None):
+        """The round as a callable: a CUDA-graph replay when graphs are on, else eager."""
+        state = self.state_for(cache)
+        if not self.use_graphs:
+            return lambda: self.round(state, cache, params, generator)
+        key = (id(cache), params.temperature, params.top_k, params.top_p, generator is None)
+        graph = self._round_graphs.get(key)
+        if graph is None:
+            graph = self._capture_round(state, cache, params, generator)
+            self._round_graphs[key] = graph
+        if generator is not None:  # a new request's generator: its seed feeds the captured RNG
+            self._graph_generators[key].graphsafe_set_state(generator.graphsafe_get_state())
+        return self._replay_counter(graph)
+
+    def _replay_counter(self, graph: torch.cuda.CUDAGraph):
+        def replay() -> None:
+            graph.replay()
+            self.round_replays += 1
+
+        return replay
+
+    def _capture_round(self, state, cache, params, generator) -> torch.cuda.CUDAGraph:
+        """Capture the round. Warm-up runs scribble on the cache and state: reset afterwards (this
+        runs before the request's prefill)."""
+        graph_generator = None
+        if generator is not None:
+            graph_generator = torch.Generator(device=state.last.device)
+            graph_generator.manual_seed(0)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(2):
+                self.round(state, cache, params, graph_generator)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        if graph_generator is not None:
+            graph.register_generator_state(graph_generator)
+            self._graph_generators[(id(cache), params.temperature, params.top_k, params.top_p, False)] = (
+                graph_generator
+            )
+        with torch.cuda.graph(graph), torch.inference_mode():
+            self.round(state, cache, params, graph_generator)
+        cache.reset()
+        return graph
 
     def _record(self, accepted: int) -> None:
         self.totals.rounds += 1
