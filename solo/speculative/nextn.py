@@ -151,6 +151,7 @@ class NextNDecoder:
         self._round_graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._graph_generators: dict[tuple, torch.Generator] = {}
         self.round_replays = 0
+        self.eager_sampled_rounds = False
         self.watchdog = AcceptanceWatchdog()
 
     @property
@@ -233,8 +234,14 @@ class NextNDecoder:
         """None when rounds run eagerly; else what was captured and how often it replayed."""
         if not self.use_graphs:
             return None
-        return {"captured": "round (verify + accept + rollback + draft)", "graphs": len(self._round_graphs),
-                "replays": self.round_replays}
+        report = {
+            "captured": "round (verify + accept + rollback + draft)",
+            "graphs": len(self._round_graphs),
+            "replays": self.round_replays,
+        }
+        if self.eager_sampled_rounds:
+            report["sampled_rounds"] = "eager: no graph-safe generator registration in this torch"
+        return report
 
     def state_for(self, cache: HybridCache) -> RoundState:
         if self._state is None or self._state[0] != id(cache):
@@ -271,7 +278,11 @@ class NextNDecoder:
     def _round_runner(self, cache: HybridCache, params: SamplingParams, generator: torch.Generator | None):
         """The round as a callable: a CUDA-graph replay when graphs are on, else eager."""
         state = self.state_for(cache)
-        if not self.use_graphs:
+        graph_safe_rng = hasattr(torch.cuda.CUDAGraph, "register_generator_state")
+        if not self.use_graphs or (generator is not None and not graph_safe_rng):
+            if self.use_graphs:
+                self.eager_sampled_rounds = True  # shown by graph_report(); no silent change
+                log.warning("this torch cannot register a generator in a CUDA graph: sampled rounds run eagerly")
             return lambda: self.round(state, cache, params, generator)
         key = (id(cache), params.temperature, params.top_k, params.top_p, generator is None)
         graph = self._round_graphs.get(key)
@@ -305,9 +316,7 @@ class NextNDecoder:
         graph = torch.cuda.CUDAGraph()
         if graph_generator is not None:
             graph.register_generator_state(graph_generator)
-            self._graph_generators[(id(cache), params.temperature, params.top_k, params.top_p, False)] = (
-                graph_generator
-            )
+            self._graph_generators[(id(cache), params.temperature, params.top_k, params.top_p, False)] = graph_generator
         with torch.cuda.graph(graph), torch.inference_mode():
             self.round(state, cache, params, graph_generator)
         cache.reset()
