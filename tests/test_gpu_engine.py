@@ -65,9 +65,11 @@ def test_graphs_reproduce_eager_and_speculation_emits_target_argmax(prompts):
         checked += len(c.token_ids)
         exact += int((gaps == 0).sum())
         worst_gap = max(worst_gap, float(gaps.max()))
-    print(f"\ngraph==eager {same_graph}/{len(prompts)}, spec==plain {same_spec}/{len(prompts)}, "
-          f"accept length {1 + accepted / rounds:.2f}, argmax {exact}/{checked}, worst gap {worst_gap:.3f}, "
-          f"round replays {spec.decoder.round_replays}")
+    print(
+        f"\ngraph==eager {same_graph}/{len(prompts)}, spec==plain {same_spec}/{len(prompts)}, "
+        f"accept length {1 + accepted / rounds:.2f}, argmax {exact}/{checked}, worst gap {worst_gap:.3f}, "
+        f"round replays {spec.decoder.round_replays}"
+    )
     assert same_graph == len(prompts)
     assert exact >= 0.99 * checked and worst_gap < 0.25
     assert 1 + accepted / rounds > 2.0 and spec.decoder.round_replays >= rounds

@@ -107,9 +107,7 @@ def test_swiglu_clamps_match_formula(tmp_path):
             for slot in range(top_k_index.shape[1]):
                 e = int(top_k_index[t, slot])
                 gate, up = F.linear(hidden[t], self.gate_up_proj[e]).chunk(2, dim=-1)
-                out[t] += top_k_weights[t, slot] * F.linear(
-                    clamped_swiglu(gate, up, limit_routed), self.down_proj[e]
-                )
+                out[t] += top_k_weights[t, slot] * F.linear(clamped_swiglu(gate, up, limit_routed), self.down_proj[e])
         return out
 
     def shared_forward(self, x):

@@ -28,9 +28,7 @@ def test_full_sequence_logits_match_transformers(tiny_checkpoints, fresh_ids, pr
     ids = fresh_ids(150)  # > 2 KDA chunks of 64: the chunked form crosses chunk boundaries
     with torch.no_grad():
         expected = ref(ids[None]).logits[0]
-        got = model.logits(
-            model(ids, torch.arange(len(ids)), HybridCache(model.config, 160, "cpu", torch.float32))
-        )
+        got = model.logits(model(ids, torch.arange(len(ids)), HybridCache(model.config, 160, "cpu", torch.float32)))
     assert rel_err(got, expected) <= 1e-4
 
 

@@ -78,8 +78,14 @@ def test_check_cli_passes_with_correct_wiring_and_reports_json():
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     statuses = {c["name"]: c["status"] for c in report["checks"]}
-    assert statuses == {"moe_backend": "ACTIVE", "lm_head": "ACTIVE", "draft_head": "ACTIVE", "mtp": "ACTIVE",
-                        "kernels": "OFF", "cuda_graphs": "OFF"}
+    assert statuses == {
+        "moe_backend": "ACTIVE",
+        "lm_head": "ACTIVE",
+        "draft_head": "ACTIVE",
+        "mtp": "ACTIVE",
+        "kernels": "OFF",
+        "cuda_graphs": "OFF",
+    }
     assert all(c["evidence"] for c in report["checks"] if c["status"] == "ACTIVE")
     assert report["ok"] and report["seconds"] < 30
 
@@ -89,9 +95,7 @@ def test_check_fails_when_speculation_does_not_pay(tiny_checkpoints):
     path = tiny_checkpoints["a"][0]
     proc = solo("check", "--model", str(path), "--speculative-algorithm", "NEXTN")
     assert proc.returncode != 0 and "mtp" in proc.stderr and "FAILED" in proc.stdout
-    proc = solo(
-        "generate", "--model", str(path), "--speculative-algorithm", "NEXTN", "--max-tokens", "4", "hi"
-    )
+    proc = solo("generate", "--model", str(path), "--speculative-algorithm", "NEXTN", "--max-tokens", "4", "hi")
     assert proc.returncode != 0 and "requested optimization not active: mtp" in proc.stderr
     proc = solo(
         "generate",
@@ -111,9 +115,7 @@ def test_check_fails_when_speculation_does_not_pay(tiny_checkpoints):
 @pytest.mark.parametrize("backend", ["triton", "humming"])
 def test_gpu_backend_on_cpu_fails_loudly(fp4_tiny, backend):
     proc = solo("generate", "--model", str(fp4_tiny), "--moe-backend", backend, "--max-tokens", "2", "hi")
-    assert (
-        proc.returncode != 0 and f"--moe-backend {backend}" in proc.stderr and "Traceback" not in proc.stderr
-    )
+    assert proc.returncode != 0 and f"--moe-backend {backend}" in proc.stderr and "Traceback" not in proc.stderr
     proc = solo("check", "--model", str(fp4_tiny), "--moe-backend", backend)
     assert proc.returncode != 0 and backend in proc.stderr
 

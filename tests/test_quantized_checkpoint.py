@@ -103,12 +103,8 @@ def test_quantized_model_generates_and_reports_quality(fp4_pair):
     prompts = [torch.randint(6, 262, (48,)).tolist() for _ in range(8)]
     ref_model = load_model(src, LoadOptions(lm_head="fp32"))
     reference = [position_logits(ref_model, p) for p in prompts]
-    fp8_head = compare(
-        reference, [position_logits(load_model(src, LoadOptions(lm_head="fp8")), p) for p in prompts]
-    )
-    fp4 = compare(
-        reference, [position_logits(load_model(out, LoadOptions(lm_head="fp32")), p) for p in prompts]
-    )
+    fp8_head = compare(reference, [position_logits(load_model(src, LoadOptions(lm_head="fp8")), p) for p in prompts])
+    fp4 = compare(reference, [position_logits(load_model(out, LoadOptions(lm_head="fp32")), p) for p in prompts])
     print(
         f"\ntiny random model: fp8 head top-1 {fp8_head['top1_agreement']:.3f} KL {fp8_head['mean_kl']:.2e}; "
         f"fp4 checkpoint top-1 {fp4['top1_agreement']:.3f} KL {fp4['mean_kl']:.2e}"
@@ -120,10 +116,7 @@ def test_quantized_model_generates_and_reports_quality(fp4_pair):
 
 def test_lm_head_modes_report_what_is_in_use(tiny_checkpoints):
     src, _ = tiny_checkpoints["a"]
-    heads = {
-        mode: load_model(src, LoadOptions(lm_head=mode)).lm_head.describe()
-        for mode in ("bf16", "fp32", "fp8")
-    }
+    heads = {mode: load_model(src, LoadOptions(lm_head=mode)).lm_head.describe() for mode in ("bf16", "fp32", "fp8")}
     assert heads["bf16"]["weight_dtype"] == "bfloat16" and heads["fp32"]["weight_dtype"] == "float32"
     assert heads["fp8"]["weight_dtype"] == "float8_e4m3fn" and heads["fp8"]["scales"]["shape"] == [264]
     assert heads["fp8"]["bytes"] < heads["bf16"]["bytes"] * 0.6
@@ -188,9 +181,7 @@ def test_unknown_quant_method_is_named(fp4_pair, tmp_path):
     bad = _edit(fp4_pair[1], tmp_path, edit_config=lambda qc: qc.update(quant_method="awq"))
     with pytest.raises(CheckpointError, match="quant_method.*'awq'"):
         load_model(bad)
-    bad2 = _edit(
-        fp4_pair[1], tmp_path / "2", edit_config=lambda qc: qc.update(routed_experts_quant_method="nvfp4")
-    )
+    bad2 = _edit(fp4_pair[1], tmp_path / "2", edit_config=lambda qc: qc.update(routed_experts_quant_method="nvfp4"))
     with pytest.raises(CheckpointError, match="routed_experts_quant_method"):
         load_model(bad2)
 

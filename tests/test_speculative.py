@@ -34,9 +34,7 @@ class OracleDraftDecoder(NextNDecoder):
         for i in range(self.config.num_steps):
             true = self.reference[start + i] if start + i < len(self.reference) else 7
             bad = torch.rand((), generator=self.rng) < self.corrupt
-            tokens.append(
-                (true + 1 + int(torch.randint(0, 200, (), generator=self.rng))) % 262 if bad else true
-            )
+            tokens.append((true + 1 + int(torch.randint(0, 200, (), generator=self.rng))) % 262 if bad else true)
         drafts = torch.tensor(tokens)
         probs = torch.zeros(len(tokens), self.model.config.vocab_size).scatter_(1, drafts[:, None], 1.0)
         return drafts, probs
@@ -233,9 +231,7 @@ def test_speculation_without_nextn_weights_is_a_clear_error(tiny_checkpoints, tm
     assert Tokenizer.from_dir(tmp_path).vocab_size > 0
 
 
-@pytest.mark.parametrize(
-    "kwargs", [dict(num_steps=3, num_draft_tokens=5), dict(topk=2), dict(algorithm="EAGLE3")]
-)
+@pytest.mark.parametrize("kwargs", [dict(num_steps=3, num_draft_tokens=5), dict(topk=2), dict(algorithm="EAGLE3")])
 def test_unsupported_speculative_settings_are_errors(kwargs):
     with pytest.raises(SpeculationUnavailable):
         SpeculativeConfig(**kwargs)

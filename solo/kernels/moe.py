@@ -20,8 +20,27 @@ import torch
 import torch.nn.functional as F
 
 
+class _ExpertShapes:
+    """E, H and I read off the stacked tensors (the same formulas for dense and packed layouts)."""
+
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+    @property
+    def num_experts(self) -> int:
+        return self.gate_up.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.down.shape[1]
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.gate_up.shape[1] // 2
+
+
 @dataclass
-class MXFP4Experts:
+class MXFP4Experts(_ExpertShapes):
     """All routed experts of one layer in MXFP4 (see module docstring for the layout)."""
 
     gate_up: torch.Tensor
@@ -29,37 +48,13 @@ class MXFP4Experts:
     down: torch.Tensor
     down_scale: torch.Tensor
 
-    @property
-    def num_experts(self) -> int:
-        return self.gate_up.shape[0]
-
-    @property
-    def hidden_size(self) -> int:
-        return self.down.shape[1]
-
-    @property
-    def intermediate_size(self) -> int:
-        return self.gate_up.shape[1] // 2
-
 
 @dataclass
-class DenseExperts:
+class DenseExperts(_ExpertShapes):
     """All routed experts of one layer as dense matrices: gate_up [E, 2I, H], down [E, H, I]."""
 
     gate_up: torch.Tensor
     down: torch.Tensor
-
-    @property
-    def num_experts(self) -> int:
-        return self.gate_up.shape[0]
-
-    @property
-    def hidden_size(self) -> int:
-        return self.down.shape[1]
-
-    @property
-    def intermediate_size(self) -> int:
-        return self.gate_up.shape[1] // 2
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
