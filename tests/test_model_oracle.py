@@ -89,3 +89,20 @@ def test_cli_generate_json_equals_transformers(tiny_checkpoints):
     assert report["token_ids"] == expected[: len(report["token_ids"])]
     assert len(report["token_ids"]) == len(expected)
     assert {"ttft_s", "tpot_s", "decode_tok_per_s"} <= set(report["stats"])
+
+
+def test_chunked_prefill_equals_one_pass(tiny_checkpoints, fresh_ids):
+    """A prompt processed in chunks (bounded memory for long contexts) gives the same hidden states
+    and leaves the same caches as one pass, for the target and for the NEXTN layer."""
+    path, _ = tiny_checkpoints["b"]
+    model = load_model(path, LoadOptions(lm_head="fp32"))
+    ids = fresh_ids(150)
+    with torch.no_grad():
+        one, chunked = (HybridCache(model.config, 160, "cpu", torch.float32, with_nextn=True) for _ in range(2))
+        h1, h2 = model.prefill(ids, one, chunk=1000), model.prefill(ids, chunked, chunk=37)
+        d1 = model.draft_prefill(ids[1:], h1[:-1], one, chunk=1000)
+        d2 = model.draft_prefill(ids[1:], h2[:-1], chunked, chunk=37)
+        nxt = ids[-1:]
+        l1 = model.logits(model(nxt, torch.tensor([150]), one))
+        l2 = model.logits(model(nxt, torch.tensor([150]), chunked))
+    assert rel_err(h2, h1) <= 1e-5 and rel_err(d2, d1) <= 1e-5 and rel_err(l2, l1) <= 1e-5

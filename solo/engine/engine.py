@@ -93,8 +93,7 @@ class PlainDecoder:
     ) -> Iterator[list[int]]:
         model, device = self.model, self.model.device
         generator = make_generator(params, device)
-        positions = torch.arange(prompt_ids.numel(), device=device)
-        hidden = model(prompt_ids, positions, cache)
+        hidden = model.prefill(prompt_ids, cache)
         token = sample(model.logits(hidden[-1:]), params, generator)
         position_buf = torch.tensor([prompt_ids.numel()], device=device)
         while True:

@@ -17,6 +17,8 @@ from solo.model.layers import Linear, RMSNorm, RotaryEmbedding
 from solo.model.mla import MultiLatentAttention
 from solo.model.moe import SparseMoE, SwiGLUMLP
 
+PREFILL_CHUNK = 2048
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: LingConfig, layer: int) -> None:
@@ -136,6 +138,23 @@ class LingForCausalLM(nn.Module):
         for layer in self.model.layers[: self.config.num_hidden_layers]:
             x = layer(x, positions, cos_sin, cache, kda_history)
         return self.model.norm(x)
+
+    def prefill(self, input_ids: torch.Tensor, cache: HybridCache, chunk: int = PREFILL_CHUNK) -> torch.Tensor:
+        """The prompt in chunks of `chunk` tokens (positions 0..T-1): attention scores and KDA
+        intra-chunk tensors stay bounded however long the prompt. Returns hidden states [T, hidden]."""
+        positions = torch.arange(input_ids.numel(), device=input_ids.device)
+        return torch.cat(
+            [self(ids, pos, cache) for ids, pos in zip(input_ids.split(chunk), positions.split(chunk), strict=True)]
+        )
+
+    def draft_prefill(
+        self, input_ids: torch.Tensor, previous_hidden: torch.Tensor, cache: HybridCache, chunk: int = PREFILL_CHUNK
+    ) -> torch.Tensor:
+        """NEXTN over a prompt: slot j holds token j + 1 and the target's hidden state at j, at
+        position j + 1 (`input_ids` are tokens 1..T). Returns the NEXTN hidden states [T, hidden]."""
+        positions = torch.arange(1, input_ids.numel() + 1, device=input_ids.device)
+        pieces = zip(input_ids.split(chunk), previous_hidden.split(chunk), positions.split(chunk), strict=True)
+        return torch.cat([self.draft_forward(ids, h, pos, cache) for ids, h, pos in pieces])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head in fp32 logits (the head's own arithmetic decides the precision of the product)."""

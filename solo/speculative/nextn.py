@@ -203,12 +203,10 @@ class NextNDecoder:
         run_round = self._round_runner(cache, params, generator)  # may capture (and reset the cache)
 
         n = prompt_ids.numel()
-        hidden = model(prompt_ids, torch.arange(n, device=device), cache)
+        hidden = model.prefill(prompt_ids, cache)
         last = sample_from(probabilities(model.logits(hidden[-1:]), params), generator)
         yield [int(last.item())]
-        # NEXTN over the prompt: slot j holds token j + 1 and the target's hidden state at j
-        slots = torch.cat([prompt_ids[1:], last])
-        draft_hidden = model.draft_forward(slots, hidden, torch.arange(1, n + 1, device=device), cache)
+        draft_hidden = model.draft_prefill(torch.cat([prompt_ids[1:], last]), hidden, cache)
         state.position.fill_(n)  # position of `last`
         drafts, draft_probs = self.draft_chain(draft_hidden[-1:], state.position, cache, params, generator)
         state.last.copy_(last)
