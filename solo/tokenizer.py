@@ -65,20 +65,28 @@ class Tokenizer:
 
 
 class StreamDecoder:
-    """Turns a growing list of token ids into text pieces, holding back incomplete UTF-8."""
+    """Turns a growing list of token ids into text pieces, holding back incomplete UTF-8.
+
+    Each step decodes only the tokens since the last emitted piece plus one piece of context (so
+    decoders that treat a leading token specially stay right): constant work per token.
+    """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.text = ""
+        self._context = 0  # ids[_context:_emitted] were decoded before: the context of the next piece
+        self._emitted = 0
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
-        full = self.tokenizer.decode(self.ids)
-        if full.endswith("\ufffd"):
+        before = self.tokenizer.decode(self.ids[self._context : self._emitted])
+        now = self.tokenizer.decode(self.ids[self._context :])
+        if now.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
             return ""
-        piece = full[len(self.text) :] if full.startswith(self.text) else full
-        self.text = full
+        piece = now[len(before) :]
+        self._context, self._emitted = self._emitted, len(self.ids)
+        self.text += piece
         return piece
 
 

@@ -225,8 +225,9 @@ class Engine:
                 if token in eos:
                     finish = "stop"
                     break
-                text.push(token)
-                cut = _find_stop(text.text, params.stop)
+                piece = text.push(token)
+                # a stop string not seen before must end inside the new piece
+                cut = _find_stop(text.text, params.stop, len(text.text) - len(piece) - hold)
                 if cut is not None:
                     text.text = text.text[:cut]
                     finish = "stop"
@@ -252,8 +253,8 @@ class Engine:
         return self.last_result
 
 
-def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
-    hits = [text.find(s) for s in stops if s and s in text]
+def _find_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:
+    hits = [i for i in (text.find(s, max(start, 0)) for s in stops if s) if i >= 0]
     return min(hits) if hits else None
 
 
