@@ -9,6 +9,9 @@ from pathlib import Path
 
 import torch
 
+from solo.kernels.registry import MOE_BACKENDS
+from solo.quantization.lm_head import LM_HEAD_MODES
+
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "ling-gsm8k-tiny"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -52,14 +55,14 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--moe-backend",
-        choices=("torch", "triton", "humming"),
+        choices=MOE_BACKENDS,
         default="torch",
         action=OnceOnly,
         help="routed-expert kernels (default: torch reference)",
     )
     p.add_argument(
         "--lm-head",
-        choices=("bf16", "fp32", "fp8"),
+        choices=LM_HEAD_MODES,
         default="bf16",
         action=OnceOnly,
         help="LM head precision: bf16 (default), fp32, or fp8 quantized online at load",
@@ -106,19 +109,26 @@ def add_preflight_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def preflight(engine, args: argparse.Namespace, quiet: bool = False):
-    """Run the start-up checks; a requested optimization that is not active ends the program,
-    unless --allow-fallback turns that into a loud warning."""
-    from solo.preflight.checks import PreflightFailed, run_preflight
+def run_checks(engine, args: argparse.Namespace):
+    """The start-up checks for the optimizations the command line asked for."""
+    from solo.preflight.checks import run_preflight
 
-    report = run_preflight(
+    return run_preflight(
         engine,
         args.moe_backend,
         args.lm_head,
         args.speculative_algorithm is not None,
         args.min_accept_length,
-        cuda_graphs=getattr(engine, "graphs_max_len", None) is not None,
+        cuda_graphs=engine.graphs_max_len is not None,
     )
+
+
+def preflight(engine, args: argparse.Namespace, quiet: bool = False):
+    """Run the start-up checks; a requested optimization that is not active ends the program,
+    unless --allow-fallback turns that into a loud warning."""
+    from solo.preflight.checks import PreflightFailed
+
+    report = run_checks(engine, args)
     if not quiet:
         print(report.text(), file=sys.stderr)
     if report.failed:
@@ -219,17 +229,10 @@ def add_generate(sub) -> None:
 # --------------------------------------------------------------------------- check
 def cmd_check(args: argparse.Namespace) -> int:
     from solo.engine.engine import Engine
-    from solo.preflight.checks import PreflightFailed, run_preflight
+    from solo.preflight.checks import PreflightFailed
 
     engine = Engine.from_pretrained(args.model, **load_options(args))
-    report = run_preflight(
-        engine,
-        args.moe_backend,
-        args.lm_head,
-        args.speculative_algorithm is not None,
-        args.min_accept_length,
-        cuda_graphs=engine.graphs_max_len is not None,
-    )
+    report = run_checks(engine, args)
     if args.json:
         print(json.dumps({"model": args.model, "engine": engine.describe(), **report.to_dict()}, indent=2))
     else:

@@ -51,7 +51,6 @@ def load_model(path: str | Path, options: LoadOptions | None = None) -> LingForC
     _detect_nextn(config, reader)
     lm_head_modes.validate_mode(options.lm_head)
 
-    reader.config_ties_embeddings = config.tie_word_embeddings
     with torch.device("meta"):
         model = LingForCausalLM(config)
     model.rotary = RotaryEmbedding(config)  # computed, not loaded: build it on a real device
@@ -63,7 +62,7 @@ def load_model(path: str | Path, options: LoadOptions | None = None) -> LingForC
         if isinstance(module, SparseMoE):
             _load_experts(module, prefix, config, reader, scheme, options, used)
         elif isinstance(module, Linear):
-            _load_linear(module, prefix, reader, scheme, options, used)
+            _load_linear(module, prefix, reader, scheme, options, used, config.tie_word_embeddings)
         else:
             _load_plain(module, prefix, reader, options, used)
         bar.update(1)
@@ -164,12 +163,14 @@ def _load_plain(module: nn.Module, prefix: str, reader, options: LoadOptions, us
         owner._parameters[pname] = nn.Parameter(tensor, requires_grad=False)
 
 
-def _load_linear(module: Linear, prefix: str, reader, scheme: QuantScheme, options, used) -> None:
+def _load_linear(
+    module: Linear, prefix: str, reader, scheme: QuantScheme, options, used, tied_head: bool = False
+) -> None:
     name = f"{prefix}.weight"
     shape = (module.out_features, module.in_features)
     if f"{prefix}.weight_scale_inv" in reader:
         weight = scheme.load_fp8_block(reader, prefix, shape, used)
-    elif prefix == "lm_head" and name not in reader and reader.config_ties_embeddings:
+    elif prefix == "lm_head" and name not in reader and tied_head:
         weight = _fetch(reader, "model.word_embeddings.weight", shape, used)
     else:
         weight = _fetch(reader, name, shape, used)

@@ -24,7 +24,6 @@ class CheckpointReader:
         if not self.directory.is_dir():
             raise CheckpointError(f"{self.directory}: no such checkpoint folder. Pass --model PATH.")
         self._handles: dict[Path, object] = {}
-        self.config_ties_embeddings = False
         self._where: dict[str, Path] = {}
         index = self.directory / INDEX_NAME
         if index.is_file():

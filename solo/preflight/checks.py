@@ -9,6 +9,7 @@ start-up fail when a requested optimization is not active.
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -162,13 +163,12 @@ def check_speculation(engine: Engine, min_accept_length: float, tokens: int = 48
         "(a copy or a bare weight tensor): share the target's LM head module",
     )
     steps = decoder.config.num_steps
-    before = (decoder.totals.rounds, decoder.totals.accepted)
+    saved = copy.deepcopy(decoder.totals)
     result = engine.generate(CALIBRATION_PROMPT, GenerationParams(max_tokens=tokens, ignore_eos=True))
-    rounds = decoder.totals.rounds - before[0]
-    accepted = decoder.totals.accepted - before[1]
+    rounds = decoder.totals.rounds - saved.rounds
+    accepted = decoder.totals.accepted - saved.accepted
     # the calibration run is not user traffic: keep it out of the process statistics
-    decoder.totals.rounds, decoder.totals.accepted = before
-    decoder.totals.drafted -= rounds * steps
+    decoder.totals = saved
     decoder.watchdog.lengths.clear()
     length = 1 + accepted / rounds if rounds else 0.0
     evidence = {

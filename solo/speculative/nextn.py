@@ -148,8 +148,7 @@ class NextNDecoder:
         self._history: tuple[int, dict] | None = None
         self._state: tuple[int, RoundState] | None = None
         self.use_graphs = False
-        self._round_graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
-        self._graph_generators: dict[tuple, torch.Generator] = {}
+        self._round_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Generator | None]] = {}
         self.round_replays = 0
         self.eager_sampled_rounds = False
         self.watchdog = AcceptanceWatchdog()
@@ -283,12 +282,11 @@ class NextNDecoder:
                 log.warning("this torch cannot register a generator in a CUDA graph: sampled rounds run eagerly")
             return lambda: self.round(state, cache, params, generator)
         key = (id(cache), params.temperature, params.top_k, params.top_p, generator is None)
-        graph = self._round_graphs.get(key)
-        if graph is None:
-            graph = self._capture_round(state, cache, params, generator)
-            self._round_graphs[key] = graph
-        if generator is not None:  # a new request's generator: its seed feeds the captured RNG
-            self._graph_generators[key].graphsafe_set_state(generator.graphsafe_get_state())
+        if key not in self._round_graphs:
+            self._round_graphs[key] = self._capture_round(state, cache, params, generator)
+        graph, graph_generator = self._round_graphs[key]
+        if graph_generator is not None:  # a new request's generator: its seed feeds the captured RNG
+            graph_generator.graphsafe_set_state(generator.graphsafe_get_state())
         return self._replay_counter(graph)
 
     def _replay_counter(self, graph: torch.cuda.CUDAGraph):
@@ -298,9 +296,9 @@ class NextNDecoder:
 
         return replay
 
-    def _capture_round(self, state, cache, params, generator) -> torch.cuda.CUDAGraph:
-        """Capture the round. Warm-up runs scribble on the cache and state: reset afterwards (this
-        runs before the request's prefill)."""
+    def _capture_round(self, state, cache, params, generator) -> tuple[torch.cuda.CUDAGraph, torch.Generator | None]:
+        """Capture the round (with its own registered generator when sampling). Warm-up runs
+        scribble on the cache and state: reset afterwards (this runs before the request's prefill)."""
         graph_generator = None
         if generator is not None:
             graph_generator = torch.Generator(device=state.last.device)
@@ -314,11 +312,10 @@ class NextNDecoder:
         graph = torch.cuda.CUDAGraph()
         if graph_generator is not None:
             graph.register_generator_state(graph_generator)
-            self._graph_generators[(id(cache), params.temperature, params.top_k, params.top_p, False)] = graph_generator
         with torch.cuda.graph(graph), torch.inference_mode():
             self.round(state, cache, params, graph_generator)
         cache.reset()
-        return graph
+        return graph, graph_generator
 
     def _record(self, accepted: int) -> None:
         self.totals.rounds += 1

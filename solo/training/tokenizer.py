@@ -48,22 +48,9 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-PAD_TOKEN = "<|endoftext|>"
-ROLE_OPEN_TOKEN = "<role>"
-ROLE_CLOSE_TOKEN = "</role>"
-EOS_TOKEN = "<|role_end|>"
-THINK_OPEN_TOKEN = "<think>"
-THINK_CLOSE_TOKEN = "</think>"
+from solo.tokenizer import SPECIAL_TOKENS  # the one list of Ling special tokens, ids 0..5 in this order
 
-SPECIAL_TOKENS: tuple[str, ...] = (
-    PAD_TOKEN,
-    ROLE_OPEN_TOKEN,
-    ROLE_CLOSE_TOKEN,
-    EOS_TOKEN,
-    THINK_OPEN_TOKEN,
-    THINK_CLOSE_TOKEN,
-)
-"""Special tokens (skipped by ``decode(..., skip_special_tokens=True)``), ids 0..5 in this order."""
+PAD_TOKEN, ROLE_OPEN_TOKEN, ROLE_CLOSE_TOKEN, EOS_TOKEN, THINK_OPEN_TOKEN, THINK_CLOSE_TOKEN = SPECIAL_TOKENS
 
 ROLE_TOKENS: tuple[str, ...] = ("HUMAN", "ASSISTANT", "SYSTEM")
 """Role names, ordinary added tokens with ids 6..8 in this order."""
