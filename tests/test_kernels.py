@@ -28,10 +28,14 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") is None 
     os.environ["TRITON_INTERPRET"] = "1"
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from solo.kernels import triton_fp8  # noqa: E402
 from solo.kernels.moe import MXFP4Experts, TorchMoE, swiglu  # noqa: E402
 from solo.kernels.triton_fp8 import Fp8Config, fp8_block_linear, fp8_rowwise_linear  # noqa: E402
 from solo.kernels.triton_moe import MoEConfig, TritonMoE  # noqa: E402
+from solo.kernels.triton_mxfp4_gemv import _e2m1_pair, _e8m0  # noqa: E402
 from solo.quantization.formats import (  # noqa: E402
     dequantize_fp8_block,
     dequantize_fp8_rowwise,
@@ -81,14 +85,24 @@ def random_routing(t: int, k: int, e: int, device: str = "cpu") -> tuple[torch.T
 @pytest.mark.parametrize(
     "config",
     [
-        MoEConfig(),
-        MoEConfig(gu_block_i=16, gu_block_k=64, gu_w_lhs=True, dn_block_h=32, dn_block_k=64, dn_w_lhs=True, block_t=8),
-        MoEConfig(gu_block_k=64, gu_split_k=3, dn_split_e=4, gu_target_ctas=10**6),
-        MoEConfig(gu_block_k=64, gu_split_k=1, dn_split_e=1),
+        MoEConfig(gemv_max_tokens=0),
+        MoEConfig(
+            gu_block_i=16,
+            gu_block_k=64,
+            gu_w_lhs=True,
+            dn_block_h=32,
+            dn_block_k=64,
+            dn_w_lhs=True,
+            block_t=8,
+            gemv_max_tokens=0,
+        ),
+        MoEConfig(gu_block_k=64, gu_split_k=3, dn_split_e=4, gu_target_ctas=10**6, gemv_max_tokens=0),
+        MoEConfig(gu_block_k=64, gu_split_k=1, dn_split_e=1, gemv_max_tokens=0),
     ],
     ids=["default", "w_lhs", "split", "nosplit"],
 )
 def test_triton_moe_matches_torch_reference(limit, config):
+    """The tensor-core kernels (gemv_max_tokens=0 routes every T to them)."""
     h, i, e, k = 160, 64, 16, 4
     experts = mxfp4_experts(e, h, i)
     moe = TritonMoE(experts, dtype=torch.bfloat16, swiglu_limit=limit, config=config)
@@ -112,10 +126,70 @@ def test_triton_moe_matches_torch_reference(limit, config):
 
 
 @cpu_only
+@pytest.mark.parametrize(
+    "config,limit",
+    [
+        (MoEConfig(), None),
+        (MoEConfig(), 0.6),
+        (MoEConfig(gv_gu_block_n=64, gv_gu_block_w=8, gv_dn_block_n=64, gv_dn_block_w=4, gv_dn_split_e=1), 0.6),
+        (MoEConfig(gv_gu_block_n=32, gv_dn_block_n=32, gv_dn_split_e=3), None),
+    ],
+    ids=["default", "default-clamp", "masked_rows", "split3"],
+)
+def test_triton_moe_gemv_path_matches_reference(limit, config):
+    """The CUDA-core GEMV kernels (T <= gemv_max_tokens) on shapes that leave partial tiles."""
+    h, i, e, k = 160, 96, 12, 3  # 20 words per gate_up row, 12 per down row: partial word tiles
+    experts = mxfp4_experts(e, h, i)
+    moe = TritonMoE(experts, dtype=torch.bfloat16, swiglu_limit=limit, config=config)
+    ref = TorchMoE(experts, torch.float32, swiglu_limit=limit)
+    for t in (1, 4):
+        assert moe.uses_gemv(t)
+        x = torch.randn((t, h)).to(torch.bfloat16)
+        ids, w = random_routing(t, k, e)
+        act = torch.full((t * k, i), float("nan"), dtype=torch.bfloat16)
+        moe.launch_gemv_gate_up(x, ids.reshape(-1).contiguous(), act, k)
+        assert not torch.isnan(act).any(), "activation not fully written"
+        out = torch.full((t, h), float("nan"), dtype=torch.bfloat16)
+        moe.forward(x, ids, w, out=out)
+        assert not torch.isnan(out).any(), "output not fully written"
+        assert rel_err(out, ref(x.float(), ids, w)) < 1e-2, (t, rel_err(out, ref(x.float(), ids, w)))
+    assert not moe.uses_gemv(moe.config.gemv_max_tokens + 1)
+    for name, buf in moe._scratch.items():
+        if name.endswith("_cnt"):
+            assert int(buf.abs().sum()) == 0, name
+
+
+@triton.jit
+def _unpack_words_kernel(w_ptr, s_ptr, codes_ptr, scales_ptr, N: tl.constexpr):
+    r = tl.arange(0, N)
+    w = tl.load(w_ptr + r).to(tl.uint32, bitcast=True)
+    for j in tl.static_range(4):
+        lo, hi = _e2m1_pair(w, j)
+        tl.store(codes_ptr + r * 8 + j, lo * 16384.0)
+        tl.store(codes_ptr + r * 8 + (j + 4), hi * 16384.0)
+    rs = tl.arange(0, 4 * N)
+    tl.store(scales_ptr + rs, _e8m0(tl.load(s_ptr + rs)))
+
+
+@cpu_only
+def test_e2m1_word_unpacking_and_e8m0_are_exact():
+    """The GEMV path's bit arithmetic, on every byte value (in shuffled words), equals the format."""
+    raw = torch.arange(256, dtype=torch.uint8)[torch.randperm(256)]
+    codes = torch.empty(512, dtype=torch.float32)
+    scales = torch.empty(256, dtype=torch.float32)
+    _unpack_words_kernel[(1,)](raw.view(torch.int32), raw, codes, scales, N=64)
+    ones = torch.full((1,), 127, dtype=torch.uint8)
+    expected = dequantize_mxfp4(raw.repeat(16).view(16, 256), ones.expand(16, 16).contiguous())[0]
+    assert torch.equal(codes, expected), "E2M1 codes unpacked from 32-bit words differ from the format"
+    normal = (raw > 0) & (raw < 255)  # E8M0 0 reads as 0 here (2^-127); 255 (NaN) as inf
+    assert torch.equal(scales[normal], torch.exp2(raw[normal].double() - 127).float())
+
+
+@cpu_only
 def test_triton_moe_gate_up_writes_every_activation():
     h, i, e, k, t = 96, 96, 8, 3, 4  # I=96 is not a multiple of the 64-row tile
     experts = mxfp4_experts(e, h, i)
-    moe = TritonMoE(experts, config=MoEConfig(gu_block_i=64, gu_block_k=64))
+    moe = TritonMoE(experts, config=MoEConfig(gu_block_i=64, gu_block_k=64, gemv_max_tokens=0))
     x = torch.randn((t, h)).to(torch.bfloat16)
     ids, _ = random_routing(t, k, e)
     act = torch.full((t * k, i), float("nan"), dtype=torch.bfloat16)

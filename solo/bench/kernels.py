@@ -209,8 +209,9 @@ def bench_moe(
     rows: list[Row] = []
     experts = random_experts(s, device)
     tri = TritonMoE(experts, dtype=torch.bfloat16)
-    tri_nosplit = TritonMoE(experts, config=dataclasses.replace(tri.config, gu_split_k=1, dn_split_e=1))
+    tri_mma = TritonMoE(experts, config=dataclasses.replace(tri.config, gemv_max_tokens=0))
     log(f"triton warm-up: {tri.warmup(top_k=s.top_k, max_tokens=max(token_counts))}")
+    tri_mma.warmup(top_k=s.top_k, max_tokens=max(token_counts))
     hum = None
     if with_humming:
         try:
@@ -235,29 +236,34 @@ def bench_moe(
         distinct = t * s.top_k
         nb = moe_bytes(s, distinct, t)
         case = f"MoE {t} tok"
-        # Complete Triton path.
-        us = timer([lambda d=d: tri.forward(*d) for d in data])
-        splits = tri.splits(t, s.top_k)
-        tri_row = Row(case, "triton (2 kernels)", us, nb["total"], f"splits gate_up K/{splits[0]}, down E/{splits[1]}")
-        rows.append(tri_row)
-        us = timer([lambda d=d: tri_nosplit.forward(*d) for d in data])
-        rows.append(Row(case, "  triton without splits", us, nb["total"]))
-        # Its two kernels alone.
+        # Complete Triton path (the one the engine uses for T tokens), then the other path.
         k = s.top_k
         acts = [torch.empty((t * k, s.inter), dtype=torch.bfloat16, device=device) for _ in data]
         outs = [torch.empty((t, s.hidden), dtype=torch.bfloat16, device=device) for _ in data]
         flat = [(x, ids.reshape(-1).contiguous(), w.reshape(-1).contiguous()) for x, ids, w in data]
-        us = timer(
-            [lambda f=f, a=a, k=k: tri.launch_gate_up(f[0], f[1], a, k) for f, a in zip(flat, acts, strict=True)]
-        )
-        rows.append(Row(case, "  triton gate_up+act", us, nb["gate_up"]))
-        us = timer(
-            [
-                lambda f=f, a=a, o=o, k=k: tri.launch_down(a, f[1], f[2], o, k)
-                for f, a, o in zip(flat, acts, outs, strict=True)
-            ]
-        )
-        rows.append(Row(case, "  triton down+combine", us, nb["down"]))
+        tri_row = None
+        for moe in sorted((tri, tri_mma), key=lambda m: not m.uses_gemv(t)):
+            gemv = moe.uses_gemv(t)
+            path = "CUDA-core GEMV" if gemv else "tensor-core"
+            us = timer([lambda d=d, moe=moe: moe.forward(*d) for d in data])
+            splits = moe.splits(t, s.top_k)
+            note = f"splits K/{splits[0]}, E/{splits[1]}" + ("; engine default" if moe is tri else "")
+            row = Row(case, f"triton {path} (2 kernels)", us, nb["total"], note)
+            if moe is tri:
+                tri_row = row
+            rows.append(row)
+            gate_up = moe.launch_gemv_gate_up if gemv else moe.launch_gate_up
+            down = moe.launch_gemv_down if gemv else moe.launch_down
+            us = timer([lambda f=f, a=a, g=gate_up, k=k: g(f[0], f[1], a, k) for f, a in zip(flat, acts, strict=True)])
+            rows.append(Row(case, f"  {path} gate_up+act", us, nb["gate_up"]))
+            us = timer(
+                [
+                    lambda f=f, a=a, o=o, dn=down, k=k: dn(a, f[1], f[2], o, k)
+                    for f, a, o in zip(flat, acts, outs, strict=True)
+                ]
+            )
+            rows.append(Row(case, f"  {path} down+combine", us, nb["down"]))
+        assert tri_row is not None
         if hum is not None:
             try:
                 us = timer([lambda d=d: hum.forward(*d) for d in data])
@@ -484,6 +490,58 @@ def tune(
             log(f"tuning MoE down T={t}")
             sweep(f"moe_down_T{t}", dn_cands, run_dn)
         del experts, moe
+    if "gemv" in cases:  # the CUDA-core MoE path (T <= gemv_max_tokens)
+        experts = random_experts(s, device)
+        moe = TritonMoE(experts)
+        k = s.top_k
+        base = MoEConfig()
+        for t in (1, 4):
+            data = routing_sets(s, t, 16, device)
+            flat = [(x, ids.reshape(-1).contiguous(), w.reshape(-1).contiguous()) for x, ids, w in data]
+            acts = [torch.empty((t * k, s.inter), dtype=torch.bfloat16, device=device) for _ in data]
+            outs = [torch.empty((t, s.hidden), dtype=torch.bfloat16, device=device) for _ in data]
+            gu_cands = [
+                dataclasses.replace(base, gv_gu_block_n=bn, gv_gu_block_w=bw, gv_gu_warps=warps, gv_gu_stages=st)
+                for bn in (8, 16, 32)
+                for bw in (32, 64, 128)
+                for warps in (2, 4, 8)
+                for st in (2, 4)
+                if not quick or (warps == 4 and st == 2)
+            ]
+
+            def run_gv_gu(cfg: MoEConfig, flat=flat, acts=acts) -> float:
+                moe.config = cfg
+                moe._scratch.clear()
+                launch = moe.launch_gemv_gate_up
+                return timer([lambda f=f, a=a: launch(f[0], f[1], a, k) for f, a in zip(flat, acts, strict=True)])
+
+            log(f"tuning MoE GEMV gate_up T={t}")
+            sweep(f"gemv_gate_up_T{t}", gu_cands, run_gv_gu)
+            dn_cands = [
+                dataclasses.replace(
+                    base, gv_dn_block_n=bn, gv_dn_block_w=bw, gv_dn_split_e=se, gv_dn_warps=warps, gv_dn_stages=st
+                )
+                for bn in (8, 16, 32)
+                for bw in (16, 32, 64)
+                for se in (1, 2, 4, 8)
+                for warps in (2, 4)
+                for st in (2, 4)
+                if not quick or (warps == 4 and st == 2)
+            ]
+
+            def run_gv_dn(cfg: MoEConfig, flat=flat, acts=acts, outs=outs) -> float:
+                moe.config = cfg
+                moe._scratch.clear()
+                return timer(
+                    [
+                        lambda f=f, a=a, o=o: moe.launch_gemv_down(a, f[1], f[2], o, k)
+                        for f, a, o in zip(flat, acts, outs, strict=True)
+                    ]
+                )
+
+            log(f"tuning MoE GEMV down T={t}")
+            sweep(f"gemv_down_T{t}", dn_cands, run_gv_dn)
+        del experts, moe
     if "lm_head" in cases:
         n, kk = s.vocab, s.hidden
         ws = fp8_weights(n, kk, device, 1, block=False)
@@ -550,7 +608,7 @@ def print_table(rows: list[Row], bw: float, log: Callable[[str], None]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m solo.bench.kernels", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write all measurements to this file")
-    p.add_argument("--cases", default="moe,lm_head,block", help="comma list of moe, lm_head, block")
+    p.add_argument("--cases", default="moe,lm_head,block", help="comma list of moe, lm_head, block (--tune also: gemv)")
     p.add_argument("--tokens", default="1,4", help="MoE token counts")
     p.add_argument("--sets", type=int, default=16, help="routings / weight sets rotated per graph")
     p.add_argument("--replays", type=int, default=20)

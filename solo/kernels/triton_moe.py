@@ -26,6 +26,7 @@ repacked, so construction costs no extra memory. Timings: docs/kernels.md.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ from solo.kernels.triton_fp8 import (
     measure_compile,
     require_triton_device,
 )
+from solo.kernels.triton_mxfp4_gemv import _gemv_down_combine, _gemv_gate_up_act
 
 __all__ = ["MoEConfig", "TritonMoE", "kernel_cache_report"]
 
@@ -292,6 +294,17 @@ class MoEConfig:
     block_t: int = 16
     gu_target_ctas: int = 264  # 2 programs per SM on the H200's 132 SMs
     dn_target_ctas: int = 10**9  # the down kernel gained from splitting at every T measured (1, 4)
+    # CUDA-core GEMV path (solo.kernels.triton_mxfp4_gemv), used for T <= gemv_max_tokens.
+    gemv_max_tokens: int = 4
+    gv_gu_block_n: int = 16
+    gv_gu_block_w: int = 64  # 32-bit words (8 codes each) per row per loop step
+    gv_gu_warps: int = 4
+    gv_gu_stages: int = 3
+    gv_dn_block_n: int = 16
+    gv_dn_block_w: int = 32
+    gv_dn_warps: int = 4
+    gv_dn_stages: int = 4
+    gv_dn_split_e: int = 2
 
 
 def _choose_split(ctas: int, options: list[int], most: int, target: int) -> int:
@@ -350,25 +363,35 @@ class TritonMoE(MoEBackend):
         self.gate_up_scale = tensors["gate_up_scale"]
         self.down = tensors["down"]
         self.down_scale = tensors["down_scale"]
-        base = config or MoEConfig()
-        self.config = MoEConfig(
+        self.config = config or MoEConfig()
+        # 32-bit word views of the codes for the GEMV path (same storage, no copy).
+        self.gate_up_words = self.gate_up.view(torch.int32)
+        self.down_words = self.down.view(torch.int32)
+        self._scratch: dict[str, torch.Tensor] = {}
+
+    @property
+    def config(self) -> MoEConfig:
+        return self._config
+
+    @config.setter
+    def config(self, base: MoEConfig) -> None:
+        """Launch parameters, with block sizes shrunk to fit small (test) shapes."""
+        words_h, words_i = self.hidden // 8, self.inter // 8
+        self._config = dataclasses.replace(
+            base,
             gu_block_i=_fit_block(base.gu_block_i, self.inter, 16),
             gu_block_k=_fit_block(base.gu_block_k, self.hidden, 64),
-            gu_w_lhs=base.gu_w_lhs,
-            gu_warps=base.gu_warps,
-            gu_stages=base.gu_stages,
             dn_block_h=_fit_block(base.dn_block_h, self.hidden, 16),
             dn_block_k=_fit_block(base.dn_block_k, self.inter, 64),
-            dn_w_lhs=base.dn_w_lhs,
-            dn_warps=base.dn_warps,
-            dn_stages=base.dn_stages,
-            gu_split_k=base.gu_split_k,
-            dn_split_e=base.dn_split_e,
-            block_t=base.block_t,
-            gu_target_ctas=base.gu_target_ctas,
-            dn_target_ctas=base.dn_target_ctas,
+            gv_gu_block_n=_fit_block(base.gv_gu_block_n, self.inter, 1),
+            gv_gu_block_w=_fit_block(base.gv_gu_block_w, words_h, 4),
+            gv_dn_block_n=_fit_block(base.gv_dn_block_n, self.hidden, 1),
+            gv_dn_block_w=_fit_block(base.gv_dn_block_w, words_i, 4),
         )
-        self._scratch: dict[str, torch.Tensor] = {}
+
+    def uses_gemv(self, tokens: int) -> bool:
+        """Whether T tokens run on the CUDA-core GEMV kernels (else the tensor-core kernels)."""
+        return tokens <= self.config.gemv_max_tokens
 
     def forward(
         self,
@@ -397,13 +420,19 @@ class TritonMoE(MoEBackend):
         if wts.dtype != torch.float32 or not wts.is_contiguous():
             wts = wts.float().contiguous()
         act = torch.empty((t * top_k, self.inter), dtype=torch.bfloat16, device=x.device)
-        self.launch_gate_up(xb, ids, act, top_k)
-        self.launch_down(act, ids, wts, out, top_k)
+        if self.uses_gemv(t):
+            self.launch_gemv_gate_up(xb, ids, act, top_k)
+            self.launch_gemv_down(act, ids, wts, out, top_k)
+        else:
+            self.launch_gate_up(xb, ids, act, top_k)
+            self.launch_down(act, ids, wts, out, top_k)
         return out
 
     def splits(self, tokens: int, top_k: int) -> tuple[int, int]:
         """(gate_up K splits, down expert splits) used for this token count (static per T)."""
         cfg = self.config
+        if self.uses_gemv(tokens):
+            return 1, _choose_split(1, [d for d in range(1, top_k + 1) if top_k % d == 0], cfg.gv_dn_split_e, 10**9)
         n_iblk = triton.cdiv(self.inter, cfg.gu_block_i)
         k_tiles = triton.cdiv(self.hidden, cfg.gu_block_k)
         gu = _choose_split(
@@ -433,12 +462,18 @@ class TritonMoE(MoEBackend):
 
     def reserve(self, max_tokens: int, top_k: int) -> None:
         """Allocate the split-reduction scratch for up to max_tokens (do it before graph capture)."""
-        for t in range(1, max_tokens + 1):
+        for t in range(max_tokens, 0, -1):  # largest first: a stored buffer is never grown
             self._scratch_for(t, top_k)
 
     def _scratch_for(self, tokens: int, top_k: int) -> tuple[torch.Tensor, ...]:
         cfg = self.config
         gu, dn = self.splits(tokens, top_k)
+        if self.uses_gemv(tokens):
+            slots = tokens * triton.cdiv(self.hidden, cfg.gv_dn_block_n)
+            return (
+                self._buffer("gv_dn_part", slots * dn * cfg.gv_dn_block_n, torch.float32, zero=False),
+                self._buffer("gv_dn_cnt", slots, torch.int32, zero=True),
+            )
         gu_slots = tokens * top_k * triton.cdiv(self.inter, cfg.gu_block_i)
         dn_slots = tokens * triton.cdiv(self.hidden, cfg.dn_block_h)
         return (
@@ -478,6 +513,56 @@ class TritonMoE(MoEBackend):
             num_stages=cfg.gu_stages,
         )
 
+    def launch_gemv_gate_up(self, xb: torch.Tensor, ids: torch.Tensor, act: torch.Tensor, top_k: int) -> None:
+        """GEMV kernel 1 (small T): act[a] = swiglu(W_gate[e_a] x_t, W_up[e_a] x_t)."""
+        cfg = self.config
+        limit = float(self.swiglu_limit) if self.swiglu_limit is not None else 0.0
+        _gemv_gate_up_act[(ids.numel(), triton.cdiv(self.inter, cfg.gv_gu_block_n))](
+            xb,
+            ids,
+            self.gate_up_words,
+            self.gate_up_scale,
+            act,
+            xb.stride(0),
+            limit,
+            H=self.hidden,
+            I=self.inter,
+            TOPK=top_k,
+            HAS_LIMIT=self.swiglu_limit is not None,
+            BLOCK_N=cfg.gv_gu_block_n,
+            BLOCK_W=cfg.gv_gu_block_w,
+            num_warps=cfg.gv_gu_warps,
+            num_stages=cfg.gv_gu_stages,
+        )
+
+    def launch_gemv_down(
+        self, act: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, out: torch.Tensor, top_k: int
+    ) -> None:
+        """GEMV kernel 2 (small T): out[t] = sum_j w[t, j] * W_down[e_tj] act[t*k + j]."""
+        cfg = self.config
+        tokens = out.shape[0]
+        _, split = self.splits(tokens, top_k)
+        part, cnt = self._scratch_for(tokens, top_k)
+        _gemv_down_combine[(tokens, triton.cdiv(self.hidden, cfg.gv_dn_block_n), split)](
+            act,
+            ids,
+            wts,
+            self.down_words,
+            self.down_scale,
+            out,
+            part,
+            cnt,
+            out.stride(0),
+            H=self.hidden,
+            I=self.inter,
+            TOPK=top_k,
+            BLOCK_N=cfg.gv_dn_block_n,
+            BLOCK_W=cfg.gv_dn_block_w,
+            SPLIT_E=split,
+            num_warps=cfg.gv_dn_warps,
+            num_stages=cfg.gv_dn_stages,
+        )
+
     def launch_down(
         self, act: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, out: torch.Tensor, top_k: int
     ) -> None:
@@ -511,13 +596,15 @@ class TritonMoE(MoEBackend):
     def warmup(self, top_k: int = 8, max_tokens: int = 4) -> dict[str, Any]:
         """Compile (or load from Triton's disk cache) the kernels for this layer's shapes.
 
-        The token count is a runtime argument, so one compile serves every T; the call runs the
-        op once for T = 1 and T = max_tokens on dummy routing. Returns the timing record.
+        The token count is a runtime argument, so one compile serves every T of a path; the call
+        runs the op on dummy routing for T = 1, T = max_tokens and the first T of the tensor-core
+        path (prefill), so no kernel is compiled mid-generation. Returns the timing record.
         """
         dev = self.gate_up.device
         self.reserve(max(1, max_tokens), top_k)
+        first_mma = self.config.gemv_max_tokens + 1
         with measure_compile("moe", hidden=self.hidden, inter=self.inter, top_k=top_k) as m:
-            for t in sorted({1, max(1, max_tokens)}):
+            for t in sorted({1, max(1, max_tokens), first_mma}):
                 x = torch.zeros((t, self.hidden), dtype=torch.bfloat16, device=dev)
                 ids = (torch.arange(t * top_k, device=dev) % self.num_experts).view(t, top_k)
                 w = torch.full((t, top_k), 1.0 / top_k, dtype=torch.float32, device=dev)

@@ -1,0 +1,205 @@
+"""Routed MoE in MXFP4 for 1-4 tokens on the CUDA cores: a GEMV per (token, expert).
+
+Why not the tensor cores: at decode the token side of an MMA is padded to 16 rows, and Triton's
+MXFP4 MMA path (``tl.dot_scaled``) widens every code through layout shuffles; on the H200 that ran
+at about 0.9 TB/s. A GEMV needs one multiply-add per weight, so the cost to beat is the unpacking.
+Each program reads whole 32-bit words (8 E2M1 codes, code ``n`` of word ``w`` is element ``8w + n``)
+and makes fp16 bit patterns for two codes at once with two shifts and two masks:
+
+    code s|e1 e0|m  ->  fp16 bits  s << 15 | (e1 e0 m) << 9   ==  fp16(value * 2^-14)
+
+exactly, including the subnormal code 0.5 (fp16 keeps subnormals; the widening to fp32 is exact).
+Word ``w`` shifted and masked gives one int32 holding codes ``j`` (low half) and ``j + 4`` (high
+half), for j = 0..3. Products are summed in fp32 per 32-code group, multiplied by the group's E8M0
+scale (``s << 23`` read as fp32 is 2^(s-127)) and the 2^14 is put back once at the end.
+
+Two launches, like the tensor-core path in solo.kernels.triton_moe (same layouts, same contracts):
+``_gemv_gate_up_act`` (grid: assignments x I/BLOCK_N; gate and up rows of one expert, SwiGLU in fp32,
+act stored in bf16) and ``_gemv_down_combine`` (grid: tokens x H/BLOCK_N x expert splits; walks the
+token's experts, routing weight folded into the group scale, last-arriver reduction of the splits).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _e2m1_pair(w, J: tl.constexpr):
+    """Codes J and J+4 of every uint32 word of ``w``, as fp32 values times 2^-14."""
+    if J == 3:
+        mag = (w >> 3) & 0x0E000E00
+        sgn = w & 0x80008000
+    else:
+        mag = (w << (9 - 4 * J)) & 0x0E000E00
+        sgn = (w << (12 - 4 * J)) & 0x80008000
+    bits = mag | sgn
+    lo = bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (bits >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _e8m0(s):
+    """E8M0 scale bytes -> fp32 2^(s-127) (s = 0 reads as 0)."""
+    return (s.to(tl.uint32) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _words_dot(w, x_ptrs, x_mask, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Per-group sums [BLOCK_N, BLOCK_W // 4] of codes(w) . x (x_ptrs: element 0 of each word)."""
+    part = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+    for j in tl.static_range(4):
+        lo, hi = _e2m1_pair(w, j)
+        if EVEN:
+            xl = tl.load(x_ptrs + j).to(tl.float32)
+            xh = tl.load(x_ptrs + (j + 4)).to(tl.float32)
+        else:
+            xl = tl.load(x_ptrs + j, mask=x_mask, other=0.0).to(tl.float32)
+            xh = tl.load(x_ptrs + (j + 4), mask=x_mask, other=0.0).to(tl.float32)
+        part += lo * xl[None, :] + hi * xh[None, :]
+    return tl.sum(tl.reshape(part, (BLOCK_N, BLOCK_W // 4, 4)), axis=2)
+
+
+@triton.jit
+def _gemv_gate_up_act(
+    x_ptr,
+    ids_ptr,
+    w_ptr,
+    s_ptr,
+    act_ptr,
+    stride_xt,
+    limit,
+    H: tl.constexpr,
+    I: tl.constexpr,
+    TOPK: tl.constexpr,
+    HAS_LIMIT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    a = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    t = a // TOPK
+    e = tl.load(ids_ptr + a).to(tl.int64)
+    HW: tl.constexpr = H // 8  # words per row
+    HG: tl.constexpr = H // 32  # scale groups per row
+    G: tl.constexpr = BLOCK_W // 4
+    EVEN_N: tl.constexpr = I % BLOCK_N == 0
+    EVEN_W: tl.constexpr = HW % BLOCK_W == 0
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rw = tl.arange(0, BLOCK_W)
+    rg = tl.arange(0, G)
+    n_ok = rn < I
+    wg_ptrs = w_ptr + e * (2 * I * HW) + rn[:, None] * HW + rw[None, :]
+    sg_ptrs = s_ptr + e * (2 * I * HG) + rn[:, None] * HG + rg[None, :]
+    x_ptrs = x_ptr + t * stride_xt + rw * 8
+    acc_g = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    for k0 in range(0, HW, BLOCK_W):
+        w_ok = (k0 + rw) < HW
+        g_ok = (k0 // 4 + rg) < HG
+        if EVEN_N and EVEN_W:
+            wg = tl.load(wg_ptrs + k0)
+            wu = tl.load(wg_ptrs + (I * HW + k0))
+            sg = tl.load(sg_ptrs + k0 // 4)
+            su = tl.load(sg_ptrs + (I * HG + k0 // 4))
+        else:
+            wmask = n_ok[:, None] & w_ok[None, :]
+            smask = n_ok[:, None] & g_ok[None, :]
+            wg = tl.load(wg_ptrs + k0, mask=wmask, other=0)
+            wu = tl.load(wg_ptrs + (I * HW + k0), mask=wmask, other=0)
+            sg = tl.load(sg_ptrs + k0 // 4, mask=smask, other=0)
+            su = tl.load(sg_ptrs + (I * HG + k0 // 4), mask=smask, other=0)
+        xp = x_ptrs + k0 * 8
+        acc_g += _words_dot(wg.to(tl.uint32, bitcast=True), xp, w_ok, EVEN_W, BLOCK_N, BLOCK_W) * _e8m0(sg)
+        acc_u += _words_dot(wu.to(tl.uint32, bitcast=True), xp, w_ok, EVEN_W, BLOCK_N, BLOCK_W) * _e8m0(su)
+    g = tl.sum(acc_g, axis=1) * 16384.0  # 2^14 (see module docstring)
+    u = tl.sum(acc_u, axis=1) * 16384.0  # 2^14 (see module docstring)
+    act = g / (1.0 + tl.exp(-g))
+    if HAS_LIMIT:
+        act = tl.minimum(act, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+    a_ptrs = act_ptr + a * I + rn
+    if EVEN_N:
+        tl.store(a_ptrs, (act * u).to(tl.bfloat16))
+    else:
+        tl.store(a_ptrs, (act * u).to(tl.bfloat16), mask=n_ok)
+
+
+@triton.jit
+def _gemv_down_combine(
+    act_ptr,
+    ids_ptr,
+    wt_ptr,
+    w_ptr,
+    s_ptr,
+    o_ptr,
+    part_ptr,
+    cnt_ptr,
+    stride_ot,
+    H: tl.constexpr,
+    I: tl.constexpr,
+    TOPK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    SPLIT_E: tl.constexpr,
+):
+    t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_e = tl.program_id(2)
+    IW: tl.constexpr = I // 8
+    IG: tl.constexpr = I // 32
+    G: tl.constexpr = BLOCK_W // 4
+    NKW: tl.constexpr = (IW + BLOCK_W - 1) // BLOCK_W
+    EPS: tl.constexpr = TOPK // SPLIT_E  # experts handled by this program
+    EVEN_N: tl.constexpr = H % BLOCK_N == 0
+    EVEN_W: tl.constexpr = IW % BLOCK_W == 0
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rw = tl.arange(0, BLOCK_W)
+    rg = tl.arange(0, G)
+    n_ok = rn < H
+    w_off = rn[:, None] * IW + rw[None, :]
+    s_off = rn[:, None] * IG + rg[None, :]
+    acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    for it in range(0, EPS * NKW):
+        a = t * TOPK + pid_e * EPS + it // NKW
+        k0 = (it % NKW) * BLOCK_W
+        e = tl.load(ids_ptr + a).to(tl.int64)
+        wt = tl.load(wt_ptr + a)
+        w_ptrs = w_ptr + e * (H * IW) + k0 + w_off
+        s_ptrs = s_ptr + e * (H * IG) + k0 // 4 + s_off
+        w_ok = (k0 + rw) < IW
+        if EVEN_N and EVEN_W:
+            w = tl.load(w_ptrs)
+            s = tl.load(s_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=n_ok[:, None] & w_ok[None, :], other=0)
+            s = tl.load(s_ptrs, mask=n_ok[:, None] & ((k0 // 4 + rg) < IG)[None, :], other=0)
+        xp = act_ptr + a * I + (k0 + rw) * 8
+        acc += _words_dot(w.to(tl.uint32, bitcast=True), xp, w_ok, EVEN_W, BLOCK_N, BLOCK_W) * (_e8m0(s) * wt)
+    y = tl.sum(acc, axis=1) * 16384.0  # 2^14 (see module docstring)
+    o_ptrs = o_ptr + t * stride_ot + rn
+    if SPLIT_E == 1:
+        if EVEN_N:
+            tl.store(o_ptrs, y.to(o_ptr.dtype.element_ty))
+        else:
+            tl.store(o_ptrs, y.to(o_ptr.dtype.element_ty), mask=n_ok)
+    else:
+        # Expert split: each program parks its fp32 partial; the last to arrive (acq_rel counter)
+        # adds them in a fixed order (deterministic), stores once and resets the counter.
+        slot = t * tl.num_programs(1) + pid_n
+        rl = tl.arange(0, BLOCK_N)
+        p_base = part_ptr + slot * (SPLIT_E * BLOCK_N)
+        tl.store(p_base + pid_e * BLOCK_N + rl, y)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_E - 1:
+            y = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for j in tl.static_range(SPLIT_E):
+                y += tl.load(p_base + j * BLOCK_N + rl, cache_modifier=".cg")
+            if EVEN_N:
+                tl.store(o_ptrs, y.to(o_ptr.dtype.element_ty))
+            else:
+                tl.store(o_ptrs, y.to(o_ptr.dtype.element_ty), mask=n_ok)
+            tl.atomic_xchg(cnt_ptr + slot, 0, sem="relaxed", scope="gpu")
