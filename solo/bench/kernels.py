@@ -418,7 +418,10 @@ def tune(
                 best = (us, cand)
         table.sort(key=lambda r: r[0])
         for us, cand in table[:5]:
-            log(f"  {name} {us:8.2f} us  {cand}")
+            shown = cand
+            if name.startswith("gemv") and hasattr(cand, "__dataclass_fields__"):
+                shown = {k: v for k, v in asdict(cand).items() if k.startswith("gv_")}
+            log(f"  {name} {us:8.2f} us  {shown}")
         if best:
             results[name] = {
                 "us": best[0],
@@ -500,13 +503,12 @@ def tune(
             flat = [(x, ids.reshape(-1).contiguous(), w.reshape(-1).contiguous()) for x, ids, w in data]
             acts = [torch.empty((t * k, s.inter), dtype=torch.bfloat16, device=device) for _ in data]
             outs = [torch.empty((t, s.hidden), dtype=torch.bfloat16, device=device) for _ in data]
-            gu_cands = [
-                dataclasses.replace(base, gv_gu_block_n=bn, gv_gu_block_w=bw, gv_gu_warps=warps, gv_gu_stages=st)
-                for bn in (8, 16, 32)
+            gu_cands = [  # the K loop is unrolled: num_stages has no loop to pipeline
+                dataclasses.replace(base, gv_gu_block_n=bn, gv_gu_block_w=bw, gv_gu_warps=warps)
+                for bn in (4, 8, 16, 32)
                 for bw in (32, 64, 128)
                 for warps in (2, 4, 8)
-                for st in (2, 4)
-                if not quick or (warps == 4 and st == 2)
+                if not quick or warps == 4
             ]
 
             def run_gv_gu(cfg: MoEConfig, flat=flat, acts=acts) -> float:
@@ -518,15 +520,12 @@ def tune(
             log(f"tuning MoE GEMV gate_up T={t}")
             sweep(f"gemv_gate_up_T{t}", gu_cands, run_gv_gu)
             dn_cands = [
-                dataclasses.replace(
-                    base, gv_dn_block_n=bn, gv_dn_block_w=bw, gv_dn_split_e=se, gv_dn_warps=warps, gv_dn_stages=st
-                )
-                for bn in (8, 16, 32)
-                for bw in (16, 32, 64)
-                for se in (1, 2, 4, 8)
-                for warps in (2, 4)
-                for st in (2, 4)
-                if not quick or (warps == 4 and st == 2)
+                dataclasses.replace(base, gv_dn_block_n=bn, gv_dn_block_w=bw, gv_dn_split_e=se, gv_dn_warps=warps)
+                for bn in (16, 32, 64)
+                for bw in (32, 64)
+                for se in (2, 4, 8)
+                for warps in (2, 4, 8)
+                if not quick or warps == 4
             ]
 
             def run_gv_dn(cfg: MoEConfig, flat=flat, acts=acts, outs=outs) -> float:

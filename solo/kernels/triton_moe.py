@@ -517,13 +517,16 @@ class TritonMoE(MoEBackend):
         """GEMV kernel 1 (small T): act[a] = swiglu(W_gate[e_a] x_t, W_up[e_a] x_t)."""
         cfg = self.config
         limit = float(self.swiglu_limit) if self.swiglu_limit is not None else 0.0
+        if xb.stride(0) % 2:
+            xb = xb.contiguous()
+        xq = xb.view(torch.int32)  # bf16 pairs
         _gemv_gate_up_act[(ids.numel(), triton.cdiv(self.inter, cfg.gv_gu_block_n))](
-            xb,
+            xq,
             ids,
             self.gate_up_words,
             self.gate_up_scale,
             act,
-            xb.stride(0),
+            xq.stride(0),
             limit,
             H=self.hidden,
             I=self.inter,
@@ -544,7 +547,7 @@ class TritonMoE(MoEBackend):
         _, split = self.splits(tokens, top_k)
         part, cnt = self._scratch_for(tokens, top_k)
         _gemv_down_combine[(tokens, triton.cdiv(self.hidden, cfg.gv_dn_block_n), split)](
-            act,
+            act.view(torch.int32),  # bf16 pairs; act is a contiguous [T*k, I] buffer
             ids,
             wts,
             self.down_words,

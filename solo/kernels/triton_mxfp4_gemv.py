@@ -13,7 +13,9 @@ Word ``w`` shifted and masked gives one int32 holding codes ``j`` (low half) and
 half), for j = 0..3. Products are summed in fp32 per 32-code group, multiplied by the group's E8M0
 scale (``s << 23`` read as fp32 is 2^(s-127)) and the 2^14 is put back once at the end.
 
-Two launches, like the tensor-core path in solo.kernels.triton_moe (same layouts, same contracts):
+The activations are read as uint32 pairs of bf16 (one 4-byte load gives two of them, widened by a
+shift or a mask). The K loop is unrolled at compile time so all of a program's weight loads can be
+in flight together. Two launches, like the tensor-core path in solo.kernels.triton_moe (same layouts, same contracts):
 ``_gemv_gate_up_act`` (grid: assignments x I/BLOCK_N; gate and up rows of one expert, SwiGLU in fp32,
 act stored in bf16) and ``_gemv_down_combine`` (grid: tokens x H/BLOCK_N x expert splits; walks the
 token's experts, routing weight folded into the group scale, last-arriver reduction of the splits).
@@ -47,29 +49,55 @@ def _e8m0(s):
 
 
 @triton.jit
-def _words_dot(w, x_ptrs, x_mask, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Per-group sums [BLOCK_N, BLOCK_W // 4] of codes(w) . x (x_ptrs: element 0 of each word)."""
-    part = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
-    for j in tl.static_range(4):
-        lo, hi = _e2m1_pair(w, j)
-        if EVEN:
-            xl = tl.load(x_ptrs + j).to(tl.float32)
-            xh = tl.load(x_ptrs + (j + 4)).to(tl.float32)
-        else:
-            xl = tl.load(x_ptrs + j, mask=x_mask, other=0.0).to(tl.float32)
-            xh = tl.load(x_ptrs + (j + 4), mask=x_mask, other=0.0).to(tl.float32)
-        part += lo * xl[None, :] + hi * xh[None, :]
+def _bf16_pair(xq):
+    """The two bf16 halves of uint32 words as fp32 (element 2q is the low half)."""
+    return (xq << 16).to(tl.float32, bitcast=True), (xq & 0xFFFF0000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _words_dot(w, xq_ptrs, x_mask, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Per-group sums [BLOCK_N, BLOCK_W // 4] of codes(w) . x.
+
+    ``xq_ptrs`` points at the activations as uint32 pairs of bf16: word q = 0..3 of code word c
+    holds elements 8c + 2q and 8c + 2q + 1. Pair j of ``_e2m1_pair`` needs elements j and j + 4.
+    """
+    if MASKED:
+        xq0 = tl.load(xq_ptrs, mask=x_mask, other=0).to(tl.uint32, bitcast=True)
+        xq1 = tl.load(xq_ptrs + 1, mask=x_mask, other=0).to(tl.uint32, bitcast=True)
+        xq2 = tl.load(xq_ptrs + 2, mask=x_mask, other=0).to(tl.uint32, bitcast=True)
+        xq3 = tl.load(xq_ptrs + 3, mask=x_mask, other=0).to(tl.uint32, bitcast=True)
+    else:
+        xq0 = tl.load(xq_ptrs).to(tl.uint32, bitcast=True)
+        xq1 = tl.load(xq_ptrs + 1).to(tl.uint32, bitcast=True)
+        xq2 = tl.load(xq_ptrs + 2).to(tl.uint32, bitcast=True)
+        xq3 = tl.load(xq_ptrs + 3).to(tl.uint32, bitcast=True)
+    x0, x1 = _bf16_pair(xq0)
+    x2, x3 = _bf16_pair(xq1)
+    x4, x5 = _bf16_pair(xq2)
+    x6, x7 = _bf16_pair(xq3)
+    lo, hi = _e2m1_pair(w, 0)
+    part = lo * x0[None, :]
+    part = tl.fma(hi, x4[None, :], part)
+    lo, hi = _e2m1_pair(w, 1)
+    part = tl.fma(lo, x1[None, :], part)
+    part = tl.fma(hi, x5[None, :], part)
+    lo, hi = _e2m1_pair(w, 2)
+    part = tl.fma(lo, x2[None, :], part)
+    part = tl.fma(hi, x6[None, :], part)
+    lo, hi = _e2m1_pair(w, 3)
+    part = tl.fma(lo, x3[None, :], part)
+    part = tl.fma(hi, x7[None, :], part)
     return tl.sum(tl.reshape(part, (BLOCK_N, BLOCK_W // 4, 4)), axis=2)
 
 
 @triton.jit
 def _gemv_gate_up_act(
-    x_ptr,
+    xq_ptr,
     ids_ptr,
     w_ptr,
     s_ptr,
     act_ptr,
-    stride_xt,
+    stride_xq,
     limit,
     H: tl.constexpr,
     I: tl.constexpr,
@@ -82,38 +110,41 @@ def _gemv_gate_up_act(
     pid_n = tl.program_id(1)
     t = a // TOPK
     e = tl.load(ids_ptr + a).to(tl.int64)
-    HW: tl.constexpr = H // 8  # words per row
+    HW: tl.constexpr = H // 8  # code words per row
     HG: tl.constexpr = H // 32  # scale groups per row
     G: tl.constexpr = BLOCK_W // 4
+    NK: tl.constexpr = (HW + BLOCK_W - 1) // BLOCK_W
     EVEN_N: tl.constexpr = I % BLOCK_N == 0
-    EVEN_W: tl.constexpr = HW % BLOCK_W == 0
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rw = tl.arange(0, BLOCK_W)
     rg = tl.arange(0, G)
     n_ok = rn < I
     wg_ptrs = w_ptr + e * (2 * I * HW) + rn[:, None] * HW + rw[None, :]
     sg_ptrs = s_ptr + e * (2 * I * HG) + rn[:, None] * HG + rg[None, :]
-    x_ptrs = x_ptr + t * stride_xt + rw * 8
+    xq_ptrs = xq_ptr + t * stride_xq + rw * 4
     acc_g = tl.zeros((BLOCK_N, G), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, G), dtype=tl.float32)
-    for k0 in range(0, HW, BLOCK_W):
+    # Fully unrolled over K (NK is small): every tile's loads can be issued before the first
+    # tile's arithmetic, which keeps enough bytes in flight at one token.
+    for kt in tl.static_range(NK):
+        k0: tl.constexpr = kt * BLOCK_W
+        MASKED: tl.constexpr = not EVEN_N or k0 + BLOCK_W > HW
         w_ok = (k0 + rw) < HW
-        g_ok = (k0 // 4 + rg) < HG
-        if EVEN_N and EVEN_W:
-            wg = tl.load(wg_ptrs + k0)
-            wu = tl.load(wg_ptrs + (I * HW + k0))
-            sg = tl.load(sg_ptrs + k0 // 4)
-            su = tl.load(sg_ptrs + (I * HG + k0 // 4))
-        else:
+        if MASKED:
             wmask = n_ok[:, None] & w_ok[None, :]
-            smask = n_ok[:, None] & g_ok[None, :]
-            wg = tl.load(wg_ptrs + k0, mask=wmask, other=0)
-            wu = tl.load(wg_ptrs + (I * HW + k0), mask=wmask, other=0)
+            smask = n_ok[:, None] & ((k0 // 4 + rg) < HG)[None, :]
+            wg = tl.load(wg_ptrs + k0, mask=wmask, other=0, eviction_policy="evict_first")
+            wu = tl.load(wg_ptrs + (I * HW + k0), mask=wmask, other=0, eviction_policy="evict_first")
             sg = tl.load(sg_ptrs + k0 // 4, mask=smask, other=0)
             su = tl.load(sg_ptrs + (I * HG + k0 // 4), mask=smask, other=0)
-        xp = x_ptrs + k0 * 8
-        acc_g += _words_dot(wg.to(tl.uint32, bitcast=True), xp, w_ok, EVEN_W, BLOCK_N, BLOCK_W) * _e8m0(sg)
-        acc_u += _words_dot(wu.to(tl.uint32, bitcast=True), xp, w_ok, EVEN_W, BLOCK_N, BLOCK_W) * _e8m0(su)
+        else:
+            wg = tl.load(wg_ptrs + k0, eviction_policy="evict_first")
+            wu = tl.load(wg_ptrs + (I * HW + k0), eviction_policy="evict_first")
+            sg = tl.load(sg_ptrs + k0 // 4)
+            su = tl.load(sg_ptrs + (I * HG + k0 // 4))
+        xp = xq_ptrs + k0 * 4
+        acc_g += _words_dot(wg.to(tl.uint32, bitcast=True), xp, w_ok, MASKED, BLOCK_N, BLOCK_W) * _e8m0(sg)
+        acc_u += _words_dot(wu.to(tl.uint32, bitcast=True), xp, w_ok, MASKED, BLOCK_N, BLOCK_W) * _e8m0(su)
     g = tl.sum(acc_g, axis=1) * 16384.0  # 2^14 (see module docstring)
     u = tl.sum(acc_u, axis=1) * 16384.0  # 2^14 (see module docstring)
     act = g / (1.0 + tl.exp(-g))
@@ -129,7 +160,7 @@ def _gemv_gate_up_act(
 
 @triton.jit
 def _gemv_down_combine(
-    act_ptr,
+    aq_ptr,
     ids_ptr,
     wt_ptr,
     w_ptr,
@@ -151,10 +182,9 @@ def _gemv_down_combine(
     IW: tl.constexpr = I // 8
     IG: tl.constexpr = I // 32
     G: tl.constexpr = BLOCK_W // 4
-    NKW: tl.constexpr = (IW + BLOCK_W - 1) // BLOCK_W
+    NK: tl.constexpr = (IW + BLOCK_W - 1) // BLOCK_W
     EPS: tl.constexpr = TOPK // SPLIT_E  # experts handled by this program
     EVEN_N: tl.constexpr = H % BLOCK_N == 0
-    EVEN_W: tl.constexpr = IW % BLOCK_W == 0
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rw = tl.arange(0, BLOCK_W)
     rg = tl.arange(0, G)
@@ -162,22 +192,24 @@ def _gemv_down_combine(
     w_off = rn[:, None] * IW + rw[None, :]
     s_off = rn[:, None] * IG + rg[None, :]
     acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
-    for it in range(0, EPS * NKW):
-        a = t * TOPK + pid_e * EPS + it // NKW
-        k0 = (it % NKW) * BLOCK_W
+    for j in tl.static_range(EPS):  # unrolled (few experts x few K tiles), see the gate_up kernel
+        a = t * TOPK + pid_e * EPS + j
         e = tl.load(ids_ptr + a).to(tl.int64)
         wt = tl.load(wt_ptr + a)
-        w_ptrs = w_ptr + e * (H * IW) + k0 + w_off
-        s_ptrs = s_ptr + e * (H * IG) + k0 // 4 + s_off
-        w_ok = (k0 + rw) < IW
-        if EVEN_N and EVEN_W:
-            w = tl.load(w_ptrs)
-            s = tl.load(s_ptrs)
-        else:
-            w = tl.load(w_ptrs, mask=n_ok[:, None] & w_ok[None, :], other=0)
-            s = tl.load(s_ptrs, mask=n_ok[:, None] & ((k0 // 4 + rg) < IG)[None, :], other=0)
-        xp = act_ptr + a * I + (k0 + rw) * 8
-        acc += _words_dot(w.to(tl.uint32, bitcast=True), xp, w_ok, EVEN_W, BLOCK_N, BLOCK_W) * (_e8m0(s) * wt)
+        for kt in tl.static_range(NK):
+            k0: tl.constexpr = kt * BLOCK_W
+            MASKED: tl.constexpr = not EVEN_N or k0 + BLOCK_W > IW
+            w_ok = (k0 + rw) < IW
+            w_ptrs = w_ptr + e * (H * IW) + k0 + w_off
+            s_ptrs = s_ptr + e * (H * IG) + k0 // 4 + s_off
+            if MASKED:
+                w = tl.load(w_ptrs, mask=n_ok[:, None] & w_ok[None, :], other=0, eviction_policy="evict_first")
+                s = tl.load(s_ptrs, mask=n_ok[:, None] & ((k0 // 4 + rg) < IG)[None, :], other=0)
+            else:
+                w = tl.load(w_ptrs, eviction_policy="evict_first")
+                s = tl.load(s_ptrs)
+            xp = aq_ptr + a * (I // 2) + (k0 + rw) * 4
+            acc += _words_dot(w.to(tl.uint32, bitcast=True), xp, w_ok, MASKED, BLOCK_N, BLOCK_W) * (_e8m0(s) * wt)
     y = tl.sum(acc, axis=1) * 16384.0  # 2^14 (see module docstring)
     o_ptrs = o_ptr + t * stride_ot + rn
     if SPLIT_E == 1:
