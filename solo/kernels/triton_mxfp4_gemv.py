@@ -127,8 +127,8 @@ def _gemv_gate_up_act(
     # Fully unrolled over K (NK is small): every tile's loads can be issued before the first
     # tile's arithmetic, which keeps enough bytes in flight at one token.
     for kt in tl.static_range(NK):
-        k0: tl.constexpr = kt * BLOCK_W
-        MASKED: tl.constexpr = not EVEN_N or k0 + BLOCK_W > HW
+        k0 = kt * BLOCK_W
+        MASKED = not EVEN_N or k0 + BLOCK_W > HW
         w_ok = (k0 + rw) < HW
         if MASKED:
             wmask = n_ok[:, None] & w_ok[None, :]
@@ -197,8 +197,8 @@ def _gemv_down_combine(
         e = tl.load(ids_ptr + a).to(tl.int64)
         wt = tl.load(wt_ptr + a)
         for kt in tl.static_range(NK):
-            k0: tl.constexpr = kt * BLOCK_W
-            MASKED: tl.constexpr = not EVEN_N or k0 + BLOCK_W > IW
+            k0 = kt * BLOCK_W
+            MASKED = not EVEN_N or k0 + BLOCK_W > IW
             w_ok = (k0 + rw) < IW
             w_ptrs = w_ptr + e * (H * IW) + k0 + w_off
             s_ptrs = s_ptr + e * (H * IG) + k0 // 4 + s_off
