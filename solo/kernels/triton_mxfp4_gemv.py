@@ -10,16 +10,15 @@ and makes fp16 bit patterns for two codes at once with two shifts and two masks:
 
 exactly, including the subnormal code 0.5 (fp16 keeps subnormals; the widening to fp32 is exact).
 Word ``w`` shifted and masked gives one int32 holding codes ``j`` (low half) and ``j + 4`` (high
-half), for j = 0..3. A word's 8 products are summed in fp32 and multiplied by its group's E8M0
-scale (``s << 23`` read as fp32 is 2^(s-127)); the 2^14 is put back once at the end.
+half), for j = 0..3. Products are summed in fp32 per 32-code group, multiplied by the group's E8M0
+scale (``s << 23`` read as fp32 is 2^(s-127)) and the 2^14 is put back once at the end.
 
 The activations are read as uint32 pairs of bf16 (one 4-byte load gives two of them, widened by a
-shift or a mask). The K loop is unrolled at compile time and has no barriers, so a program's weight
-loads can all be in flight together. Two launches, like the tensor-core path in
-solo.kernels.triton_moe (same layouts, same contracts):
+shift or a mask). The K loop is unrolled at compile time so all of a program's weight loads can be
+in flight together. Two launches, like the tensor-core path in solo.kernels.triton_moe (same layouts, same contracts):
 ``_gemv_gate_up_act`` (grid: assignments x I/BLOCK_N; gate and up rows of one expert, SwiGLU in fp32,
 act stored in bf16) and ``_gemv_down_combine`` (grid: tokens x H/BLOCK_N x expert splits; walks the
-token's experts, routing weight folded into the scale, last-arriver reduction of the splits).
+token's experts, routing weight folded into the group scale, last-arriver reduction of the splits).
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ def _bf16_pair(xq):
 
 @triton.jit
 def _words_dot(w, xq_ptrs, x_mask, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Per-word sums [BLOCK_N, BLOCK_W] of codes(w) * x (each word's 8 products).
+    """Per-group sums [BLOCK_N, BLOCK_W // 4] of codes(w) . x.
 
     ``xq_ptrs`` points at the activations as uint32 pairs of bf16: word q = 0..3 of code word c
     holds elements 8c + 2q and 8c + 2q + 1. Pair j of ``_e2m1_pair`` needs elements j and j + 4.
@@ -88,7 +87,7 @@ def _words_dot(w, xq_ptrs, x_mask, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, 
     lo, hi = _e2m1_pair(w, 3)
     part = tl.fma(lo, x3[None, :], part)
     part = tl.fma(hi, x7[None, :], part)
-    return part
+    return tl.sum(tl.reshape(part, (BLOCK_N, BLOCK_W // 4, 4)), axis=2)
 
 
 @triton.jit
@@ -113,19 +112,18 @@ def _gemv_gate_up_act(
     e = tl.load(ids_ptr + a).to(tl.int64)
     HW: tl.constexpr = H // 8  # code words per row
     HG: tl.constexpr = H // 32  # scale groups per row
+    G: tl.constexpr = BLOCK_W // 4
     NK: tl.constexpr = (HW + BLOCK_W - 1) // BLOCK_W
     EVEN_N: tl.constexpr = I % BLOCK_N == 0
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rw = tl.arange(0, BLOCK_W)
+    rg = tl.arange(0, G)
     n_ok = rn < I
     wg_ptrs = w_ptr + e * (2 * I * HW) + rn[:, None] * HW + rw[None, :]
-    # One scale per word (4 words share an E8M0 byte; the repeated addresses hit L1). Summing per
-    # group first would need a reshape, which Triton lowers to a shared-memory shuffle with barriers
-    # between the unrolled tiles, and those barriers keep the next tile's loads from going early.
-    sg_ptrs = s_ptr + e * (2 * I * HG) + rn[:, None] * HG + rw[None, :] // 4
+    sg_ptrs = s_ptr + e * (2 * I * HG) + rn[:, None] * HG + rg[None, :]
     xq_ptrs = xq_ptr + t * stride_xq + rw * 4
-    acc_g = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+    acc_g = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, G), dtype=tl.float32)
     # Fully unrolled over K (NK is small): every tile's loads can be issued before the first
     # tile's arithmetic, which keeps enough bytes in flight at one token.
     for kt in tl.static_range(NK):
@@ -134,10 +132,11 @@ def _gemv_gate_up_act(
         w_ok = (k0 + rw) < HW
         if MASKED:
             wmask = n_ok[:, None] & w_ok[None, :]
+            smask = n_ok[:, None] & ((k0 // 4 + rg) < HG)[None, :]
             wg = tl.load(wg_ptrs + k0, mask=wmask, other=0, eviction_policy="evict_first")
             wu = tl.load(wg_ptrs + (I * HW + k0), mask=wmask, other=0, eviction_policy="evict_first")
-            sg = tl.load(sg_ptrs + k0 // 4, mask=wmask, other=0)
-            su = tl.load(sg_ptrs + (I * HG + k0 // 4), mask=wmask, other=0)
+            sg = tl.load(sg_ptrs + k0 // 4, mask=smask, other=0)
+            su = tl.load(sg_ptrs + (I * HG + k0 // 4), mask=smask, other=0)
         else:
             wg = tl.load(wg_ptrs + k0, eviction_policy="evict_first")
             wu = tl.load(wg_ptrs + (I * HW + k0), eviction_policy="evict_first")
@@ -182,15 +181,17 @@ def _gemv_down_combine(
     pid_e = tl.program_id(2)
     IW: tl.constexpr = I // 8
     IG: tl.constexpr = I // 32
+    G: tl.constexpr = BLOCK_W // 4
     NK: tl.constexpr = (IW + BLOCK_W - 1) // BLOCK_W
     EPS: tl.constexpr = TOPK // SPLIT_E  # experts handled by this program
     EVEN_N: tl.constexpr = H % BLOCK_N == 0
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rw = tl.arange(0, BLOCK_W)
+    rg = tl.arange(0, G)
     n_ok = rn < H
     w_off = rn[:, None] * IW + rw[None, :]
-    s_off = rn[:, None] * IG + rw[None, :] // 4  # one scale per word, as in the gate_up kernel
-    acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+    s_off = rn[:, None] * IG + rg[None, :]
+    acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
     for j in tl.static_range(EPS):  # unrolled (few experts x few K tiles), see the gate_up kernel
         a = t * TOPK + pid_e * EPS + j
         e = tl.load(ids_ptr + a).to(tl.int64)
@@ -202,9 +203,8 @@ def _gemv_down_combine(
             w_ptrs = w_ptr + e * (H * IW) + k0 + w_off
             s_ptrs = s_ptr + e * (H * IG) + k0 // 4 + s_off
             if MASKED:
-                wmask = n_ok[:, None] & w_ok[None, :]
-                w = tl.load(w_ptrs, mask=wmask, other=0, eviction_policy="evict_first")
-                s = tl.load(s_ptrs, mask=wmask, other=0)
+                w = tl.load(w_ptrs, mask=n_ok[:, None] & w_ok[None, :], other=0, eviction_policy="evict_first")
+                s = tl.load(s_ptrs, mask=n_ok[:, None] & ((k0 // 4 + rg) < IG)[None, :], other=0)
             else:
                 w = tl.load(w_ptrs, eviction_policy="evict_first")
                 s = tl.load(s_ptrs)
