@@ -524,7 +524,7 @@ def tune(
                 for bn in (16, 32, 64)
                 for bw in (32, 64)
                 for se in (2, 4, 8)
-                for warps in (2, 4, 8)
+                for warps in (2, 4)
                 if not quick or warps == 4
             ]
 

@@ -295,16 +295,17 @@ class MoEConfig:
     gu_target_ctas: int = 264  # 2 programs per SM on the H200's 132 SMs
     dn_target_ctas: int = 10**9  # the down kernel gained from splitting at every T measured (1, 4)
     # CUDA-core GEMV path (solo.kernels.triton_mxfp4_gemv), used for T <= gemv_max_tokens.
+    # Tuned on the H200 at Ling-3.0-flash shapes (python -m solo.bench.kernels --tune --cases gemv).
     gemv_max_tokens: int = 4
-    gv_gu_block_n: int = 16
-    gv_gu_block_w: int = 64  # 32-bit words (8 codes each) per row per loop step
-    gv_gu_warps: int = 4
-    gv_gu_stages: int = 3
-    gv_dn_block_n: int = 16
+    gv_gu_block_n: int = 8
+    gv_gu_block_w: int = 64  # 32-bit words (8 codes each) per row per K tile
+    gv_gu_warps: int = 2
+    gv_gu_stages: int = 3  # unused while the K loop is unrolled
+    gv_dn_block_n: int = 32
     gv_dn_block_w: int = 32
     gv_dn_warps: int = 4
-    gv_dn_stages: int = 4
-    gv_dn_split_e: int = 2
+    gv_dn_stages: int = 4  # likewise
+    gv_dn_split_e: int = 8
 
 
 def _choose_split(ctas: int, options: list[int], most: int, target: int) -> int:
