@@ -160,11 +160,11 @@ def test_triton_moe_gemv_path_matches_reference(limit, config):
 
 
 @triton.jit
-def _unpack_words_kernel(w_ptr, s_ptr, codes_ptr, scales_ptr, N: tl.constexpr, IMAD: tl.constexpr):
+def _unpack_words_kernel(w_ptr, s_ptr, codes_ptr, scales_ptr, N: tl.constexpr):
     r = tl.arange(0, N)
     w = tl.load(w_ptr + r).to(tl.uint32, bitcast=True)
     for j in tl.static_range(4):
-        lo, hi = _e2m1_pair(w, j, IMAD)
+        lo, hi = _e2m1_pair(w, j)
         tl.store(codes_ptr + r * 8 + j, lo * 16384.0)
         tl.store(codes_ptr + r * 8 + (j + 4), hi * 16384.0)
     rs = tl.arange(0, 4 * N)
@@ -177,25 +177,12 @@ def test_e2m1_word_unpacking_and_e8m0_are_exact():
     raw = torch.arange(256, dtype=torch.uint8)[torch.randperm(256)]
     codes = torch.empty(512, dtype=torch.float32)
     scales = torch.empty(256, dtype=torch.float32)
-    _unpack_words_kernel[(1,)](raw.view(torch.int32), raw, codes, scales, N=64, IMAD=False)
+    _unpack_words_kernel[(1,)](raw.view(torch.int32), raw, codes, scales, N=64)
     ones = torch.full((1,), 127, dtype=torch.uint8)
     expected = dequantize_mxfp4(raw.repeat(16).view(16, 256), ones.expand(16, 16).contiguous())[0]
     assert torch.equal(codes, expected), "E2M1 codes unpacked from 32-bit words differ from the format"
     normal = (raw > 0) & (raw < 255)  # E8M0 0 reads as 0 here (2^-127); 255 (NaN) as inf
     assert torch.equal(scales[normal], torch.exp2(raw[normal].double() - 127).float())
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("imad", [False, True])
-def test_gpu_e2m1_word_unpacking_is_exact(imad):
-    """The unpacking on the GPU, in plain Triton and in the inline-PTX (IMAD) form."""
-    raw = torch.arange(256, dtype=torch.uint8)[torch.randperm(256)].cuda()
-    codes = torch.empty(512, dtype=torch.float32, device="cuda")
-    scales = torch.empty(256, dtype=torch.float32, device="cuda")
-    _unpack_words_kernel[(1,)](raw.view(torch.int32), raw, codes, scales, N=64, IMAD=imad)
-    ones = torch.full((16, 16), 127, dtype=torch.uint8, device="cuda")
-    assert torch.equal(codes, dequantize_mxfp4(raw.repeat(16).view(16, 256), ones)[0])
 
 
 @cpu_only
@@ -332,14 +319,10 @@ def cuda_experts():
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize(
-    "t,limit,config",
-    [(1, None, MoEConfig()), (1, 7.0, MoEConfig()), (4, None, MoEConfig()), (4, 7.0, MoEConfig())]
-    + [(16, None, MoEConfig()), (16, 7.0, MoEConfig())]  # tensor-core path
-    + [(1, None, MoEConfig(gv_imad=False)), (4, 7.0, MoEConfig(gv_imad=False))],
-)
-def test_gpu_triton_moe_real_shapes(cuda_experts, t, limit, config):
-    moe = TritonMoE(cuda_experts, dtype=torch.bfloat16, swiglu_limit=limit, config=config)
+@pytest.mark.parametrize("t", [1, 4, 16])
+@pytest.mark.parametrize("limit", [None, 7.0])
+def test_gpu_triton_moe_real_shapes(cuda_experts, t, limit):
+    moe = TritonMoE(cuda_experts, dtype=torch.bfloat16, swiglu_limit=limit)
     x = torch.randn((t, H), device="cuda").to(torch.bfloat16)
     ids, w = random_routing(t, TOPK, E, "cuda")
     out = torch.full((t, H), float("nan"), dtype=torch.bfloat16, device="cuda")

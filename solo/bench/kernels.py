@@ -420,7 +420,7 @@ def tune(
         for us, cand in table[:5]:
             shown = cand
             if name.startswith("gemv") and hasattr(cand, "__dataclass_fields__"):
-                shown = {k: v for k, v in asdict(cand).items() if k.startswith("gv_") and "stages" not in k}
+                shown = {k: v for k, v in asdict(cand).items() if k.startswith("gv_")}
             log(f"  {name} {us:8.2f} us  {shown}")
         if best:
             results[name] = {
@@ -505,11 +505,11 @@ def tune(
             outs = [torch.empty((t, s.hidden), dtype=torch.bfloat16, device=device) for _ in data]
             gu_cands = [  # the K loop is unrolled: num_stages has no loop to pipeline
                 dataclasses.replace(base, gv_gu_block_n=bn, gv_gu_block_w=bw, gv_gu_warps=warps)
-                for bn in (4, 8, 16)
+                for bn in (4, 8, 16, 32)
                 for bw in (32, 64, 128)
-                for warps in (1, 2, 4)
-                if not quick or warps == 2
-            ] + [dataclasses.replace(base, gv_imad=False)]  # the plain-Triton unpacking, as a baseline
+                for warps in (2, 4, 8)
+                if not quick or warps == 4
+            ]
 
             def run_gv_gu(cfg: MoEConfig, flat=flat, acts=acts) -> float:
                 moe.config = cfg
@@ -523,10 +523,10 @@ def tune(
                 dataclasses.replace(base, gv_dn_block_n=bn, gv_dn_block_w=bw, gv_dn_split_e=se, gv_dn_warps=warps)
                 for bn in (16, 32, 64)
                 for bw in (32, 64)
-                for se in (4, 8)
+                for se in (2, 4, 8)
                 for warps in (2, 4)
-                if not quick or (warps == 4 and bw == 32)
-            ] + [dataclasses.replace(base, gv_imad=False)]
+                if not quick or warps == 4
+            ]
 
             def run_gv_dn(cfg: MoEConfig, flat=flat, acts=acts, outs=outs) -> float:
                 moe.config = cfg

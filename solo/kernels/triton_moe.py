@@ -306,7 +306,6 @@ class MoEConfig:
     gv_dn_warps: int = 4
     gv_dn_stages: int = 4  # likewise
     gv_dn_split_e: int = 8
-    gv_imad: bool = True  # shifts as IMADs in inline PTX (see triton_mxfp4_gemv._e2m1_pair)
 
 
 def _choose_split(ctas: int, options: list[int], most: int, target: int) -> int:
@@ -536,7 +535,6 @@ class TritonMoE(MoEBackend):
             HAS_LIMIT=self.swiglu_limit is not None,
             BLOCK_N=cfg.gv_gu_block_n,
             BLOCK_W=cfg.gv_gu_block_w,
-            IMAD=cfg.gv_imad and not interpreter_mode(),
             num_warps=cfg.gv_gu_warps,
             num_stages=cfg.gv_gu_stages,
         )
@@ -565,7 +563,6 @@ class TritonMoE(MoEBackend):
             BLOCK_N=cfg.gv_dn_block_n,
             BLOCK_W=cfg.gv_dn_block_w,
             SPLIT_E=split,
-            IMAD=cfg.gv_imad and not interpreter_mode(),
             num_warps=cfg.gv_dn_warps,
             num_stages=cfg.gv_dn_stages,
         )

@@ -26,40 +26,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-_PAIR_TAIL = " and.b32 s, t, 0x10001000; and.b32 m, t, 0x0E000E00; mad.lo.u32 $0, s, 8, m; }"
-_PAIR_ASM_0 = tl.constexpr("{ .reg .b32 t, s, m; mul.lo.u32 t, $1, 512;" + _PAIR_TAIL)  # w << 9
-_PAIR_ASM_1 = tl.constexpr("{ .reg .b32 t, s, m; mul.lo.u32 t, $1, 32;" + _PAIR_TAIL)  # w << 5
-_PAIR_ASM_2 = tl.constexpr("{ .reg .b32 t, s, m; mul.lo.u32 t, $1, 2;" + _PAIR_TAIL)  # w << 1
-_PAIR_ASM_3 = tl.constexpr("{ .reg .b32 t, s, m; mul.hi.u32 t, $1, 536870912;" + _PAIR_TAIL)  # w >> 3
-
 
 @triton.jit
-def _e2m1_pair(w, J: tl.constexpr, IMAD: tl.constexpr):
-    """Codes J and J+4 of every uint32 word of ``w``, as fp32 values times 2^-14.
-
-    IMAD: the same bits with the shifts written as integer multiplies in inline PTX (mul.lo /
-    mul.hi / mad.lo), so ptxas puts them on the FMA pipe instead of the half-rate integer ALU that
-    the masks already load (GPU only; the interpreter runs the plain form).
-    """
-    if IMAD:
-        # t = w shifted so the magnitudes sit at bits 9-11 / 25-27 and the signs at 12 / 28; a
-        # multiply-add then moves the signs to 15 / 31 (the fields are disjoint, so + is |).
-        if J == 0:
-            bits = tl.inline_asm_elementwise(_PAIR_ASM_0, "=r,r", [w], dtype=tl.uint32, is_pure=True, pack=1)
-        elif J == 1:
-            bits = tl.inline_asm_elementwise(_PAIR_ASM_1, "=r,r", [w], dtype=tl.uint32, is_pure=True, pack=1)
-        elif J == 2:
-            bits = tl.inline_asm_elementwise(_PAIR_ASM_2, "=r,r", [w], dtype=tl.uint32, is_pure=True, pack=1)
-        else:
-            bits = tl.inline_asm_elementwise(_PAIR_ASM_3, "=r,r", [w], dtype=tl.uint32, is_pure=True, pack=1)
+def _e2m1_pair(w, J: tl.constexpr):
+    """Codes J and J+4 of every uint32 word of ``w``, as fp32 values times 2^-14."""
+    if J == 3:
+        mag = (w >> 3) & 0x0E000E00
+        sgn = w & 0x80008000
     else:
-        if J == 3:
-            mag = (w >> 3) & 0x0E000E00
-            sgn = w & 0x80008000
-        else:
-            mag = (w << (9 - 4 * J)) & 0x0E000E00
-            sgn = (w << (12 - 4 * J)) & 0x80008000
-        bits = mag | sgn
+        mag = (w << (9 - 4 * J)) & 0x0E000E00
+        sgn = (w << (12 - 4 * J)) & 0x80008000
+    bits = mag | sgn
     lo = bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
     hi = (bits >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
     return lo, hi
@@ -72,21 +49,13 @@ def _e8m0(s):
 
 
 @triton.jit
-def _bf16_pair(xq, IMAD: tl.constexpr):
+def _bf16_pair(xq):
     """The two bf16 halves of uint32 words as fp32 (element 2q is the low half)."""
-    if IMAD:
-        low = tl.inline_asm_elementwise(
-            "mul.lo.u32 $0, $1, 65536;", "=r,r", [xq], dtype=tl.uint32, is_pure=True, pack=1
-        )
-    else:
-        low = xq << 16
-    return low.to(tl.float32, bitcast=True), (xq & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return (xq << 16).to(tl.float32, bitcast=True), (xq & 0xFFFF0000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _words_dot(
-    w, xq_ptrs, x_mask, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, IMAD: tl.constexpr
-):
+def _words_dot(w, xq_ptrs, x_mask, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
     """Per-group sums [BLOCK_N, BLOCK_W // 4] of codes(w) . x.
 
     ``xq_ptrs`` points at the activations as uint32 pairs of bf16: word q = 0..3 of code word c
@@ -102,20 +71,20 @@ def _words_dot(
         xq1 = tl.load(xq_ptrs + 1).to(tl.uint32, bitcast=True)
         xq2 = tl.load(xq_ptrs + 2).to(tl.uint32, bitcast=True)
         xq3 = tl.load(xq_ptrs + 3).to(tl.uint32, bitcast=True)
-    x0, x1 = _bf16_pair(xq0, IMAD)
-    x2, x3 = _bf16_pair(xq1, IMAD)
-    x4, x5 = _bf16_pair(xq2, IMAD)
-    x6, x7 = _bf16_pair(xq3, IMAD)
-    lo, hi = _e2m1_pair(w, 0, IMAD)
+    x0, x1 = _bf16_pair(xq0)
+    x2, x3 = _bf16_pair(xq1)
+    x4, x5 = _bf16_pair(xq2)
+    x6, x7 = _bf16_pair(xq3)
+    lo, hi = _e2m1_pair(w, 0)
     part = lo * x0[None, :]
     part = tl.fma(hi, x4[None, :], part)
-    lo, hi = _e2m1_pair(w, 1, IMAD)
+    lo, hi = _e2m1_pair(w, 1)
     part = tl.fma(lo, x1[None, :], part)
     part = tl.fma(hi, x5[None, :], part)
-    lo, hi = _e2m1_pair(w, 2, IMAD)
+    lo, hi = _e2m1_pair(w, 2)
     part = tl.fma(lo, x2[None, :], part)
     part = tl.fma(hi, x6[None, :], part)
-    lo, hi = _e2m1_pair(w, 3, IMAD)
+    lo, hi = _e2m1_pair(w, 3)
     part = tl.fma(lo, x3[None, :], part)
     part = tl.fma(hi, x7[None, :], part)
     return tl.sum(tl.reshape(part, (BLOCK_N, BLOCK_W // 4, 4)), axis=2)
@@ -136,7 +105,6 @@ def _gemv_gate_up_act(
     HAS_LIMIT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
-    IMAD: tl.constexpr,
 ):
     a = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -175,8 +143,8 @@ def _gemv_gate_up_act(
             sg = tl.load(sg_ptrs + k0 // 4)
             su = tl.load(sg_ptrs + (I * HG + k0 // 4))
         xp = xq_ptrs + k0 * 4
-        acc_g += _words_dot(wg.to(tl.uint32, bitcast=True), xp, w_ok, MASKED, BLOCK_N, BLOCK_W, IMAD) * _e8m0(sg)
-        acc_u += _words_dot(wu.to(tl.uint32, bitcast=True), xp, w_ok, MASKED, BLOCK_N, BLOCK_W, IMAD) * _e8m0(su)
+        acc_g += _words_dot(wg.to(tl.uint32, bitcast=True), xp, w_ok, MASKED, BLOCK_N, BLOCK_W) * _e8m0(sg)
+        acc_u += _words_dot(wu.to(tl.uint32, bitcast=True), xp, w_ok, MASKED, BLOCK_N, BLOCK_W) * _e8m0(su)
     g = tl.sum(acc_g, axis=1) * 16384.0  # 2^14 (see module docstring)
     u = tl.sum(acc_u, axis=1) * 16384.0  # 2^14 (see module docstring)
     act = g / (1.0 + tl.exp(-g))
@@ -207,7 +175,6 @@ def _gemv_down_combine(
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
     SPLIT_E: tl.constexpr,
-    IMAD: tl.constexpr,
 ):
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -242,7 +209,7 @@ def _gemv_down_combine(
                 w = tl.load(w_ptrs, eviction_policy="evict_first")
                 s = tl.load(s_ptrs)
             xp = aq_ptr + a * (I // 2) + (k0 + rw) * 4
-            acc += _words_dot(w.to(tl.uint32, bitcast=True), xp, w_ok, MASKED, BLOCK_N, BLOCK_W, IMAD) * (_e8m0(s) * wt)
+            acc += _words_dot(w.to(tl.uint32, bitcast=True), xp, w_ok, MASKED, BLOCK_N, BLOCK_W) * (_e8m0(s) * wt)
     y = tl.sum(acc, axis=1) * 16384.0  # 2^14 (see module docstring)
     o_ptrs = o_ptr + t * stride_ot + rn
     if SPLIT_E == 1:
