@@ -311,6 +311,30 @@ def bench_moe(
     return rows
 
 
+def launch_floor(device: torch.device, timer: Timer, programs: tuple[int, ...]) -> list[Row]:
+    """Empty Triton kernels in the same graph harness: the fixed cost a kernel of that grid pays.
+
+    One kernel per grid in ``programs`` and the chain of all of them (dependent launches, like the
+    MoE's two kernels), so the MoE rows can be read against the time launches alone take.
+    """
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _touch(out_ptr):
+        # One store per program so the launch cannot be optimised away.
+        tl.store(out_ptr + tl.program_id(0), tl.program_id(0))
+
+    outs = [torch.empty(max(programs), dtype=torch.int32, device=device) for _ in range(16)]
+    rows = []
+    for n in programs:
+        us = timer([lambda o=o, n=n: _touch[(n,)](o) for o in outs])
+        rows.append(Row("launch floor", f"empty kernel, {n} programs", us, 4 * n))
+    us = timer([lambda o=o: [_touch[(n,)](o) for n in programs] for o in outs])
+    rows.append(Row("launch floor", f"{len(programs)} empty kernels in a row", us, 4 * sum(programs)))
+    return rows
+
+
 # ----------------------------------------------------------------------------------------- FP8
 
 
@@ -663,6 +687,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = [copy]
     if "moe" in cases:
         tokens = [int(t) for t in args.tokens.split(",")]
+        try:
+            # the GEMV MoE's grids at one token: gate_up 8 x 768/8, down 2560/32 x 8 splits
+            rows += launch_floor(device, timer, (768, 640))
+        except Exception:  # noqa: BLE001
+            log("launch floor failed:\n" + traceback.format_exc())
         try:
             rows += bench_moe(
                 shapes,
