@@ -56,10 +56,7 @@ def _bf16_pair(xq):
 
 @triton.jit
 def _words_dot(w, xq_ptrs, x_mask, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Per-group sums [BLOCK_N, G] of codes(w) . x, for w a [BLOCK_N, G, 4] tile of words.
-
-    The tile is 3-D (group, word in group) so the group sum is a reduction over the last axis,
-    inside each thread: a 2-D tile reshaped to groups costs a shared-memory shuffle and barriers.
+    """Per-group sums [BLOCK_N, BLOCK_W // 4] of codes(w) . x.
 
     ``xq_ptrs`` points at the activations as uint32 pairs of bf16: word q = 0..3 of code word c
     holds elements 8c + 2q and 8c + 2q + 1. Pair j of ``_e2m1_pair`` needs elements j and j + 4.
@@ -79,18 +76,18 @@ def _words_dot(w, xq_ptrs, x_mask, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, 
     x4, x5 = _bf16_pair(xq2)
     x6, x7 = _bf16_pair(xq3)
     lo, hi = _e2m1_pair(w, 0)
-    part = lo * x0[None, :, :]
-    part = tl.fma(hi, x4[None, :, :], part)
+    part = lo * x0[None, :]
+    part = tl.fma(hi, x4[None, :], part)
     lo, hi = _e2m1_pair(w, 1)
-    part = tl.fma(lo, x1[None, :, :], part)
-    part = tl.fma(hi, x5[None, :, :], part)
+    part = tl.fma(lo, x1[None, :], part)
+    part = tl.fma(hi, x5[None, :], part)
     lo, hi = _e2m1_pair(w, 2)
-    part = tl.fma(lo, x2[None, :, :], part)
-    part = tl.fma(hi, x6[None, :, :], part)
+    part = tl.fma(lo, x2[None, :], part)
+    part = tl.fma(hi, x6[None, :], part)
     lo, hi = _e2m1_pair(w, 3)
-    part = tl.fma(lo, x3[None, :, :], part)
-    part = tl.fma(hi, x7[None, :, :], part)
-    return tl.sum(part, axis=2)
+    part = tl.fma(lo, x3[None, :], part)
+    part = tl.fma(hi, x7[None, :], part)
+    return tl.sum(tl.reshape(part, (BLOCK_N, BLOCK_W // 4, 4)), axis=2)
 
 
 @triton.jit
@@ -119,10 +116,10 @@ def _gemv_gate_up_act(
     NK: tl.constexpr = (HW + BLOCK_W - 1) // BLOCK_W
     EVEN_N: tl.constexpr = I % BLOCK_N == 0
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rw = tl.arange(0, BLOCK_W)
     rg = tl.arange(0, G)
-    rw = rg[:, None] * 4 + tl.arange(0, 4)[None, :]  # [G, 4]: word index within the tile
     n_ok = rn < I
-    wg_ptrs = w_ptr + e * (2 * I * HW) + rn[:, None, None] * HW + rw[None, :, :]
+    wg_ptrs = w_ptr + e * (2 * I * HW) + rn[:, None] * HW + rw[None, :]
     sg_ptrs = s_ptr + e * (2 * I * HG) + rn[:, None] * HG + rg[None, :]
     xq_ptrs = xq_ptr + t * stride_xq + rw * 4
     acc_g = tl.zeros((BLOCK_N, G), dtype=tl.float32)
@@ -134,7 +131,7 @@ def _gemv_gate_up_act(
         MASKED = not EVEN_N or k0 + BLOCK_W > HW
         w_ok = (k0 + rw) < HW
         if MASKED:
-            wmask = n_ok[:, None, None] & w_ok[None, :, :]
+            wmask = n_ok[:, None] & w_ok[None, :]
             smask = n_ok[:, None] & ((k0 // 4 + rg) < HG)[None, :]
             wg = tl.load(wg_ptrs + k0, mask=wmask, other=0, eviction_policy="evict_first")
             wu = tl.load(wg_ptrs + (I * HW + k0), mask=wmask, other=0, eviction_policy="evict_first")
@@ -189,10 +186,10 @@ def _gemv_down_combine(
     EPS: tl.constexpr = TOPK // SPLIT_E  # experts handled by this program
     EVEN_N: tl.constexpr = H % BLOCK_N == 0
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rw = tl.arange(0, BLOCK_W)
     rg = tl.arange(0, G)
-    rw = rg[:, None] * 4 + tl.arange(0, 4)[None, :]  # [G, 4], as in the gate_up kernel
     n_ok = rn < H
-    w_off = rn[:, None, None] * IW + rw[None, :, :]
+    w_off = rn[:, None] * IW + rw[None, :]
     s_off = rn[:, None] * IG + rg[None, :]
     acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
     for j in tl.static_range(EPS):  # unrolled (few experts x few K tiles), see the gate_up kernel
@@ -206,7 +203,7 @@ def _gemv_down_combine(
             w_ptrs = w_ptr + e * (H * IW) + k0 + w_off
             s_ptrs = s_ptr + e * (H * IG) + k0 // 4 + s_off
             if MASKED:
-                w = tl.load(w_ptrs, mask=n_ok[:, None, None] & w_ok[None, :, :], other=0, eviction_policy="evict_first")
+                w = tl.load(w_ptrs, mask=n_ok[:, None] & w_ok[None, :], other=0, eviction_policy="evict_first")
                 s = tl.load(s_ptrs, mask=n_ok[:, None] & ((k0 // 4 + rg) < IG)[None, :], other=0)
             else:
                 w = tl.load(w_ptrs, eviction_policy="evict_first")
