@@ -186,6 +186,20 @@ def test_e2m1_word_unpacking_and_e8m0_are_exact():
 
 
 @cpu_only
+def test_moe_check_proves_both_kernel_families_ran():
+    """`solo check`'s MoE check counts which Triton kernels ran: prefill on the tensor cores, decode on GEMV."""
+    from solo.engine.engine import Engine
+    from solo.preflight.checks import ACTIVE, check_moe_backend
+
+    bundled = Path(__file__).resolve().parents[1] / "models" / "ling-gsm8k-tiny"
+    engine = Engine.from_pretrained(bundled, dtype=torch.bfloat16, moe_backend="triton", lm_head="bf16")
+    check = check_moe_backend(engine, "triton")
+    assert check.status == ACTIVE, check.reason
+    layers = check.evidence["layers"]
+    assert check.evidence["kernel_paths"] == {"gemv": layers, "tensor_core": layers}
+
+
+@cpu_only
 def test_triton_moe_gate_up_writes_every_activation():
     h, i, e, k, t = 96, 96, 8, 3, 4  # I=96 is not a multiple of the 64-row tile
     experts = mxfp4_experts(e, h, i)

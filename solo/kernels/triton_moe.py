@@ -369,6 +369,7 @@ class TritonMoE(MoEBackend):
         self.gate_up_words = self.gate_up.view(torch.int32)
         self.down_words = self.down.view(torch.int32)
         self._scratch: dict[str, torch.Tensor] = {}
+        self.path_calls = {"gemv": 0, "tensor_core": 0}  # eager forwards per kernel family
 
     @property
     def config(self) -> MoEConfig:
@@ -422,9 +423,11 @@ class TritonMoE(MoEBackend):
             wts = wts.float().contiguous()
         act = torch.empty((t * top_k, self.inter), dtype=torch.bfloat16, device=x.device)
         if self.uses_gemv(t):
+            self.path_calls["gemv"] += 1
             self.launch_gemv_gate_up(xb, ids, act, top_k)
             self.launch_gemv_down(act, ids, wts, out, top_k)
         else:
+            self.path_calls["tensor_core"] += 1
             self.launch_gate_up(xb, ids, act, top_k)
             self.launch_down(act, ids, wts, out, top_k)
         return out

@@ -92,19 +92,36 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
 
 
 # --------------------------------------------------------------------------- the checks
+def _path_calls(moes: list[SparseMoE]) -> dict[str, int]:
+    """Summed per-kernel-family call counters of backends that keep them (TritonMoE)."""
+    total: dict[str, int] = {}
+    for m in moes:
+        for key, n in getattr(m.experts, "path_calls", {}).items():
+            total[key] = total.get(key, 0) + n
+    return total
+
+
 def check_moe_backend(engine: Engine, requested: str) -> Check:
     trunk = engine.model.model.layers[: engine.model.config.num_hidden_layers]
     moes = [m for m in trunk.modules() if isinstance(m, SparseMoE)]
     if not moes:
         return Check("moe_backend", requested, OFF, {"reason": "model has no MoE layers"})
     before = [m.experts.calls for m in moes]
+    paths_before = _path_calls(moes)
     ids = torch.tensor(engine.tokenizer.encode("1 + 1 = 2")[:8] or [0], device=engine.model.device)
+    dev = engine.model.device
     with torch.inference_mode():
         cache = engine.cache_for(len(ids) + 1)
-        engine.model(ids, torch.arange(len(ids), device=engine.model.device), cache)
+        engine.model(ids, torch.arange(len(ids), device=dev), cache)  # a prefill ...
+        engine.model(ids[-1:], torch.tensor([len(ids)], device=dev), cache)  # ... and a decode step
     names = sorted({m.experts.name for m in moes})
     calls = sum(m.experts.calls - b for m, b in zip(moes, before, strict=True))
-    evidence = {"executed_by": ",".join(names), "calls": calls, "layers": len(moes), "tokens": len(ids)}
+    evidence = {"executed_by": ",".join(names), "calls": calls, "layers": len(moes), "tokens": len(ids) + 1}
+    paths = {k: v - paths_before.get(k, 0) for k, v in _path_calls(moes).items()}
+    if paths:
+        evidence["kernel_paths"] = paths  # Triton: which kernel family ran the prefill and the decode step
+        if paths.get("gemv", 0) < len(moes) and all(m.experts.uses_gemv(1) for m in moes):
+            return Check("moe_backend", requested, FAILED, evidence, "the decode step did not run the GEMV kernels")
     idle = [i for i, (m, b) in enumerate(zip(moes, before, strict=True)) if m.experts.calls == b]
     if names != [requested]:
         return Check(
