@@ -196,7 +196,8 @@ def test_moe_check_proves_both_kernel_families_ran():
     check = check_moe_backend(engine, "triton")
     assert check.status == ACTIVE, check.reason
     layers = check.evidence["layers"]
-    assert check.evidence["kernel_paths"] == {"gemv": layers, "tensor_core": layers}
+    assert (check.evidence["gemv_calls"], check.evidence["tensor_core_calls"]) == (layers, layers)
+    assert "gemv_calls=" in check.line()
 
 
 @cpu_only
