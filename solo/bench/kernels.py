@@ -203,6 +203,7 @@ def bench_moe(
     with_humming: bool,
     with_torch: bool,
     log: Callable[[str], None],
+    l2_hot: bool = False,
 ) -> list[Row]:
     from solo.kernels.triton_moe import TritonMoE
 
@@ -233,9 +234,11 @@ def bench_moe(
             log(f"torch reference unavailable: {type(exc).__name__}: {exc}")
     for t in token_counts:
         data = routing_sets(s, t, sets, device)
+        if l2_hot:  # the same experts in every captured op: they stay in L2 (not a decode step's case)
+            data = [data[0]] * len(data)
         distinct = t * s.top_k
         nb = moe_bytes(s, distinct, t)
-        case = f"MoE {t} tok"
+        case = f"MoE {t} tok" + (" L2-hot" if l2_hot else "")
         # Complete Triton path (the one the engine uses for T tokens), then the other path.
         k = s.top_k
         acts = [torch.empty((t * k, s.inter), dtype=torch.bfloat16, device=device) for _ in data]
@@ -636,6 +639,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sets", type=int, default=16, help="routings / weight sets rotated per graph")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--no-humming", action="store_true")
+    p.add_argument(
+        "--l2-hot",
+        action="store_true",
+        help="MoE: reuse one routing in every captured op, so the experts sit in L2 (to compare with "
+        "numbers measured that way; decode reads cold experts)",
+    )
     p.add_argument("--no-torch", action="store_true", help="skip the torch MoE reference (needs 6 GB)")
     p.add_argument("--tune", action="store_true", help="sweep Triton launch configurations")
     p.add_argument("--quick", action="store_true", help="smaller tuning sweep")
@@ -702,6 +711,7 @@ def main(argv: list[str] | None = None) -> int:
                 with_humming=not args.no_humming and device.type == "cuda",
                 with_torch=not args.no_torch,
                 log=log,
+                l2_hot=args.l2_hot,
             )
         except Exception:  # noqa: BLE001 - keep measuring the other cases
             log("MoE benchmark failed:\n" + traceback.format_exc())
