@@ -1,6 +1,10 @@
-"""Routed MoE in MXFP4 with Triton, for decode (1 token x top-k) and verification (a few tokens).
+"""Routed MoE in MXFP4 with Triton: ``TritonMoE`` (``--moe-backend triton``).
 
-Two launches, no host synchronisation, no data-dependent Python control flow (CUDA-graph safe):
+For T <= ``MoEConfig.gemv_max_tokens`` tokens (decode, verification) it runs the CUDA-core GEMV
+kernels of solo.kernels.triton_mxfp4_gemv; above that (prefill) the tensor-core kernels below. The
+choice depends on T only, which is static per captured CUDA graph.
+
+Tensor-core path: two launches, no host synchronisation, no data-dependent Python control flow:
 
 1. ``_moe_gate_up_act``: grid (T*k assignments, I/BLOCK_I, K splits). Each program reads its expert
    id, streams BLOCK_I gate rows and the matching BLOCK_I up rows of that expert over its share of H,

@@ -14,8 +14,9 @@ half), for j = 0..3. Products are summed in fp32 per 32-code group, multiplied b
 scale (``s << 23`` read as fp32 is 2^(s-127)) and the 2^14 is put back once at the end.
 
 The activations are read as uint32 pairs of bf16 (one 4-byte load gives two of them, widened by a
-shift or a mask). The K loop is unrolled at compile time so all of a program's weight loads can be
-in flight together. Two launches, like the tensor-core path in solo.kernels.triton_moe (same layouts, same contracts):
+shift or a mask). The K loop is unrolled at compile time (faster on the H200 than a pipelined loop;
+docs/kernels.md lists what else was tried). Two launches, like the tensor-core path in
+solo.kernels.triton_moe (same layouts, same contracts):
 ``_gemv_gate_up_act`` (grid: assignments x I/BLOCK_N; gate and up rows of one expert, SwiGLU in fp32,
 act stored in bf16) and ``_gemv_down_combine`` (grid: tokens x H/BLOCK_N x expert splits; walks the
 token's experts, routing weight folded into the group scale, last-arriver reduction of the splits).
