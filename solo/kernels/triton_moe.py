@@ -39,6 +39,7 @@ import triton  # noqa: E402,I001  (triton_fp8 configured the cache directory fir
 import triton.language as tl  # noqa: E402
 
 from solo.kernels.moe import MoEBackend, MXFP4Experts
+from solo.kernels.triton_epilogues import store_split_sum, swiglu_store
 from solo.kernels.triton_fp8 import (
     interpreter_mode,
     kernel_cache_report,
@@ -139,9 +140,9 @@ def _moe_gate_up_act(
     else:
         g = tl.sum(tl.where(rc[:, None] == 0, acc_g, 0.0), axis=0)
         u = tl.sum(tl.where(rc[:, None] == 0, acc_u, 0.0), axis=0)
-    a_ptrs = act_ptr + a * I + ri
+    a_offs = a * I + ri
     if SPLIT_K == 1:
-        _swiglu_store(g, u, a_ptrs, i_ok, limit, HAS_LIMIT, EVEN_I)
+        swiglu_store(g, u, act_ptr, a_offs, i_ok, limit, HAS_LIMIT, EVEN_I)
     else:
         # Split-K: every split parks its partial sums; the last one to arrive (counted with an
         # acq_rel atomic) adds them in a fixed order, applies SwiGLU, stores and resets the count.
@@ -159,22 +160,8 @@ def _moe_gate_up_act(
             for j in tl.static_range(SPLIT_K):
                 g += tl.load(p_base + j * (2 * BLOCK_I) + rl, cache_modifier=".cg")
                 u += tl.load(p_base + j * (2 * BLOCK_I) + BLOCK_I + rl, cache_modifier=".cg")
-            _swiglu_store(g, u, a_ptrs, i_ok, limit, HAS_LIMIT, EVEN_I)
+            swiglu_store(g, u, act_ptr, a_offs, i_ok, limit, HAS_LIMIT, EVEN_I)
             tl.atomic_xchg(cnt_ptr + slot, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _swiglu_store(g, u, a_ptrs, i_ok, limit, HAS_LIMIT: tl.constexpr, EVEN_I: tl.constexpr):
-    # SwiGLU in fp32 (optional Ling clamp: silu(g).clamp(max=L) * u.clamp(-L, L)).
-    act = g / (1.0 + tl.exp(-g))
-    if HAS_LIMIT:
-        act = tl.minimum(act, limit)
-        u = tl.minimum(tl.maximum(u, -limit), limit)
-    act = act * u
-    if EVEN_I:
-        tl.store(a_ptrs, act.to(tl.bfloat16))
-    else:
-        tl.store(a_ptrs, act.to(tl.bfloat16), mask=i_ok)
 
 
 @triton.jit
@@ -252,31 +239,8 @@ def _moe_down_combine(
         y = tl.sum(tl.where(rc[None, :] == 0, acc, 0.0), axis=1)
     else:
         y = tl.sum(tl.where(rc[:, None] == 0, acc, 0.0), axis=0)
-    o_ptrs = o_ptr + t * stride_ot + rh
-    if SPLIT_E == 1:
-        if EVEN_H:
-            tl.store(o_ptrs, y.to(o_ptr.dtype.element_ty))
-        else:
-            tl.store(o_ptrs, y.to(o_ptr.dtype.element_ty), mask=h_ok)
-    else:
-        # Expert split: partials parked in fp32, the last program to arrive sums them in a
-        # fixed order (deterministic), writes the output once and resets the counter.
-        n_hblk = tl.num_programs(1)
-        slot = t * n_hblk + pid_h
-        rl = tl.arange(0, BLOCK_H)
-        p_base = part_ptr + slot * (SPLIT_E * BLOCK_H)
-        tl.store(p_base + pid_e * BLOCK_H + rl, y)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_E - 1:
-            y = tl.zeros((BLOCK_H,), dtype=tl.float32)
-            for j in tl.static_range(SPLIT_E):
-                y += tl.load(p_base + j * BLOCK_H + rl, cache_modifier=".cg")
-            if EVEN_H:
-                tl.store(o_ptrs, y.to(o_ptr.dtype.element_ty))
-            else:
-                tl.store(o_ptrs, y.to(o_ptr.dtype.element_ty), mask=h_ok)
-            tl.atomic_xchg(cnt_ptr + slot, 0, sem="relaxed", scope="gpu")
+    slot = t * tl.num_programs(1) + pid_h
+    store_split_sum(y, o_ptr, t * stride_ot + rh, h_ok, part_ptr, cnt_ptr, slot, pid_e, SPLIT_E, BLOCK_H, EVEN_H)
 
 
 @dataclass(frozen=True)
@@ -303,12 +267,10 @@ class MoEConfig:
     gemv_max_tokens: int = 4
     gv_gu_block_n: int = 8
     gv_gu_block_w: int = 64  # 32-bit words (8 codes each) per row per K tile
-    gv_gu_warps: int = 2
-    gv_gu_stages: int = 3  # unused while the K loop is unrolled
+    gv_gu_warps: int = 2  # (no num_stages: the GEMV K loops are unrolled, nothing to pipeline)
     gv_dn_block_n: int = 32
     gv_dn_block_w: int = 32
     gv_dn_warps: int = 4
-    gv_dn_stages: int = 4  # likewise
     gv_dn_split_e: int = 8
 
 
@@ -440,7 +402,7 @@ class TritonMoE(MoEBackend):
         """(gate_up K splits, down expert splits) used for this token count (static per T)."""
         cfg = self.config
         if self.uses_gemv(tokens):
-            return 1, _choose_split(1, [d for d in range(1, top_k + 1) if top_k % d == 0], cfg.gv_dn_split_e, 10**9)
+            return 1, max(d for d in range(1, top_k + 1) if top_k % d == 0 and d <= max(1, cfg.gv_dn_split_e))
         n_iblk = triton.cdiv(self.inter, cfg.gu_block_i)
         k_tiles = triton.cdiv(self.hidden, cfg.gu_block_k)
         gu = _choose_split(
@@ -543,7 +505,6 @@ class TritonMoE(MoEBackend):
             BLOCK_N=cfg.gv_gu_block_n,
             BLOCK_W=cfg.gv_gu_block_w,
             num_warps=cfg.gv_gu_warps,
-            num_stages=cfg.gv_gu_stages,
         )
 
     def launch_gemv_down(
@@ -571,7 +532,6 @@ class TritonMoE(MoEBackend):
             BLOCK_W=cfg.gv_dn_block_w,
             SPLIT_E=split,
             num_warps=cfg.gv_dn_warps,
-            num_stages=cfg.gv_dn_stages,
         )
 
     def launch_down(

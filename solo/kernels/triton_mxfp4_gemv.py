@@ -27,6 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from solo.kernels.triton_epilogues import store_split_sum, swiglu_store
+
 
 @triton.jit
 def _e2m1_pair(w, J: tl.constexpr):
@@ -148,15 +150,7 @@ def _gemv_gate_up_act(
         acc_u += _words_dot(wu.to(tl.uint32, bitcast=True), xp, w_ok, MASKED, BLOCK_N, BLOCK_W) * _e8m0(su)
     g = tl.sum(acc_g, axis=1) * 16384.0  # 2^14 (see module docstring)
     u = tl.sum(acc_u, axis=1) * 16384.0  # 2^14 (see module docstring)
-    act = g / (1.0 + tl.exp(-g))
-    if HAS_LIMIT:
-        act = tl.minimum(act, limit)
-        u = tl.minimum(tl.maximum(u, -limit), limit)
-    a_ptrs = act_ptr + a * I + rn
-    if EVEN_N:
-        tl.store(a_ptrs, (act * u).to(tl.bfloat16))
-    else:
-        tl.store(a_ptrs, (act * u).to(tl.bfloat16), mask=n_ok)
+    swiglu_store(g, u, act_ptr, a * I + rn, n_ok, limit, HAS_LIMIT, EVEN_N)
 
 
 @triton.jit
@@ -212,27 +206,5 @@ def _gemv_down_combine(
             xp = aq_ptr + a * (I // 2) + (k0 + rw) * 4
             acc += _words_dot(w.to(tl.uint32, bitcast=True), xp, w_ok, MASKED, BLOCK_N, BLOCK_W) * (_e8m0(s) * wt)
     y = tl.sum(acc, axis=1) * 16384.0  # 2^14 (see module docstring)
-    o_ptrs = o_ptr + t * stride_ot + rn
-    if SPLIT_E == 1:
-        if EVEN_N:
-            tl.store(o_ptrs, y.to(o_ptr.dtype.element_ty))
-        else:
-            tl.store(o_ptrs, y.to(o_ptr.dtype.element_ty), mask=n_ok)
-    else:
-        # Expert split: each program parks its fp32 partial; the last to arrive (acq_rel counter)
-        # adds them in a fixed order (deterministic), stores once and resets the counter.
-        slot = t * tl.num_programs(1) + pid_n
-        rl = tl.arange(0, BLOCK_N)
-        p_base = part_ptr + slot * (SPLIT_E * BLOCK_N)
-        tl.store(p_base + pid_e * BLOCK_N + rl, y)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_E - 1:
-            y = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for j in tl.static_range(SPLIT_E):
-                y += tl.load(p_base + j * BLOCK_N + rl, cache_modifier=".cg")
-            if EVEN_N:
-                tl.store(o_ptrs, y.to(o_ptr.dtype.element_ty))
-            else:
-                tl.store(o_ptrs, y.to(o_ptr.dtype.element_ty), mask=n_ok)
-            tl.atomic_xchg(cnt_ptr + slot, 0, sem="relaxed", scope="gpu")
+    slot = t * tl.num_programs(1) + pid_n
+    store_split_sum(y, o_ptr, t * stride_ot + rn, n_ok, part_ptr, cnt_ptr, slot, pid_e, SPLIT_E, BLOCK_N, EVEN_N)

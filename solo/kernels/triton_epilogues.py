@@ -1,0 +1,62 @@
+"""Epilogues shared by the Triton MoE kernels (tensor-core and GEMV paths).
+
+``store_split_sum``: a program owning BLOCK rows of one output either stores them (no split) or,
+when its work was split across SPLIT programs, parks its fp32 partial in a scratch buffer and bumps
+an acq_rel counter; the last program to arrive adds the partials in a fixed order (deterministic),
+stores the rows once and resets the counter to zero, so CUDA-graph replays need no memset.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def store_rows(o_ptr, offs, y, ok, EVEN: tl.constexpr):
+    """out[offs] = y in the output's dtype (masked by ok unless the tile is EVEN)."""
+    if EVEN:
+        tl.store(o_ptr + offs, y.to(o_ptr.dtype.element_ty))
+    else:
+        tl.store(o_ptr + offs, y.to(o_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def store_split_sum(
+    y,
+    o_ptr,
+    offs,
+    ok,
+    part_ptr,
+    cnt_ptr,
+    slot,
+    split_id,
+    SPLIT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    EVEN: tl.constexpr,
+):
+    """Store y [BLOCK] fp32, summed over the SPLIT programs sharing ``slot`` (see module docstring)."""
+    if SPLIT == 1:
+        store_rows(o_ptr, offs, y, ok, EVEN)
+    else:
+        rl = tl.arange(0, BLOCK)
+        p_base = part_ptr + slot * (SPLIT * BLOCK)
+        tl.store(p_base + split_id * BLOCK + rl, y)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT - 1:
+            total = tl.zeros((BLOCK,), dtype=tl.float32)
+            for j in tl.static_range(SPLIT):
+                total += tl.load(p_base + j * BLOCK + rl, cache_modifier=".cg")
+            store_rows(o_ptr, offs, total, ok, EVEN)
+            tl.atomic_xchg(cnt_ptr + slot, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def swiglu_store(g, u, a_ptr, offs, ok, limit, HAS_LIMIT: tl.constexpr, EVEN: tl.constexpr):
+    """act = silu(g) * u in fp32 (optional Ling clamp: silu(g).clamp(max=L) * u.clamp(-L, L)), stored bf16."""
+    act = g / (1.0 + tl.exp(-g))
+    if HAS_LIMIT:
+        act = tl.minimum(act, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+    store_rows(a_ptr, offs, act * u, ok, EVEN)
