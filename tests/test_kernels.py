@@ -132,12 +132,13 @@ def test_triton_moe_matches_torch_reference(limit, config):
         (MoEConfig(), None),
         (MoEConfig(), 0.6),
         (MoEConfig(gv_gu_block_n=64, gv_gu_block_w=8, gv_dn_block_n=64, gv_dn_block_w=4, gv_dn_split_e=1), 0.6),
-        (MoEConfig(gv_gu_block_n=32, gv_dn_block_n=32, gv_dn_split_e=3), None),
+        (MoEConfig(gv_gu_block_n=32, gv_dn_block_n=32, gv_dn_block_w=4, gv_dn_split_e=3), None),
     ],
     ids=["default", "default-clamp", "masked_rows", "split3"],
 )
 def test_triton_moe_gemv_path_matches_reference(limit, config):
-    """The CUDA-core GEMV kernels (T <= gemv_max_tokens) on shapes that leave partial tiles."""
+    """The CUDA-core GEMV kernels (T <= gemv_max_tokens) on shapes that leave partial tiles; at T = 4
+    the down kernel takes its early-weights path (one expert per program; 1 or 3 K tiles here)."""
     h, i, e, k = 160, 96, 12, 3  # 20 words per gate_up row, 12 per down row: partial word tiles
     experts = mxfp4_experts(e, h, i)
     moe = TritonMoE(experts, dtype=torch.bfloat16, swiglu_limit=limit, config=config)

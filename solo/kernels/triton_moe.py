@@ -46,7 +46,7 @@ from solo.kernels.triton_fp8 import (
     measure_compile,
     require_triton_device,
 )
-from solo.kernels.triton_mxfp4_gemv import _gemv_down_combine, _gemv_gate_up_act
+from solo.kernels.triton_mxfp4_gemv import _gemv_down_combine, _gemv_gate_up_act, gdc_wait
 
 __all__ = ["MoEConfig", "TritonMoE", "kernel_cache_report"]
 
@@ -272,6 +272,8 @@ class MoEConfig:
     gv_dn_block_w: int = 32
     gv_dn_warps: int = 4
     gv_dn_split_e: int = 8
+    gv_pdl: bool = True  # down kernel launched early (programmatic dependent launch), waits for act
+    gv_early_weights: bool = True  # down loads its weights before that wait (used for T > 1 only)
 
 
 def _choose_split(ctas: int, options: list[int], most: int, target: int) -> int:
@@ -356,6 +358,12 @@ class TritonMoE(MoEBackend):
             gv_dn_block_n=_fit_block(base.gv_dn_block_n, self.hidden, 1),
             gv_dn_block_w=_fit_block(base.gv_dn_block_w, words_i, 4),
         )
+
+    def _pdl(self) -> bool:
+        """Programmatic dependent launch: Hopper or newer, a Triton that has it, and asked for."""
+        if not self.config.gv_pdl or interpreter_mode() or gdc_wait is None:
+            return False
+        return torch.cuda.get_device_capability(self.gate_up.device)[0] >= 9
 
     def uses_gemv(self, tokens: int) -> bool:
         """Whether T tokens run on the CUDA-core GEMV kernels (else the tensor-core kernels)."""
@@ -504,6 +512,7 @@ class TritonMoE(MoEBackend):
             HAS_LIMIT=self.swiglu_limit is not None,
             BLOCK_N=cfg.gv_gu_block_n,
             BLOCK_W=cfg.gv_gu_block_w,
+            PDL=self._pdl(),
             num_warps=cfg.gv_gu_warps,
         )
 
@@ -531,7 +540,10 @@ class TritonMoE(MoEBackend):
             BLOCK_N=cfg.gv_dn_block_n,
             BLOCK_W=cfg.gv_dn_block_w,
             SPLIT_E=split,
+            PDL=self._pdl(),
+            EARLY_WEIGHTS=cfg.gv_early_weights and tokens > 1,
             num_warps=cfg.gv_dn_warps,
+            **({"launch_pdl": True} if self._pdl() else {}),
         )
 
     def launch_down(
