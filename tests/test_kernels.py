@@ -281,6 +281,41 @@ def test_backends_refuse_cpu_without_interpreter(monkeypatch):
             HummingMoE(mxfp4_experts(4, 64, 32, seed=0))
 
 
+def _indexed_gemm(x, weights, sorted_ids, expert_ids, num_padded, top_k, block_m):
+    """What an indexed MoE GEMM computes from routing tables (Humming's contract, like vLLM's
+    moe_align_block_size): block b multiplies expert_ids[b] with the rows sorted_ids[b*block_m:...]
+    that are < n (row a reads input a // top_k); written out with Python loops."""
+    n = x.shape[0] * top_k
+    out = torch.full((n, weights.shape[1]), float("nan"))
+    seen = torch.zeros(n, dtype=torch.int64)
+    for b in range(int(num_padded) // block_m):
+        for a in sorted_ids[b * block_m : (b + 1) * block_m].tolist():
+            if a < n:
+                out[a] = weights[int(expert_ids[b])] @ x[a // top_k]
+                seen[a] += 1
+    assert torch.equal(seen, torch.ones(n, dtype=torch.int64)), "every assignment exactly once"
+    return out
+
+
+@pytest.mark.parametrize("t", [1, 3, 4])
+def test_humming_small_call_tables_equal_sorted_tables(t):
+    """The constant one-block-per-assignment tables used for decode/verification compute the same
+    thing as the sorted tables, also when tokens share experts."""
+    from solo.kernels.humming_moe import align_routing, one_block_per_assignment
+
+    g = torch.Generator().manual_seed(100 + t)
+    e, k, hdim, ndim = 6, 4, 8, 5
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])  # repeats across tokens
+    x = torch.randn((t, hdim), generator=g)
+    wts = torch.randn((e, ndim, hdim), generator=g)
+    for block_m in (1, 4, 16):
+        sorted_ids, expert_ids, padded = align_routing(ids, block_m)
+        want = _indexed_gemm(x, wts, sorted_ids, expert_ids, padded, k, block_m)
+        const_ids, const_padded = one_block_per_assignment(t * k, block_m, torch.device("cpu"))
+        got = _indexed_gemm(x, wts, const_ids, ids.reshape(-1).to(torch.int32), const_padded, k, block_m)
+        torch.testing.assert_close(got, want)
+
+
 @pytest.mark.skipif(INTERPRET, reason="the interpreter tests already run in this process")
 def test_interpreter_suite_in_subprocess():
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")

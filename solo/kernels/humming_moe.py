@@ -75,10 +75,24 @@ def align_routing(topk_ids: torch.Tensor, block_m: int) -> tuple[torch.Tensor, t
     return sorted_ids, expert_ids, num_tokens_padded
 
 
+def one_block_per_assignment(n: int, block_m: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing tables for small calls (decode, verification), where sorting costs more than it saves.
+
+    Every assignment a = 0..n-1 gets block a to itself: sorted_ids[a*block_m] = a, the rest padding (n);
+    num_tokens_padded = n*block_m. Only expert_ids (= the flat top-k ids) depends on the routing, so
+    these two tensors are constants per (n, block_m). An expert chosen by two tokens is read twice;
+    at one token the top-k experts are distinct and the work equals that of sorted tables.
+    """
+    sorted_ids = torch.full((n * block_m,), n, dtype=torch.int32, device=device)
+    sorted_ids[::block_m] = torch.arange(n, dtype=torch.int32, device=device)
+    return sorted_ids, torch.tensor(n * block_m, dtype=torch.int32, device=device)
+
+
 class HummingMoE(MoEBackend):
     """MXFP4 routed experts through Humming's indexed MoE GEMMs."""
 
     name = "humming"
+    small_call_assignments = 64  # up to this many token x expert assignments: one block each (no sort)
 
     def __init__(
         self,
@@ -104,6 +118,7 @@ class HummingMoE(MoEBackend):
         self.gate_up = self._layer(experts.gate_up, experts.gate_up_scale, 2 * self.inter, self.hidden)
         self.down = self._layer(experts.down, experts.down_scale, self.hidden, self.inter)
         self._tuning: dict[tuple[str, int], dict] = {}
+        self._constant_tables: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _layer(self, packed: torch.Tensor, scale: torch.Tensor, n: int, k: int) -> Any:
         from humming.layer import HummingLayer
@@ -134,8 +149,16 @@ class HummingMoE(MoEBackend):
         return cfg
 
     def _tables(self, which: str, topk_ids: torch.Tensor) -> tuple[dict, tuple[torch.Tensor, ...]]:
-        cfg = self._tuning_config(which, topk_ids.numel())
-        return cfg, align_routing(topk_ids, int(cfg["block_shape"][0]))
+        n = topk_ids.numel()
+        cfg = self._tuning_config(which, n)
+        block_m = int(cfg["block_shape"][0])
+        if n > self.small_call_assignments:
+            return cfg, align_routing(topk_ids, block_m)
+        key = (n, block_m)
+        if key not in self._constant_tables:  # made on the first (eager, warm-up) call of this size
+            self._constant_tables[key] = one_block_per_assignment(n, block_m, topk_ids.device)
+        sorted_ids, num_tokens_padded = self._constant_tables[key]
+        return cfg, (sorted_ids, topk_ids.reshape(-1).to(torch.int32), num_tokens_padded)
 
     def _gemm(
         self,
