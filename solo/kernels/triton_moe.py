@@ -359,7 +359,7 @@ class TritonMoE(MoEBackend):
             gv_dn_block_w=_fit_block(base.gv_dn_block_w, words_i, 4),
         )
 
-    def _pdl(self) -> bool:
+    def uses_pdl(self) -> bool:
         """Programmatic dependent launch: Hopper or newer, a Triton that has it, and asked for."""
         if not self.config.gv_pdl or interpreter_mode() or gdc_wait is None:
             return False
@@ -512,7 +512,7 @@ class TritonMoE(MoEBackend):
             HAS_LIMIT=self.swiglu_limit is not None,
             BLOCK_N=cfg.gv_gu_block_n,
             BLOCK_W=cfg.gv_gu_block_w,
-            PDL=self._pdl(),
+            PDL=self.uses_pdl(),
             num_warps=cfg.gv_gu_warps,
         )
 
@@ -540,10 +540,10 @@ class TritonMoE(MoEBackend):
             BLOCK_N=cfg.gv_dn_block_n,
             BLOCK_W=cfg.gv_dn_block_w,
             SPLIT_E=split,
-            PDL=self._pdl(),
+            PDL=self.uses_pdl(),
             EARLY_WEIGHTS=cfg.gv_early_weights and tokens > 1,
             num_warps=cfg.gv_dn_warps,
-            **({"launch_pdl": True} if self._pdl() else {}),
+            **({"launch_pdl": True} if self.uses_pdl() else {}),
         )
 
     def launch_down(

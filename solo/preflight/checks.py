@@ -120,6 +120,7 @@ def check_moe_backend(engine: Engine, requested: str) -> Check:
     paths = {k: v - paths_before.get(k, 0) for k, v in _path_calls(moes).items()}
     if paths:  # Triton: which kernel family ran the prefill and the decode step
         evidence.update({f"{family}_calls": n for family, n in paths.items()})
+        evidence["dependent_launch"] = any(getattr(m.experts, "uses_pdl", lambda: False)() for m in moes)
         if paths.get("gemv", 0) < len(moes) and all(m.experts.uses_gemv(1) for m in moes):
             return Check("moe_backend", requested, FAILED, evidence, "the decode step did not run the GEMV kernels")
     idle = [i for i, (m, b) in enumerate(zip(moes, before, strict=True)) if m.experts.calls == b]
