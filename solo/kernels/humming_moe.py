@@ -85,7 +85,8 @@ def one_block_per_assignment(n: int, block_m: int, device: torch.device) -> tupl
     """
     sorted_ids = torch.full((n * block_m,), n, dtype=torch.int32, device=device)
     sorted_ids[::block_m] = torch.arange(n, dtype=torch.int32, device=device)
-    return sorted_ids, torch.tensor(n * block_m, dtype=torch.int32, device=device)
+    # torch.full, not torch.tensor: no host-to-device copy, so this is safe inside a graph capture
+    return sorted_ids, torch.full((), n * block_m, dtype=torch.int32, device=device)
 
 
 class HummingMoE(MoEBackend):

@@ -21,8 +21,9 @@ def make_moe_backend(
     top_k: int = 8,
     max_tokens: int = 8,
 ) -> MoEBackend:
-    """Build the backend; compiled backends are warmed up (compiled or loaded from the on-disk
-    cache) here, for `top_k` experts and up to `max_tokens` tokens per call."""
+    """Build the backend. The Triton backend is warmed up (compiled or loaded from the on-disk cache)
+    here, for `top_k` experts and up to `max_tokens` tokens per call; Humming compiles each token
+    count on its first call, which the engine makes eagerly before capturing any CUDA graph."""
     if name == "torch":
         return TorchMoE(experts, dtype, swiglu_limit)
     if name not in MOE_BACKENDS:
