@@ -20,6 +20,9 @@ solo.kernels.triton_moe (same layouts, same contracts):
 ``_gemv_gate_up_act`` (grid: assignments x I/BLOCK_N; gate and up rows of one expert, SwiGLU in fp32,
 act stored in bf16) and ``_gemv_down_combine`` (grid: tokens x H/BLOCK_N x expert splits; walks the
 token's experts, routing weight folded into the group scale, last-arriver reduction of the splits).
+With ``PDL`` (Hopper+, programmatic dependent launch) the down kernel is launched while gate_up still
+runs and waits with ``gdc_wait`` before it reads act; with ``EARLY_WEIGHTS`` (asked for above one
+token) it issues its weight loads before that wait.
 """
 
 from __future__ import annotations
