@@ -210,9 +210,14 @@ def bench_moe(
     rows: list[Row] = []
     experts = random_experts(s, device)
     tri = TritonMoE(experts, dtype=torch.bfloat16)
+    # Both kernel families at every token count (the engine's choice is marked): the tensor-core
+    # kernels forced for small T, the GEMV kernels allowed for large T.
     tri_mma = TritonMoE(experts, config=dataclasses.replace(tri.config, gemv_max_tokens=0))
-    log(f"triton warm-up: {tri.warmup(top_k=s.top_k, max_tokens=max(token_counts))}")
-    tri_mma.warmup(top_k=s.top_k, max_tokens=max(token_counts))
+    most = max(token_counts)
+    tri_gemv = TritonMoE(experts, config=dataclasses.replace(tri.config, gemv_max_tokens=max(most, 1)))
+    log(f"triton warm-up: {tri.warmup(top_k=s.top_k, max_tokens=most)}")
+    tri_mma.warmup(top_k=s.top_k, max_tokens=most)
+    tri_gemv.warmup(top_k=s.top_k, max_tokens=most)
     hum = None
     if with_humming:
         try:
@@ -236,7 +241,7 @@ def bench_moe(
         data = routing_sets(s, t, sets, device)
         if l2_hot:  # the same experts in every captured op: they stay in L2 (not a decode step's case)
             data = [data[0]] * len(data)
-        distinct = t * s.top_k
+        distinct = min(t * s.top_k, s.experts)
         nb = moe_bytes(s, distinct, t)
         case = f"MoE {t} tok" + (" L2-hot" if l2_hot else "")
         # Complete Triton path (the one the engine uses for T tokens), then the other path.
@@ -245,7 +250,8 @@ def bench_moe(
         outs = [torch.empty((t, s.hidden), dtype=torch.bfloat16, device=device) for _ in data]
         flat = [(x, ids.reshape(-1).contiguous(), w.reshape(-1).contiguous()) for x, ids, w in data]
         tri_row = None
-        for moe in sorted((tri, tri_mma), key=lambda m: not m.uses_gemv(t)):
+        other = tri_mma if tri.uses_gemv(t) else tri_gemv
+        for moe in sorted((tri, other), key=lambda m: not m.uses_gemv(t)):
             gemv = moe.uses_gemv(t)
             path = "CUDA-core GEMV" if gemv else "tensor-core"
             us = timer([lambda d=d, moe=moe: moe.forward(*d) for d in data])
@@ -309,6 +315,8 @@ def bench_moe(
         err = float((out.float() - y).norm() / y.norm())
         tri_row.extra["rel_err_vs_fp32"] = err
         log(f"{case}: triton rel err vs fp32 reference {err:.2e}")
+        oerr = float((other.forward(x, ids, w).float() - y).norm() / y.norm())
+        log(f"{case}: triton {'tensor-core' if tri.uses_gemv(t) else 'GEMV'} (not the default here) rel err {oerr:.2e}")
         if hum is not None:
             herr = float((hum.forward(x, ids, w).float() - y).norm() / y.norm())
             log(f"{case}: humming rel err vs fp32 reference {herr:.2e}")
