@@ -1,4 +1,4 @@
-"""Compile the GEMV MoE kernels for the H200 (sm_90) on a machine without a GPU.
+"""Compile the MoE kernels (GEMV and grouped) for the H200 (sm_90) on a machine without a GPU.
 
     python scripts/compile_sm90.py OUT_DIR
 
@@ -17,6 +17,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from solo.kernels import triton_moe_grouped as grouped
 from solo.kernels import triton_mxfp4_gemv as gemv
 from solo.kernels.triton_moe import MoEConfig
 
@@ -56,6 +57,28 @@ def main(out_dir: str) -> None:
                 EARLY_WEIGHTS=True,
             ),
             cfg.gv_dn_warps,
+        ),
+        "grouped_gate_up_act": _compile(
+            grouped._grouped_gate_up_act,
+            {"x_ptr": "*bf16", "sorted_ptr": "*i32", "expert_ptr": "*i32", "npad_ptr": "*i32", "w_ptr": "*u8"}
+            | {"s_ptr": "*u8", "act_ptr": "*bf16", "n_assign": "i32", "stride_xt": "i32", "limit": "fp32"},
+            dict(
+                H=H,
+                I=I,
+                TOPK=TOPK,
+                HAS_LIMIT=False,
+                BLOCK_T=cfg.pf_block_t,
+                BLOCK_I=cfg.pf_block_i,
+                BLOCK_K=cfg.pf_block_k,
+            ),
+            cfg.pf_warps,
+        ),
+        "grouped_down": _compile(
+            grouped._grouped_down,
+            {"act_ptr": "*bf16", "sorted_ptr": "*i32", "expert_ptr": "*i32", "npad_ptr": "*i32", "wt_ptr": "*fp32"}
+            | {"w_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*fp32", "n_assign": "i32"},
+            dict(H=H, I=I, BLOCK_T=cfg.pf_block_t, BLOCK_H=cfg.pf_block_h, BLOCK_K=cfg.pf_block_k),
+            cfg.pf_warps,
         ),
     }
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"

@@ -253,21 +253,27 @@ def bench_moe(
         other = tri_mma if tri.uses_gemv(t) else tri_gemv
         for moe in sorted((tri, other), key=lambda m: not m.uses_gemv(t)):
             gemv = moe.uses_gemv(t)
-            path = "CUDA-core GEMV" if gemv else "tensor-core"
+            path = "CUDA-core GEMV" if gemv else "grouped tensor-core"
             us = timer([lambda d=d, moe=moe: moe.forward(*d) for d in data])
             splits = moe.splits(t, s.top_k)
-            note = f"splits K/{splits[0]}, E/{splits[1]}" + ("; engine default" if moe is tri else "")
-            row = Row(case, f"triton {path} (2 kernels)", us, nb["total"], note)
+            note = (f"splits K/{splits[0]}, E/{splits[1]}" if gemv else "") + ("; engine default" if moe is tri else "")
+            parts = "2 kernels" if gemv else "tables, 2 kernels, sum"
+            row = Row(case, f"triton {path} ({parts})", us, nb["total"], note)
             if moe is tri:
                 tri_row = row
             rows.append(row)
-            gate_up = moe.launch_gemv_gate_up if gemv else moe.launch_gate_up
-            down = moe.launch_gemv_down if gemv else moe.launch_down
-            us = timer([lambda f=f, a=a, g=gate_up, k=k: g(f[0], f[1], a, k) for f, a in zip(flat, acts, strict=True)])
+            if not gemv:  # the grouped path's kernels share routing tables: timed as a whole only
+                continue
+            us = timer(
+                [
+                    lambda f=f, a=a, k=k, moe=moe: moe.launch_gemv_gate_up(f[0], f[1], a, k)
+                    for f, a in zip(flat, acts, strict=True)
+                ]
+            )
             rows.append(Row(case, f"  {path} gate_up+act", us, nb["gate_up"]))
             us = timer(
                 [
-                    lambda f=f, a=a, o=o, dn=down, k=k: dn(a, f[1], f[2], o, k)
+                    lambda f=f, a=a, o=o, k=k, moe=moe: moe.launch_gemv_down(a, f[1], f[2], o, k)
                     for f, a, o in zip(flat, acts, outs, strict=True)
                 ]
             )
@@ -316,7 +322,7 @@ def bench_moe(
         tri_row.extra["rel_err_vs_fp32"] = err
         log(f"{case}: triton rel err vs fp32 reference {err:.2e}")
         oerr = float((other.forward(x, ids, w).float() - y).norm() / y.norm())
-        log(f"{case}: triton {'tensor-core' if tri.uses_gemv(t) else 'GEMV'} (not the default here) rel err {oerr:.2e}")
+        log(f"{case}: triton {'grouped' if tri.uses_gemv(t) else 'GEMV'} (not the default here) rel err {oerr:.2e}")
         if hum is not None:
             herr = float((hum.forward(x, ids, w).float() - y).norm() / y.norm())
             log(f"{case}: humming rel err vs fp32 reference {herr:.2e}")
@@ -464,71 +470,27 @@ def tune(
                 "config": asdict(best[1]) if hasattr(best[1], "__dataclass_fields__") else best[1],
             }
 
-    if "moe" in cases:
+    if "moe" in cases:  # the grouped (prefill) path, timed whole at prefill-like token counts
         experts = random_experts(s, device)
-        moe = TritonMoE(experts)
-        k = s.top_k
-        for t in (1, 4):
-            data = routing_sets(s, t, 8, device)
-            flat = [(x, ids.reshape(-1).contiguous(), w.reshape(-1).contiguous()) for x, ids, w in data]
-            acts = [torch.empty((t * k, s.inter), dtype=torch.bfloat16, device=device) for _ in data]
-            outs = [torch.empty((t, s.hidden), dtype=torch.bfloat16, device=device) for _ in data]
-            if quick:  # split factors around the defaults only
-                base = MoEConfig()
-                gu_cands = [
-                    dataclasses.replace(base, gu_block_i=bi, gu_split_k=sk, gu_target_ctas=10**9)
-                    for bi in (32, 64)
-                    for sk in (1, 2, 5)
-                ]
-            else:
-                gu_cands = [
-                    MoEConfig(gu_block_i=bi, gu_block_k=bk, gu_w_lhs=lhs, gu_warps=warps, gu_stages=stages)
-                    for bi in (16, 32, 64)
-                    for bk in (256, 512)
-                    for lhs in (True, False)
-                    for stages in (3, 4)
-                    for warps in (4, 8)
-                ]
-
-            def run_gu(cfg: MoEConfig, flat=flat, acts=acts) -> float:
-                moe.config = cfg
-                moe._scratch.clear()
-                return timer(
-                    [lambda f=f, a=a: moe.launch_gate_up(f[0], f[1], a, k) for f, a in zip(flat, acts, strict=True)]
+        for t in (64, 512):
+            data = routing_sets(s, t, 4, device)
+            cands = [
+                MoEConfig(
+                    gemv_max_tokens=0, pf_block_i=bi, pf_block_h=bh, pf_block_k=bk, pf_warps=warps, pf_stages=stages
                 )
+                for bi, bh in ((32, 32), (64, 64), (128, 128))
+                for bk in (128, 256)
+                for warps in (4, 8)
+                for stages in ((3,) if quick else (2, 3, 4))
+            ]
 
-            log(f"tuning MoE gate_up T={t}")
-            sweep(f"moe_gate_up_T{t}", gu_cands, run_gu)
-            if quick:
-                base = MoEConfig()
-                dn_cands = [
-                    dataclasses.replace(base, dn_block_h=bh, dn_split_e=se, dn_target_ctas=10**9)
-                    for bh in (16, 32)
-                    for se in (1, 2, 4, 8)
-                ]
-            else:
-                dn_cands = [
-                    MoEConfig(dn_block_h=bh, dn_block_k=bk, dn_w_lhs=lhs, dn_warps=warps, dn_stages=stages)
-                    for bh in (16, 32)
-                    for bk in (128, 256)
-                    for lhs in (True, False)
-                    for stages in (4, 8)
-                    for warps in (4, 8)
-                ]
+            def run_grouped(cfg: MoEConfig, data=data) -> float:
+                moe = TritonMoE(experts, config=cfg)
+                return timer([lambda d=d, moe=moe: moe.forward(*d) for d in data])
 
-            def run_dn(cfg: MoEConfig, flat=flat, acts=acts, outs=outs) -> float:
-                moe.config = cfg
-                moe._scratch.clear()
-                return timer(
-                    [
-                        lambda f=f, a=a, o=o: moe.launch_down(a, f[1], f[2], o, k)
-                        for f, a, o in zip(flat, acts, outs, strict=True)
-                    ]
-                )
-
-            log(f"tuning MoE down T={t}")
-            sweep(f"moe_down_T{t}", dn_cands, run_dn)
-        del experts, moe
+            log(f"tuning MoE grouped path T={t}")
+            sweep(f"moe_grouped_T{t}", cands, run_grouped)
+        del experts
     if "gemv" in cases:  # the CUDA-core MoE path (T <= gemv_max_tokens)
         experts = random_experts(s, device)
         moe = TritonMoE(experts)
