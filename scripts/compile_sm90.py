@@ -60,7 +60,7 @@ def main(out_dir: str) -> None:
         ),
         "grouped_gate_up_act": _compile(
             grouped._grouped_gate_up_act,
-            {"x_ptr": "*bf16", "sorted_ptr": "*i32", "expert_ptr": "*i32", "npad_ptr": "*i32", "w_ptr": "*u8"}
+            {"x_ptr": "*bf16", "sorted_ptr": "*i32", "expert_ptr": "*i32", "npad_ptr": "*i32", "w_ptr": "*i32"}
             | {"s_ptr": "*u8", "act_ptr": "*bf16", "n_assign": "i32", "stride_xt": "i32", "limit": "fp32"},
             dict(
                 H=H,
@@ -76,7 +76,7 @@ def main(out_dir: str) -> None:
         "grouped_down": _compile(
             grouped._grouped_down,
             {"act_ptr": "*bf16", "sorted_ptr": "*i32", "expert_ptr": "*i32", "npad_ptr": "*i32", "wt_ptr": "*fp32"}
-            | {"w_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*fp32", "n_assign": "i32"},
+            | {"w_ptr": "*i32", "s_ptr": "*u8", "y_ptr": "*fp32", "n_assign": "i32"},
             dict(H=H, I=I, BLOCK_T=cfg.pf_block_t, BLOCK_H=cfg.pf_block_h, BLOCK_K=cfg.pf_block_k),
             cfg.pf_warps,
         ),

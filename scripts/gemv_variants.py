@@ -6,9 +6,10 @@
 
 A variant is the module solo.kernels.triton_mxfp4_gemv with one function body replaced, loaded as a
 separate module and swapped into solo.kernels.triton_moe for the timing. Only ``base`` computes the
-right values: the others measure what the kernel would cost with a cheaper unpack (``new11``: a
-word layout that needs 11 integer ops per 8 codes instead of 17; ``lop4``: one mask per pair, a
-lower bound for any bit trick; ``*_nocvt``: no fp16 -> fp32 widening) or with no arithmetic at all
+right values: the others measure what the kernel would cost with a cheaper unpack (``lop4``: one
+mask per pair, a lower bound for any bit trick; ``*_nocvt``: no fp16 -> fp32 widening; ``old17``:
+the 17-operation unpack of the checkpoint's nibble order used before the codes were repacked at
+load, as a reference) or with no arithmetic at all
 (``memonly``: loads of the codes, scales and activations, one multiply per word, the same group
 reduction; ``memonly_flat``: without the group reduction). Numbers: docs/kernels.md.
 """
@@ -37,23 +38,18 @@ _NOCVT = """
     f = bits.to(tl.float32, bitcast=True)
     return f, f
 """
-_NEW11 = """
-    if J == 0:
-        bits = w & 0x8E008E00
-    elif J == 1:
-        bits = (w << 3) & 0x8E008E00
-    elif J == 2:
-        bits = ((w << 6) & 0x0E000E00) | ((w << 1) & 0x80008000)
+_OLD17 = """
+    if J == 3:
+        bits = ((w >> 3) & 0x0E000E00) | (w & 0x80008000)
     else:
-        bits = ((w << 9) & 0x0E000E00) | ((w << 2) & 0x80008000)
+        bits = ((w << (9 - 4 * J)) & 0x0E000E00) | ((w << (12 - 4 * J)) & 0x80008000)
 """
 _LOP4 = """
     bits = w & (0x8E008E00 >> J)
 """
 PAIR_BODIES = {
-    "new11": _NEW11 + _CVT,
+    "old17": _OLD17 + _CVT,
     "lop4": _LOP4 + _CVT,
-    "new11_nocvt": _NEW11 + _NOCVT,
     "lop4_nocvt": _LOP4 + _NOCVT,
 }
 

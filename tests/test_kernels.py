@@ -35,7 +35,13 @@ from solo.kernels import triton_fp8  # noqa: E402
 from solo.kernels.moe import MXFP4Experts, TorchMoE, swiglu  # noqa: E402
 from solo.kernels.triton_fp8 import Fp8Config, fp8_block_linear, fp8_rowwise_linear  # noqa: E402
 from solo.kernels.triton_moe import MoEConfig, TritonMoE  # noqa: E402
-from solo.kernels.triton_mxfp4_gemv import _e2m1_pair, _e8m0  # noqa: E402
+from solo.kernels.triton_mxfp4_gemv import (  # noqa: E402
+    _e2m1_pair,
+    _e8m0,
+    e2m1_standard_bytes,
+    pack_e2m1_words,
+    unpack_e2m1_words,
+)
 from solo.quantization.formats import (  # noqa: E402
     dequantize_fp8_block,
     dequantize_fp8_rowwise,
@@ -159,16 +165,45 @@ def _unpack_words_kernel(w_ptr, s_ptr, codes_ptr, scales_ptr, N: tl.constexpr):
 
 @cpu_only
 def test_e2m1_word_unpacking_and_e8m0_are_exact():
-    """The GEMV path's bit arithmetic, on every byte value (in shuffled words), equals the format."""
+    """The GEMV path's bit arithmetic on packed words, for every byte value (in shuffled words),
+    equals the format."""
     raw = torch.arange(256, dtype=torch.uint8)[torch.randperm(256)]
     codes = torch.empty(512, dtype=torch.float32)
     scales = torch.empty(256, dtype=torch.float32)
-    _unpack_words_kernel[(1,)](raw.view(torch.int32), raw, codes, scales, N=64)
+    _unpack_words_kernel[(1,)](pack_e2m1_words(raw), raw, codes, scales, N=64)
     ones = torch.full((1,), 127, dtype=torch.uint8)
     expected = dequantize_mxfp4(raw.repeat(16).view(16, 256), ones.expand(16, 16).contiguous())[0]
     assert torch.equal(codes, expected), "E2M1 codes unpacked from 32-bit words differ from the format"
     normal = (raw > 0) & (raw < 255)  # E8M0 0 reads as 0 here (2^-127); 255 (NaN) as inf
     assert torch.equal(scales[normal], torch.exp2(raw[normal].double() - 127).float())
+
+
+def test_packed_words_round_trip():
+    """pack_e2m1_words is a bijection on the checkpoint's bytes (every byte value, random tensors)."""
+    every = torch.arange(256, dtype=torch.uint8)[torch.randperm(256)].view(2, 128)
+    assert torch.equal(unpack_e2m1_words(pack_e2m1_words(every)), every)
+    raw = torch.randint(0, 256, (3, 7, 40), dtype=torch.uint8)
+    words = pack_e2m1_words(raw)
+    assert words.shape == (3, 7, 10) and words.dtype == torch.int32
+    assert torch.equal(unpack_e2m1_words(words), raw)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        pack_e2m1_words(torch.zeros((2, 6), dtype=torch.uint8))
+
+
+@triton.jit
+def _standard_bytes_kernel(w_ptr, out_ptr, R: tl.constexpr, C: tl.constexpr):
+    rr = tl.arange(0, R)
+    w = tl.load(w_ptr + rr[:, None] * C + tl.arange(0, C)[None, :]).to(tl.uint32, bitcast=True)
+    tl.store(out_ptr + rr[:, None] * (4 * C) + tl.arange(0, 4 * C)[None, :], e2m1_standard_bytes(w))
+
+
+@cpu_only
+def test_in_kernel_unpacking_to_checkpoint_bytes():
+    """e2m1_standard_bytes (the grouped kernels' way back to tl.dot_scaled's bytes) inverts the packing."""
+    raw = torch.randint(0, 256, (4, 32), dtype=torch.uint8)
+    out = torch.zeros_like(raw)
+    _standard_bytes_kernel[(1,)](pack_e2m1_words(raw), out, R=4, C=8)
+    assert torch.equal(out, raw)
 
 
 @cpu_only

@@ -9,9 +9,10 @@ Two kernel families, chosen by the token count T only (static per captured CUDA 
   Assignments are sorted by expert on the device (solo.kernels.routing.align_routing), so every
   weight tile is read once for up to ``pf_block_t`` tokens of its expert.
 
-The checkpoint layout (see solo.kernels.moe) is used as is: gate rows [0, I), up rows [I, 2I) of
-``gate_up`` [E, 2I, H/2]; scales [E, 2I, H/32]; down [E, H, I/2] / [E, H, I/32]. Nothing is
-repacked, so construction costs no extra memory. Timings: docs/kernels.md.
+Layouts: gate rows [0, I), up rows [I, 2I) of ``gate_up``; scales [E, 2I, H/32] and [E, H, I/32] as
+in the checkpoint (see solo.kernels.moe); the E2M1 codes repacked at construction into 32-bit words
+(solo.kernels.triton_mxfp4_gemv.pack_e2m1_words; same size, the checkpoint's code tensors are not
+kept). Timings: docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from solo.kernels.triton_fp8 import (
     require_triton_device,
 )
 from solo.kernels.triton_moe_grouped import _grouped_down, _grouped_gate_up_act, max_blocks
-from solo.kernels.triton_mxfp4_gemv import _gemv_down_combine, _gemv_gate_up_act, gdc_wait
+from solo.kernels.triton_mxfp4_gemv import _gemv_down_combine, _gemv_gate_up_act, gdc_wait, pack_e2m1_words
 
 __all__ = ["MoEConfig", "TritonMoE", "kernel_cache_report"]
 
@@ -105,14 +106,14 @@ class TritonMoE(MoEBackend):
             if tuple(tensor.shape) != shape:
                 raise ValueError(f"{key} must be {shape}, got {tuple(tensor.shape)}")
             tensors[key] = tensor.view(torch.uint8).contiguous()  # uint8 view; no copy if contiguous
-        self.gate_up = tensors["gate_up"]
+        self.device = experts.gate_up.device
+        # Codes repacked into the GEMV kernels' word layout (same size; the checkpoint's tensors are
+        # not kept, so the caller can free them). Both kernel families read these words.
+        self.gate_up_words = pack_e2m1_words(tensors["gate_up"])
+        self.down_words = pack_e2m1_words(tensors["down"])
         self.gate_up_scale = tensors["gate_up_scale"]
-        self.down = tensors["down"]
         self.down_scale = tensors["down_scale"]
         self.config = config or MoEConfig()
-        # 32-bit word views of the codes for the GEMV path (same storage, no copy).
-        self.gate_up_words = self.gate_up.view(torch.int32)
-        self.down_words = self.down.view(torch.int32)
         self._scratch: dict[str, torch.Tensor] = {}
         self.path_calls = {"gemv": 0, "tensor_core": 0}  # eager forwards per kernel family
 
@@ -139,7 +140,7 @@ class TritonMoE(MoEBackend):
         """Programmatic dependent launch: Hopper or newer, a Triton that has it, and asked for."""
         if not self.config.gv_pdl or interpreter_mode() or gdc_wait is None:
             return False
-        return torch.cuda.get_device_capability(self.gate_up.device)[0] >= 9
+        return torch.cuda.get_device_capability(self.device)[0] >= 9
 
     def uses_gemv(self, tokens: int) -> bool:
         """Whether T tokens run on the CUDA-core GEMV kernels (else the tensor-core kernels)."""
@@ -196,7 +197,7 @@ class TritonMoE(MoEBackend):
         if buf is not None and buf.numel() >= numel:
             return buf
         alloc = torch.zeros if zero else torch.empty
-        fresh = alloc(max(numel, 1), dtype=dtype, device=self.gate_up.device)
+        fresh = alloc(max(numel, 1), dtype=dtype, device=self.device)
         if buf is None:
             self._scratch[name] = fresh
         return fresh
@@ -238,7 +239,7 @@ class TritonMoE(MoEBackend):
             sorted_ids,
             expert_ids,
             npad,
-            self.gate_up,
+            self.gate_up_words,
             self.gate_up_scale,
             act,
             n,
@@ -261,7 +262,7 @@ class TritonMoE(MoEBackend):
             expert_ids,
             npad,
             wts,
-            self.down,
+            self.down_words,
             self.down_scale,
             y,
             n,
@@ -337,7 +338,7 @@ class TritonMoE(MoEBackend):
         runs the op on dummy routing for T = 1, T = max_tokens and the first T of the tensor-core
         path (prefill), so no kernel is compiled mid-generation. Returns the timing record.
         """
-        dev = self.gate_up.device
+        dev = self.device
         self.reserve(max(1, max_tokens), top_k)
         first_mma = self.config.gemv_max_tokens + 1
         with measure_compile("moe", hidden=self.hidden, inter=self.inter, top_k=top_k) as m:

@@ -3,8 +3,10 @@
 Assignments (token, expert) are sorted by expert and padded per expert to BLOCK_T rows
 (solo.kernels.routing.align_routing), so one program multiplies a tile of one expert's weights with
 up to BLOCK_T of that expert's tokens: an expert's weights are read once per BLOCK_T of its tokens
-instead of once per token. ``tl.dot_scaled`` widens the E2M1 codes and E8M0 scales in registers and
-runs the tensor cores with fp32 accumulation.
+instead of once per token. The codes arrive as the packed words of solo.kernels.triton_mxfp4_gemv
+(``e2m1_standard_bytes`` turns them back into the checkpoint's bytes in registers, once per tile for
+all BLOCK_T tokens); ``tl.dot_scaled`` widens them with the E8M0 scales and runs the tensor cores
+with fp32 accumulation, weights on the MMA's M side.
 
 1. ``_grouped_gate_up_act``: grid (blocks, I/BLOCK_I). act[a] = swiglu(W_gate[e] x_t, W_up[e] x_t)
    (optional Ling clamp) for the block's rows, bf16.
@@ -14,7 +16,8 @@ runs the tensor cores with fp32 accumulation.
 
 The grid covers the most blocks any routing of n assignments can need (n/BLOCK_T plus one partial
 block per expert in use); programs past ``num_tokens_padded`` return at once. Layouts are the
-checkpoint's (solo.kernels.moe): gate rows [0, I) and up rows [I, 2I) of gate_up [E, 2I, H/2].
+checkpoint's (solo.kernels.moe) except for the packed words: gate rows [0, I) and up rows [I, 2I) of
+gate_up [E, 2I, H/8] words; scales [E, 2I, H/32].
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import triton
 import triton.language as tl
 
 from solo.kernels.triton_epilogues import swiglu_store
+from solo.kernels.triton_mxfp4_gemv import e2m1_standard_bytes
 
 
 @triton.jit
@@ -58,30 +62,32 @@ def _grouped_gate_up_act(
     if tl.program_id(0) * BLOCK_T < tl.load(npad_ptr):  # blocks past the routing's last return at once
         e, rows, rows_ok = _block_rows(sorted_ptr, expert_ptr, n_assign, BLOCK_T)
         ri = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
-        rkb = tl.arange(0, BLOCK_K // 2)
+        rkw = tl.arange(0, BLOCK_K // 8)
         rks = tl.arange(0, BLOCK_K // 32)
         rk = tl.arange(0, BLOCK_K)
         i_ok = ri < I
         tok = rows // TOPK
-        x_ptrs = x_ptr + tok[:, None] * stride_xt + rk[None, :]  # [BLOCK_T, BLOCK_K]
-        w_ptrs = w_ptr + e * (2 * I * (H // 2)) + ri[None, :] * (H // 2) + rkb[:, None]  # [BLOCK_K/2, BLOCK_I]
+        x_ptrs = x_ptr + tok[None, :] * stride_xt + rk[:, None]  # x^T [BLOCK_K, BLOCK_T]
+        w_ptrs = w_ptr + e * (2 * I * (H // 8)) + ri[:, None] * (H // 8) + rkw[None, :]  # [BLOCK_I, BLOCK_K/8]
         s_ptrs = s_ptr + e * (2 * I * (H // 32)) + ri[:, None] * (H // 32) + rks[None, :]  # [BLOCK_I, BLOCK_K/32]
-        UP_W: tl.constexpr = I * (H // 2)
+        UP_W: tl.constexpr = I * (H // 8)
         UP_S: tl.constexpr = I * (H // 32)
-        acc_g = tl.zeros((BLOCK_T, BLOCK_I), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_T, BLOCK_I), dtype=tl.float32)
+        acc_g = tl.zeros((BLOCK_I, BLOCK_T), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_I, BLOCK_T), dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
-            xk = tl.load(x_ptrs + k0, mask=rows_ok[:, None] & ((k0 + rk) < H)[None, :], other=0.0)
-            wmask = ((k0 // 2 + rkb) < H // 2)[:, None] & i_ok[None, :]
+            xk = tl.load(x_ptrs + k0, mask=((k0 + rk) < H)[:, None] & rows_ok[None, :], other=0.0)
+            wmask = i_ok[:, None] & ((k0 // 8 + rkw) < H // 8)[None, :]
             smask = i_ok[:, None] & ((k0 // 32 + rks) < H // 32)[None, :]
-            wg = tl.load(w_ptrs + k0 // 2, mask=wmask, other=0)
-            wu = tl.load(w_ptrs + (UP_W + k0 // 2), mask=wmask, other=0)
+            wg = e2m1_standard_bytes(tl.load(w_ptrs + k0 // 8, mask=wmask, other=0).to(tl.uint32, bitcast=True))
+            wu = e2m1_standard_bytes(
+                tl.load(w_ptrs + (UP_W + k0 // 8), mask=wmask, other=0).to(tl.uint32, bitcast=True)
+            )
             sg = tl.load(s_ptrs + k0 // 32, mask=smask, other=0)
             su = tl.load(s_ptrs + (UP_S + k0 // 32), mask=smask, other=0)
-            acc_g = tl.dot_scaled(xk, None, "bf16", wg, sg, "e2m1", acc_g, fast_math=True)
-            acc_u = tl.dot_scaled(xk, None, "bf16", wu, su, "e2m1", acc_u, fast_math=True)
-        offs = rows[:, None] * I + ri[None, :]
-        swiglu_store(acc_g, acc_u, act_ptr, offs, rows_ok[:, None] & i_ok[None, :], limit, HAS_LIMIT, False)
+            acc_g = tl.dot_scaled(wg, sg, "e2m1", xk, None, "bf16", acc_g, fast_math=True)
+            acc_u = tl.dot_scaled(wu, su, "e2m1", xk, None, "bf16", acc_u, fast_math=True)
+        offs = rows[None, :] * I + ri[:, None]
+        swiglu_store(acc_g, acc_u, act_ptr, offs, i_ok[:, None] & rows_ok[None, :], limit, HAS_LIMIT, False)
 
 
 @triton.jit
@@ -101,24 +107,26 @@ def _grouped_down(
     BLOCK_H: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    if tl.program_id(0) * BLOCK_T < tl.load(npad_ptr):  # blocks past the routing's last return at once
+    if tl.program_id(0) * BLOCK_T < tl.load(npad_ptr):
         e, rows, rows_ok = _block_rows(sorted_ptr, expert_ptr, n_assign, BLOCK_T)
         rh = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-        rkb = tl.arange(0, BLOCK_K // 2)
+        rkw = tl.arange(0, BLOCK_K // 8)
         rks = tl.arange(0, BLOCK_K // 32)
         rk = tl.arange(0, BLOCK_K)
         h_ok = rh < H
-        a_ptrs = act_ptr + rows[:, None] * I + rk[None, :]  # [BLOCK_T, BLOCK_K]
-        w_ptrs = w_ptr + e * (H * (I // 2)) + rh[None, :] * (I // 2) + rkb[:, None]  # [BLOCK_K/2, BLOCK_H]
+        a_ptrs = act_ptr + rows[None, :] * I + rk[:, None]  # act^T [BLOCK_K, BLOCK_T]
+        w_ptrs = w_ptr + e * (H * (I // 8)) + rh[:, None] * (I // 8) + rkw[None, :]  # [BLOCK_H, BLOCK_K/8]
         s_ptrs = s_ptr + e * (H * (I // 32)) + rh[:, None] * (I // 32) + rks[None, :]  # [BLOCK_H, BLOCK_K/32]
-        acc = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_H, BLOCK_T), dtype=tl.float32)
         for k0 in range(0, I, BLOCK_K):
-            ak = tl.load(a_ptrs + k0, mask=rows_ok[:, None] & ((k0 + rk) < I)[None, :], other=0.0)
-            w = tl.load(w_ptrs + k0 // 2, mask=((k0 // 2 + rkb) < I // 2)[:, None] & h_ok[None, :], other=0)
+            ak = tl.load(a_ptrs + k0, mask=((k0 + rk) < I)[:, None] & rows_ok[None, :], other=0.0)
+            wmask = h_ok[:, None] & ((k0 // 8 + rkw) < I // 8)[None, :]
+            w = e2m1_standard_bytes(tl.load(w_ptrs + k0 // 8, mask=wmask, other=0).to(tl.uint32, bitcast=True))
             s = tl.load(s_ptrs + k0 // 32, mask=h_ok[:, None] & ((k0 // 32 + rks) < I // 32)[None, :], other=0)
-            acc = tl.dot_scaled(ak, None, "bf16", w, s, "e2m1", acc, fast_math=True)
+            acc = tl.dot_scaled(w, s, "e2m1", ak, None, "bf16", acc, fast_math=True)
         wt = tl.load(wt_ptr + rows, mask=rows_ok, other=0.0)
-        tl.store(y_ptr + rows[:, None] * H + rh[None, :], acc * wt[:, None], mask=rows_ok[:, None] & h_ok[None, :])
+        offs = rows[None, :] * H + rh[:, None]
+        tl.store(y_ptr + offs, acc * wt[None, :], mask=h_ok[:, None] & rows_ok[None, :])
 
 
 def max_blocks(n_assign: int, num_experts: int, block_t: int) -> int:

@@ -3,15 +3,22 @@
 Why not the tensor cores: at decode the token side of an MMA is padded to 16 rows, and Triton's
 MXFP4 MMA path (``tl.dot_scaled``) widens every code through layout shuffles; on the H200 that ran
 at about 0.9 TB/s. A GEMV needs one multiply-add per weight, so the cost to beat is the unpacking.
-Each program reads whole 32-bit words (8 E2M1 codes, code ``n`` of word ``w`` is element ``8w + n``)
-and makes fp16 bit patterns for two codes at once with two shifts and two masks:
 
-    code s|e1 e0|m  ->  fp16 bits  s << 15 | (e1 e0 m) << 9   ==  fp16(value * 2^-14)
+Code words. ``TritonMoE`` repacks the E2M1 codes at load into 32-bit words laid out for this
+unpacking (``pack_e2m1_words``; same size as the checkpoint's codes). Word ``c`` holds elements
+8c..8c+7; element ``8c + j`` (j < 4) lives in the low half-word, ``8c + j + 4`` at the same places in
+the high half. Per half-word, code j's three magnitude bits (e1 e0 m) and its sign sit at
 
-exactly, including the subnormal code 0.5 (fp16 keeps subnormals; the widening to fp32 is exact).
-Word ``w`` shifted and masked gives one int32 holding codes ``j`` (low half) and ``j + 4`` (high
-half), for j = 0..3. Products are summed in fp32 per 32-code group, multiplied by the group's E8M0
-scale (``s << 23`` read as fp32 is 2^(s-127)) and the 2^14 is put back once at the end.
+    j = 0: bits 9-11, sign 15      j = 1: bits 6-8, sign 12
+    j = 2: bits 3-5,  sign 14      j = 3: bits 0-2, sign 13
+
+so one AND (j = 0), a shift and an AND (j = 1), or two shifts and two ANDs (j = 2, 3) move both
+halves' codes to ``s << 15 | (e1 e0 m) << 9``, the fp16 bit pattern of value * 2^-14, exactly,
+including the subnormal code 0.5 (fp16 keeps subnormals; the widening to fp32 is exact). That is 11
+integer operations per 8 codes; the checkpoint's nibble order needs 17 (timed on the H200: 17.5 ->
+16.9 us at one token, 46.0 -> 41.4 us at four, ``scripts/gemv_variants.py``). Products are summed
+in fp32 per 32-code group, multiplied by the group's E8M0 scale (``s << 23`` read as fp32 is
+2^(s-127)) and the 2^14 is put back once at the end.
 
 The activations are read as uint32 pairs of bf16 (one 4-byte load gives two of them, widened by a
 shift or a mask). The K loop is unrolled at compile time (faster on the H200 than a pipelined loop;
@@ -27,6 +34,7 @@ token) it issues its weight loads before that wait.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -38,19 +46,72 @@ except ImportError:  # pragma: no cover - older Triton: the launcher never asks 
     gdc_launch_dependents = gdc_wait = None
 
 
+EEM_BITS = (9, 6, 3, 0)  # lowest magnitude bit of code j (j = 0..3) in a half-word of a packed word
+SIGN_BITS = (15, 12, 14, 13)  # its sign bit
+
+
+def pack_e2m1_words(codes: torch.Tensor) -> torch.Tensor:
+    """Checkpoint E2M1 bytes [..., K/2] (element 2i in the low nibble) -> packed int32 words [..., K/8]
+    in the layout of the module docstring. K must be a multiple of 8."""
+    if codes.dtype != torch.uint8 or codes.shape[-1] % 4:
+        raise ValueError(f"need uint8 codes with K/2 a multiple of 4, got {codes.dtype} {tuple(codes.shape)}")
+    std = codes.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # code n at bits 4n..4n+3
+    out = torch.zeros_like(std)
+    for n in range(8):
+        j, half = n % 4, 16 * (n // 4)
+        code = (std >> (4 * n)) & 0xF
+        out |= ((code & 0x7) << (EEM_BITS[j] + half)) | ((code >> 3) << (SIGN_BITS[j] + half))
+    return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32)
+
+
+def unpack_e2m1_words(words: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``pack_e2m1_words`` (for tests and for reading the layout back)."""
+    packed = words.to(torch.int64) & 0xFFFFFFFF
+    std = torch.zeros_like(packed)
+    for n in range(8):
+        j, half = n % 4, 16 * (n // 4)
+        eem = (packed >> (EEM_BITS[j] + half)) & 0x7
+        sign = (packed >> (SIGN_BITS[j] + half)) & 0x1
+        std |= (eem | (sign << 3)) << (4 * n)
+    std = torch.where(std >= 2**31, std - 2**32, std).to(torch.int32)
+    return std.view(torch.uint8).reshape(*words.shape[:-1], words.shape[-1] * 4)
+
+
 @triton.jit
 def _e2m1_pair(w, J: tl.constexpr):
-    """Codes J and J+4 of every uint32 word of ``w``, as fp32 values times 2^-14."""
-    if J == 3:
-        mag = (w >> 3) & 0x0E000E00
-        sgn = w & 0x80008000
+    """Codes J and J+4 of every packed uint32 word of ``w``, as fp32 values times 2^-14."""
+    if J == 0:
+        bits = w & 0x8E008E00
+    elif J == 1:
+        bits = (w << 3) & 0x8E008E00
+    elif J == 2:
+        bits = ((w << 6) & 0x0E000E00) | ((w << 1) & 0x80008000)
     else:
-        mag = (w << (9 - 4 * J)) & 0x0E000E00
-        sgn = (w << (12 - 4 * J)) & 0x80008000
-    bits = mag | sgn
+        bits = ((w << 9) & 0x0E000E00) | ((w << 2) & 0x80008000)
     lo = bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
     hi = (bits >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
     return lo, hi
+
+
+@triton.jit
+def e2m1_standard_bytes(w):
+    """Packed uint32 words [R, C] -> the checkpoint's E2M1 bytes [R, 4C] (for ``tl.dot_scaled``)."""
+    std = (
+        ((w >> 9) & 0x00070007)
+        | ((w >> 12) & 0x00080008)
+        | ((w >> 2) & 0x00700070)
+        | ((w >> 5) & 0x00800080)
+        | ((w << 5) & 0x07000700)
+        | ((w >> 3) & 0x08000800)
+        | ((w << 12) & 0x70007000)
+        | ((w << 2) & 0x80008000)
+    )
+    b0 = (std & 0xFF).to(tl.uint8)
+    b1 = ((std >> 8) & 0xFF).to(tl.uint8)
+    b2 = ((std >> 16) & 0xFF).to(tl.uint8)
+    b3 = (std >> 24).to(tl.uint8)
+    both = tl.join(tl.join(b0, b2), tl.join(b1, b3))  # [R, C, 2, 2]: byte 2*m + l at [.., m, l]
+    return tl.reshape(both, (w.shape[0], w.shape[1] * 4))
 
 
 @triton.jit
