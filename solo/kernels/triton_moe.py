@@ -135,12 +135,17 @@ class TritonMoE(MoEBackend):
             gv_dn_block_n=_fit_block(base.gv_dn_block_n, self.hidden, 1),
             gv_dn_block_w=_fit_block(base.gv_dn_block_w, words_i, 4),
         )
+        self._pdl = (
+            base.gv_pdl
+            and not interpreter_mode()
+            and gdc_wait is not None
+            and torch.cuda.get_device_capability(self.device)[0] >= 9
+        )
 
     def uses_pdl(self) -> bool:
-        """Programmatic dependent launch: Hopper or newer, a Triton that has it, and asked for."""
-        if not self.config.gv_pdl or interpreter_mode() or gdc_wait is None:
-            return False
-        return torch.cuda.get_device_capability(self.device)[0] >= 9
+        """Programmatic dependent launch: Hopper or newer, a Triton that has it, and asked for
+        (decided when the config is set, not on every launch)."""
+        return self._pdl
 
     def uses_gemv(self, tokens: int) -> bool:
         """Whether T tokens run on the CUDA-core GEMV kernels (else the tensor-core kernels)."""
@@ -309,6 +314,7 @@ class TritonMoE(MoEBackend):
         tokens = out.shape[0]
         _, split = self.splits(tokens, top_k)
         part, cnt = self._scratch_for(tokens, top_k)
+        pdl = self.uses_pdl()
         _gemv_down_combine[(tokens, triton.cdiv(self.hidden, cfg.gv_dn_block_n), split)](
             act.view(torch.int32),  # bf16 pairs; act is a contiguous [T*k, I] buffer
             ids,
@@ -325,10 +331,10 @@ class TritonMoE(MoEBackend):
             BLOCK_N=cfg.gv_dn_block_n,
             BLOCK_W=cfg.gv_dn_block_w,
             SPLIT_E=split,
-            PDL=self.uses_pdl(),
+            PDL=pdl,
             EARLY_WEIGHTS=cfg.gv_early_weights and tokens > 1,
             num_warps=cfg.gv_dn_warps,
-            **({"launch_pdl": True} if self.uses_pdl() else {}),
+            **({"launch_pdl": True} if pdl else {}),
         )
 
     def warmup(self, top_k: int = 8, max_tokens: int = 4) -> dict[str, Any]:
