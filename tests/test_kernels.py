@@ -208,7 +208,8 @@ def test_in_kernel_unpacking_to_checkpoint_bytes():
 
 @cpu_only
 def test_moe_check_proves_both_kernel_families_ran():
-    """`solo check`'s MoE check counts which Triton kernels ran: prefill on the tensor cores, decode on GEMV."""
+    """`solo check`'s MoE check counts which Triton kernels ran: the short prefill and the decode step
+    both run the GEMV kernels (up to gemv_max_tokens tokens); the counters tell the families apart."""
     from solo.engine.engine import Engine
     from solo.preflight.checks import ACTIVE, check_moe_backend
 
@@ -217,7 +218,7 @@ def test_moe_check_proves_both_kernel_families_ran():
     check = check_moe_backend(engine, "triton")
     assert check.status == ACTIVE, check.reason
     layers = check.evidence["layers"]
-    assert (check.evidence["gemv_calls"], check.evidence["tensor_core_calls"]) == (layers, layers)
+    assert (check.evidence["gemv_calls"], check.evidence["tensor_core_calls"]) == (2 * layers, 0)
     assert "gemv_calls=" in check.line()
 
 
@@ -393,8 +394,11 @@ def cuda_experts():
 @needs_cuda
 @pytest.mark.parametrize("t", [1, 4, 16])
 @pytest.mark.parametrize("limit", [None, 7.0])
-def test_gpu_triton_moe_real_shapes(cuda_experts, t, limit):
-    moe = TritonMoE(cuda_experts, dtype=torch.bfloat16, swiglu_limit=limit)
+@pytest.mark.parametrize("path", ["gemv", "grouped"])
+def test_gpu_triton_moe_real_shapes(cuda_experts, t, limit, path):
+    config = MoEConfig() if path == "gemv" else MoEConfig(gemv_max_tokens=0)
+    moe = TritonMoE(cuda_experts, dtype=torch.bfloat16, swiglu_limit=limit, config=config)
+    assert moe.uses_gemv(t) == (path == "gemv")
     x = torch.randn((t, H), device="cuda").to(torch.bfloat16)
     ids, w = random_routing(t, TOPK, E, "cuda")
     out = torch.full((t, H), float("nan"), dtype=torch.bfloat16, device="cuda")
