@@ -2,10 +2,10 @@
 
 Two kernel families, chosen by the token count T only (static per captured CUDA graph):
 
-- T <= ``MoEConfig.gemv_max_tokens`` (decode, verification): the CUDA-core GEMV kernels of
+- T <= ``MoEConfig.gemv_max_tokens`` (decode, verification, prompts up to 192 tokens): the CUDA-core GEMV kernels of
   solo.kernels.triton_mxfp4_gemv, one GEMV per (token, expert) assignment, no host synchronisation,
   no data-dependent Python control flow, capturable in a CUDA graph.
-- Larger T (prefill chunks): the grouped tensor-core kernels of solo.kernels.triton_moe_grouped.
+- Larger T (longer prompts): the grouped tensor-core kernels of solo.kernels.triton_moe_grouped.
   Assignments are sorted by expert on the device (solo.kernels.routing.align_routing), so every
   weight tile is read once for up to ``pf_block_t`` tokens of its expert.
 

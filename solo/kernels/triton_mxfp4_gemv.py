@@ -1,4 +1,5 @@
-"""Routed MoE in MXFP4 for 1-4 tokens on the CUDA cores: a GEMV per (token, expert).
+"""Routed MoE in MXFP4 for few tokens (decode, verification, short prompts) on the CUDA cores: a GEMV
+per (token, expert).
 
 Why not the tensor cores: at decode the token side of an MMA is padded to 16 rows, and Triton's
 MXFP4 MMA path (``tl.dot_scaled``) widens every code through layout shuffles; on the H200 that ran
