@@ -72,6 +72,7 @@ def main(out_dir: str) -> None:
                 BLOCK_T=cfg.pf_block_t,
                 BLOCK_I=cfg.pf_block_i,
                 BLOCK_K=cfg.pf_block_k,
+                F16=cfg.pf_f16,
             ),
             cfg.pf_warps,
         ),
@@ -79,7 +80,7 @@ def main(out_dir: str) -> None:
             grouped._grouped_down,
             {"act_ptr": "*bf16", "sorted_ptr": "*i32", "expert_ptr": "*i32", "npad_ptr": "*i32", "wt_ptr": "*fp32"}
             | {"w_ptr": "*i32", "s_ptr": "*u8", "y_ptr": "*fp32", "n_assign": "i32"},
-            dict(H=H, I=I, BLOCK_T=cfg.pf_block_t, BLOCK_H=cfg.pf_block_h, BLOCK_K=cfg.pf_block_k),
+            dict(H=H, I=I, BLOCK_T=cfg.pf_block_t, BLOCK_H=cfg.pf_block_h, BLOCK_K=cfg.pf_block_k, F16=cfg.pf_f16),
             cfg.pf_warps,
         ),
     }

@@ -93,15 +93,19 @@ def random_routing(t: int, k: int, e: int, device: str = "cpu") -> tuple[torch.T
     [
         MoEConfig(gemv_max_tokens=0),
         MoEConfig(pf_block_t=16, pf_block_i=16, pf_block_h=32, pf_block_k=64, gemv_max_tokens=0),
+        MoEConfig(gemv_max_tokens=0, pf_f16=False),
+        MoEConfig(pf_block_t=16, pf_block_i=16, pf_block_h=32, pf_block_k=64, gemv_max_tokens=0, pf_f16=False),
     ],
-    ids=["default", "small_tiles"],
+    ids=["f16", "f16-small_tiles", "dot_scaled", "dot_scaled-small_tiles"],
 )
 def test_triton_moe_grouped_matches_torch_reference(limit, config):
-    """The grouped tensor-core kernels (gemv_max_tokens=0 routes every T to them): tokens share
-    experts (up to 19 x 4 assignments over 16 experts), blocks are partly padding, K tiles partial."""
+    """The grouped tensor-core kernels (gemv_max_tokens=0 routes every T to them), on fp16 products and
+    on tl.dot_scaled: tokens share experts (up to 19 x 4 assignments over 16 experts), blocks are
+    partly padding, K tiles partial."""
     h, i, e, k = 160, 64, 16, 4
     experts = mxfp4_experts(e, h, i)
     moe = TritonMoE(experts, dtype=torch.bfloat16, swiglu_limit=limit, config=config)
+    assert moe.uses_f16_prefill() == config.pf_f16
     ref = TorchMoE(experts, torch.float32, swiglu_limit=limit)
     for t in (1, 5, 19):
         x = torch.randn((t, h)).to(torch.bfloat16)
@@ -114,6 +118,27 @@ def test_triton_moe_grouped_matches_torch_reference(limit, config):
         # The interpreter truncates fp32 -> bf16 (the GPU rounds to nearest), so the bf16 act and
         # output carry up to twice the usual rounding error here.
         assert rel_err(out, expected) < 1e-2, (t, rel_err(out, expected))
+
+
+@cpu_only
+def test_grouped_f16_products_exact_at_the_scale_range_edges():
+    """Random codes with E8M0 scales drawn from the whole range the fp16 path accepts (2^-23 .. 2^1);
+    a checkpoint with a larger scale makes the kernels use tl.dot_scaled instead."""
+    h, i, e, k, t = 128, 64, 8, 2, 3
+    experts = MXFP4Experts(
+        gate_up=torch.randint(0, 256, (e, 2 * i, h // 2), dtype=torch.uint8),
+        gate_up_scale=torch.randint(104, 129, (e, 2 * i, h // 32), dtype=torch.uint8),
+        down=torch.randint(0, 256, (e, h, i // 2), dtype=torch.uint8),
+        down_scale=torch.randint(104, 129, (e, h, i // 32), dtype=torch.uint8),
+    )
+    moe = TritonMoE(experts, config=MoEConfig(gemv_max_tokens=0))
+    assert moe.uses_f16_prefill()
+    x = torch.randn((t, h)).to(torch.bfloat16)
+    ids, w = random_routing(t, k, e)
+    ref = TorchMoE(experts, torch.float32)(x.float(), ids, w)
+    assert rel_err(moe.forward(x, ids, w), ref) < 1e-2
+    experts.down_scale[0, 0, 0] = 129
+    assert not TritonMoE(experts, config=MoEConfig(gemv_max_tokens=0)).uses_f16_prefill()
 
 
 @cpu_only

@@ -479,12 +479,19 @@ def tune(
             data = routing_sets(s, t, 4, device)
             cands = [
                 MoEConfig(
-                    gemv_max_tokens=0, pf_block_i=bi, pf_block_h=bh, pf_block_k=bk, pf_warps=warps, pf_stages=stages
+                    gemv_max_tokens=0,
+                    pf_block_i=bi,
+                    pf_block_h=bh,
+                    pf_block_k=bk,
+                    pf_warps=warps,
+                    pf_stages=stages,
+                    pf_f16=f16,
                 )
-                for bi, bh in ((32, 32), (64, 64), (128, 128))
+                for bi, bh in (((64, 64), (128, 128)) if quick else ((32, 32), (64, 64), (128, 128)))
                 for bk in (128, 256)
                 for warps in (4, 8)
                 for stages in ((3,) if quick else (2, 3, 4))
+                for f16 in (True, False)
             ]
 
             def run_grouped(cfg: MoEConfig, data=data) -> float:

@@ -32,7 +32,7 @@ from solo.kernels.triton_fp8 import (
     measure_compile,
     require_triton_device,
 )
-from solo.kernels.triton_moe_grouped import _grouped_down, _grouped_gate_up_act, max_blocks
+from solo.kernels.triton_moe_grouped import F16_MAX_SCALE, _grouped_down, _grouped_gate_up_act, max_blocks
 from solo.kernels.triton_mxfp4_gemv import _gemv_down_combine, _gemv_gate_up_act, gdc_wait, pack_e2m1_words
 
 __all__ = ["MoEConfig", "TritonMoE", "kernel_cache_report"]
@@ -50,6 +50,9 @@ class MoEConfig:
     pf_block_k: int = 128
     pf_warps: int = 8
     pf_stages: int = 3
+    # fp16 tensor-core products from the GEMV unpacking (exact for the checkpoint's scale range, checked
+    # at load) instead of tl.dot_scaled on checkpoint bytes
+    pf_f16: bool = True
     # CUDA-core GEMV path (solo.kernels.triton_mxfp4_gemv), used for T <= gemv_max_tokens.
     # Tuned on the H200 at Ling-3.0-flash shapes (python -m solo.bench.kernels --tune --cases gemv).
     # Above this the grouped path: on the H200 the GEMV path is faster up to about 220 tokens
@@ -116,6 +119,9 @@ class TritonMoE(MoEBackend):
         self.down_words = pack_e2m1_words(tensors["down"])
         self.gate_up_scale = tensors["gate_up_scale"]
         self.down_scale = tensors["down_scale"]
+        top_scale = max(int(self.gate_up_scale.max()), int(self.down_scale.max()))
+        # whether the prefill's fp16 products are exact for these scales (else tl.dot_scaled is used)
+        self.f16_products_exact = top_scale <= F16_MAX_SCALE
         self.config = config or MoEConfig()
         self._scratch: dict[str, torch.Tensor] = {}
         self.path_calls = {"gemv": 0, "tensor_core": 0}  # eager forwards per kernel family
@@ -132,7 +138,7 @@ class TritonMoE(MoEBackend):
             base,
             pf_block_i=_fit_block(base.pf_block_i, self.inter, 16),
             pf_block_h=_fit_block(base.pf_block_h, self.hidden, 16),
-            pf_block_k=_fit_block(base.pf_block_k, min(self.hidden, self.inter), 64),
+            pf_block_k=max(_fit_block(base.pf_block_k, min(self.hidden, self.inter), 64), 128 if base.pf_f16 else 64),
             gv_gu_block_n=_fit_block(base.gv_gu_block_n, self.inter, 1),
             gv_gu_block_w=_fit_block(base.gv_gu_block_w, words_h, 4),
             gv_dn_block_n=_fit_block(base.gv_dn_block_n, self.hidden, 1),
@@ -149,6 +155,10 @@ class TritonMoE(MoEBackend):
         """Programmatic dependent launch: Hopper or newer, a Triton that has it, and asked for
         (decided when the config is set, not on every launch)."""
         return self._pdl
+
+    def uses_f16_prefill(self) -> bool:
+        """Grouped kernels on fp16 products (asked for, and exact for this checkpoint's scales)."""
+        return self.config.pf_f16 and self.f16_products_exact
 
     def uses_gemv(self, tokens: int) -> bool:
         """Whether T tokens run on the CUDA-core GEMV kernels (else the tensor-core kernels)."""
@@ -260,6 +270,7 @@ class TritonMoE(MoEBackend):
             BLOCK_T=cfg.pf_block_t,
             BLOCK_I=cfg.pf_block_i,
             BLOCK_K=cfg.pf_block_k,
+            F16=self.uses_f16_prefill(),
             num_warps=cfg.pf_warps,
             num_stages=cfg.pf_stages,
         )
@@ -279,6 +290,7 @@ class TritonMoE(MoEBackend):
             BLOCK_T=cfg.pf_block_t,
             BLOCK_H=cfg.pf_block_h,
             BLOCK_K=cfg.pf_block_k,
+            F16=self.uses_f16_prefill(),
             num_warps=cfg.pf_warps,
             num_stages=cfg.pf_stages,
         )

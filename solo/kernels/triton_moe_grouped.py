@@ -26,7 +26,13 @@ import triton
 import triton.language as tl
 
 from solo.kernels.triton_epilogues import swiglu_store
-from solo.kernels.triton_mxfp4_gemv import e2m1_standard_bytes
+from solo.kernels.triton_mxfp4_gemv import e2m1_pair_f16, e2m1_standard_bytes
+
+# E8M0 scale bytes for which the fp16 path is exact: code * 2^-14 (fp16) times the fp16 factor 2^(s-113)
+# is value * 2^(s-127); the factor must be an fp16 (s <= 128) and the smallest code, 0.5, must stay
+# representable (s >= 104). Below 104 values flush toward zero (relative error at most 2^-24 of the
+# group's scale); above 128 the path is refused (TritonMoE checks the checkpoint at load).
+F16_MAX_SCALE = 128
 
 
 @triton.jit
@@ -37,6 +43,13 @@ def _block_rows(sorted_ptr, expert_ptr, n_assign, BLOCK_T: tl.constexpr):
     e = tl.load(expert_ptr + b).to(tl.int64)
     rows_ok = rows < n_assign
     return e, tl.where(rows_ok, rows, 0), rows_ok
+
+
+@triton.jit
+def _f16_group_scale(s, R: tl.constexpr, W: tl.constexpr):
+    """E8M0 bytes [R, W/4] -> fp16 2^(s-113) per code word [R, W] (clamped to fp16's normal range)."""
+    f = (tl.minimum(tl.maximum(s.to(tl.int32) - 98, 0), 30) << 10).to(tl.int16).to(tl.float16, bitcast=True)
+    return tl.reshape(tl.broadcast_to(f[:, :, None], (R, W // 4, 4)), (R, W))
 
 
 @triton.jit
@@ -58,6 +71,7 @@ def _grouped_gate_up_act(
     BLOCK_T: tl.constexpr,
     BLOCK_I: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    F16: tl.constexpr,
 ):
     if tl.program_id(0) * BLOCK_T < tl.load(npad_ptr):  # blocks past the routing's last return at once
         e, rows, rows_ok = _block_rows(sorted_ptr, expert_ptr, n_assign, BLOCK_T)
@@ -74,18 +88,35 @@ def _grouped_gate_up_act(
         UP_S: tl.constexpr = I * (H // 32)
         acc_g = tl.zeros((BLOCK_I, BLOCK_T), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_I, BLOCK_T), dtype=tl.float32)
+        W: tl.constexpr = BLOCK_K // 8
+        xw_ptrs = x_ptr + tok[None, :] * stride_xt + 8 * rkw[:, None]  # element 8c of word c, [W, BLOCK_T]
         for k0 in range(0, H, BLOCK_K):
-            xk = tl.load(x_ptrs + k0, mask=((k0 + rk) < H)[:, None] & rows_ok[None, :], other=0.0)
-            wmask = i_ok[:, None] & ((k0 // 8 + rkw) < H // 8)[None, :]
+            w_ok = (k0 // 8 + rkw) < H // 8
+            wmask = i_ok[:, None] & w_ok[None, :]
             smask = i_ok[:, None] & ((k0 // 32 + rks) < H // 32)[None, :]
-            wg = e2m1_standard_bytes(tl.load(w_ptrs + k0 // 8, mask=wmask, other=0).to(tl.uint32, bitcast=True))
-            wu = e2m1_standard_bytes(
-                tl.load(w_ptrs + (UP_W + k0 // 8), mask=wmask, other=0).to(tl.uint32, bitcast=True)
-            )
+            wg = tl.load(w_ptrs + k0 // 8, mask=wmask, other=0).to(tl.uint32, bitcast=True)
+            wu = tl.load(w_ptrs + (UP_W + k0 // 8), mask=wmask, other=0).to(tl.uint32, bitcast=True)
             sg = tl.load(s_ptrs + k0 // 32, mask=smask, other=0)
             su = tl.load(s_ptrs + (UP_S + k0 // 32), mask=smask, other=0)
-            acc_g = tl.dot_scaled(wg, sg, "e2m1", xk, None, "bf16", acc_g, fast_math=True)
-            acc_u = tl.dot_scaled(wu, su, "e2m1", xk, None, "bf16", acc_u, fast_math=True)
+            if F16:
+                # One fp16 MMA per code position n of the words: elements 8c + n of the tile, exact
+                # fp16 weights (code bits times the group's power of two), fp32 accumulation.
+                fg = _f16_group_scale(sg, BLOCK_I, W)
+                fu = _f16_group_scale(su, BLOCK_I, W)
+                xmask = w_ok[:, None] & rows_ok[None, :]
+                for j in tl.static_range(4):
+                    glo, ghi = e2m1_pair_f16(wg, j)
+                    ulo, uhi = e2m1_pair_f16(wu, j)
+                    x_lo = tl.load(xw_ptrs + (k0 + j), mask=xmask, other=0.0).to(tl.float16)
+                    x_hi = tl.load(xw_ptrs + (k0 + j + 4), mask=xmask, other=0.0).to(tl.float16)
+                    acc_g = tl.dot(glo * fg, x_lo, acc_g)
+                    acc_g = tl.dot(ghi * fg, x_hi, acc_g)
+                    acc_u = tl.dot(ulo * fu, x_lo, acc_u)
+                    acc_u = tl.dot(uhi * fu, x_hi, acc_u)
+            else:
+                xk = tl.load(x_ptrs + k0, mask=((k0 + rk) < H)[:, None] & rows_ok[None, :], other=0.0)
+                acc_g = tl.dot_scaled(e2m1_standard_bytes(wg), sg, "e2m1", xk, None, "bf16", acc_g, fast_math=True)
+                acc_u = tl.dot_scaled(e2m1_standard_bytes(wu), su, "e2m1", xk, None, "bf16", acc_u, fast_math=True)
         offs = rows[None, :] * I + ri[:, None]
         swiglu_store(acc_g, acc_u, act_ptr, offs, i_ok[:, None] & rows_ok[None, :], limit, HAS_LIMIT, False)
 
@@ -106,6 +137,7 @@ def _grouped_down(
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    F16: tl.constexpr,
 ):
     if tl.program_id(0) * BLOCK_T < tl.load(npad_ptr):
         e, rows, rows_ok = _block_rows(sorted_ptr, expert_ptr, n_assign, BLOCK_T)
@@ -118,12 +150,24 @@ def _grouped_down(
         w_ptrs = w_ptr + e * (H * (I // 8)) + rh[:, None] * (I // 8) + rkw[None, :]  # [BLOCK_H, BLOCK_K/8]
         s_ptrs = s_ptr + e * (H * (I // 32)) + rh[:, None] * (I // 32) + rks[None, :]  # [BLOCK_H, BLOCK_K/32]
         acc = tl.zeros((BLOCK_H, BLOCK_T), dtype=tl.float32)
+        W: tl.constexpr = BLOCK_K // 8
+        aw_ptrs = act_ptr + rows[None, :] * I + 8 * rkw[:, None]  # element 8c of word c, [W, BLOCK_T]
         for k0 in range(0, I, BLOCK_K):
-            ak = tl.load(a_ptrs + k0, mask=((k0 + rk) < I)[:, None] & rows_ok[None, :], other=0.0)
-            wmask = h_ok[:, None] & ((k0 // 8 + rkw) < I // 8)[None, :]
-            w = e2m1_standard_bytes(tl.load(w_ptrs + k0 // 8, mask=wmask, other=0).to(tl.uint32, bitcast=True))
+            w_ok = (k0 // 8 + rkw) < I // 8
+            w = tl.load(w_ptrs + k0 // 8, mask=h_ok[:, None] & w_ok[None, :], other=0).to(tl.uint32, bitcast=True)
             s = tl.load(s_ptrs + k0 // 32, mask=h_ok[:, None] & ((k0 // 32 + rks) < I // 32)[None, :], other=0)
-            acc = tl.dot_scaled(w, s, "e2m1", ak, None, "bf16", acc, fast_math=True)
+            if F16:  # see the gate_up kernel
+                f = _f16_group_scale(s, BLOCK_H, W)
+                amask = w_ok[:, None] & rows_ok[None, :]
+                for j in tl.static_range(4):
+                    lo, hi = e2m1_pair_f16(w, j)
+                    a_lo = tl.load(aw_ptrs + (k0 + j), mask=amask, other=0.0).to(tl.float16)
+                    a_hi = tl.load(aw_ptrs + (k0 + j + 4), mask=amask, other=0.0).to(tl.float16)
+                    acc = tl.dot(lo * f, a_lo, acc)
+                    acc = tl.dot(hi * f, a_hi, acc)
+            else:
+                ak = tl.load(a_ptrs + k0, mask=((k0 + rk) < I)[:, None] & rows_ok[None, :], other=0.0)
+                acc = tl.dot_scaled(e2m1_standard_bytes(w), s, "e2m1", ak, None, "bf16", acc, fast_math=True)
         wt = tl.load(wt_ptr + rows, mask=rows_ok, other=0.0)
         offs = rows[None, :] * H + rh[:, None]
         tl.store(y_ptr + offs, acc * wt[None, :], mask=h_ok[:, None] & rows_ok[None, :])
