@@ -45,19 +45,19 @@ class MoEConfig:
     # Grouped tensor-core path (solo.kernels.triton_moe_grouped), used for T > gemv_max_tokens.
     # Tuned on the H200 (python -m solo.bench.kernels --tune --quick --cases moe, T = 64 and 512).
     pf_block_t: int = 16  # assignment rows per block (the MMA's N side)
-    pf_block_i: int = 128
-    pf_block_h: int = 128
-    pf_block_k: int = 128
-    pf_warps: int = 8
+    pf_block_i: int = 64
+    pf_block_h: int = 64
+    pf_block_k: int = 256
+    pf_warps: int = 4
     pf_stages: int = 3
     # fp16 tensor-core products from the GEMV unpacking (exact for the checkpoint's scale range, checked
     # at load) instead of tl.dot_scaled on checkpoint bytes
     pf_f16: bool = True
     # CUDA-core GEMV path (solo.kernels.triton_mxfp4_gemv), used for T <= gemv_max_tokens.
     # Tuned on the H200 at Ling-3.0-flash shapes (python -m solo.bench.kernels --tune --cases gemv).
-    # Above this the grouped path: on the H200 the GEMV path is faster up to about 220 tokens
-    # (1.08 ms vs 1.86 ms per layer at 128, 2.09 vs 1.85 at 256; docs/kernels.md).
-    gemv_max_tokens: int = 192
+    # Above this the grouped path: on the H200 the GEMV path is faster up to about 100 tokens
+    # (0.56 ms vs 0.86 ms per layer at 64, 1.08 vs 0.88 at 128; docs/kernels.md).
+    gemv_max_tokens: int = 96
     gv_gu_block_n: int = 8
     gv_gu_block_w: int = 64  # 32-bit words (8 codes each) per row per K tile
     gv_gu_warps: int = 2  # (no num_stages: the GEMV K loops are unrolled, nothing to pipeline)
