@@ -2,7 +2,7 @@
 
 Two kernel families, chosen by the token count T only (static per captured CUDA graph):
 
-- T <= ``MoEConfig.gemv_max_tokens`` (decode, verification, prompts up to 192 tokens): the CUDA-core GEMV kernels of
+- T <= ``MoEConfig.gemv_max_tokens`` (decode, verification, prompts up to 96 tokens): the CUDA-core GEMV kernels of
   solo.kernels.triton_mxfp4_gemv, one GEMV per (token, expert) assignment, no host synchronisation,
   no data-dependent Python control flow, capturable in a CUDA graph.
 - Larger T (longer prompts): the grouped tensor-core kernels of solo.kernels.triton_moe_grouped.
