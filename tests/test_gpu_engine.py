@@ -83,4 +83,5 @@ def test_preflight_all_active_on_gpu():
         ("moe_backend", "lm_head", "draft_head", "mtp", "kernels", "cuda_graphs"), ACTIVE
     )
     moe = next(c for c in report.checks if c.name == "moe_backend").evidence
-    assert moe["gemv_calls"] > 0 and moe["tensor_core_calls"] == 0  # a short prompt and decode: GEMV only
+    assert moe["gemv_calls"] > 0 and moe["tensor_core_calls"] > 0  # decode on GEMV, prefill on grouped kernels
+    assert moe["prefill_products"] == "fp16"

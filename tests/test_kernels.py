@@ -233,8 +233,8 @@ def test_in_kernel_unpacking_to_checkpoint_bytes():
 
 @cpu_only
 def test_moe_check_proves_both_kernel_families_ran():
-    """`solo check`'s MoE check counts which Triton kernels ran: the short prefill and the decode step
-    both run the GEMV kernels (up to gemv_max_tokens tokens); the counters tell the families apart."""
+    """`solo check`'s MoE check counts which Triton kernels ran: its prefill is one token longer than
+    the GEMV path takes, so it runs the grouped kernels, and the decode step runs the GEMV kernels."""
     from solo.engine.engine import Engine
     from solo.preflight.checks import ACTIVE, check_moe_backend
 
@@ -243,7 +243,10 @@ def test_moe_check_proves_both_kernel_families_ran():
     check = check_moe_backend(engine, "triton")
     assert check.status == ACTIVE, check.reason
     layers = check.evidence["layers"]
-    assert (check.evidence["gemv_calls"], check.evidence["tensor_core_calls"]) == (2 * layers, 0)
+    assert (check.evidence["gemv_calls"], check.evidence["tensor_core_calls"]) == (layers, layers)
+    first = next(m.experts for m in engine.model.modules() if isinstance(getattr(m, "experts", None), TritonMoE))
+    assert check.evidence["tokens"] == first.config.gemv_max_tokens + 2  # the prompt and one decode step
+    assert check.evidence["prefill_products"] in ("fp16", "dot_scaled")
     assert "gemv_calls=" in check.line()
 
 

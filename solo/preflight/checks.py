@@ -108,7 +108,11 @@ def check_moe_backend(engine: Engine, requested: str) -> Check:
         return Check("moe_backend", requested, OFF, {"reason": "model has no MoE layers"})
     before = [m.experts.calls for m in moes]
     paths_before = _path_calls(moes)
-    ids = torch.tensor(engine.tokenizer.encode("1 + 1 = 2")[:8] or [0], device=engine.model.device)
+    # Triton picks its kernels by token count: a prompt just long enough for the grouped (prefill)
+    # kernels, then a one-token decode step on the GEMV kernels, proves both families run.
+    length = max([8] + [m.experts.config.gemv_max_tokens + 1 for m in moes if hasattr(m.experts, "path_calls")])
+    text = engine.tokenizer.encode("1 + 1 = 2") or [0]
+    ids = torch.tensor((text * (length // len(text) + 1))[:length], device=engine.model.device)
     dev = engine.model.device
     with torch.inference_mode():
         cache = engine.cache_for(len(ids) + 1)
@@ -121,8 +125,13 @@ def check_moe_backend(engine: Engine, requested: str) -> Check:
     if paths:  # Triton: which kernel family ran the prefill and the decode step
         evidence.update({f"{family}_calls": n for family, n in paths.items()})
         evidence["dependent_launch"] = any(getattr(m.experts, "uses_pdl", lambda: False)() for m in moes)
+        f16 = {m.experts.uses_f16_prefill() for m in moes if hasattr(m.experts, "uses_f16_prefill")}
+        if f16:
+            evidence["prefill_products"] = "+".join(sorted("fp16" if f else "dot_scaled" for f in f16))
         if paths.get("gemv", 0) < len(moes) and all(m.experts.uses_gemv(1) for m in moes):
             return Check("moe_backend", requested, FAILED, evidence, "the decode step did not run the GEMV kernels")
+        if paths.get("tensor_core", 0) < len(moes) and not any(m.experts.uses_gemv(len(ids)) for m in moes):
+            return Check("moe_backend", requested, FAILED, evidence, "the prefill did not run the grouped kernels")
     idle = [i for i, (m, b) in enumerate(zip(moes, before, strict=True)) if m.experts.calls == b]
     if names != [requested]:
         return Check(
