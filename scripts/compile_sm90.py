@@ -36,6 +36,7 @@ def main(out_dir: str) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = MoEConfig()
+    grouped_shape = dict(H=H, I=I, BLOCK_T=cfg.pf_block_t, BLOCK_K=cfg.pf_block_k, F16=cfg.pf_f16)
     kernels = {
         "gemv_gate_up_act": _compile(
             gemv._gemv_gate_up_act,
@@ -64,23 +65,14 @@ def main(out_dir: str) -> None:
             grouped._grouped_gate_up_act,
             {"x_ptr": "*bf16", "sorted_ptr": "*i32", "expert_ptr": "*i32", "npad_ptr": "*i32", "w_ptr": "*i32"}
             | {"s_ptr": "*u8", "act_ptr": "*bf16", "n_assign": "i32", "stride_xt": "i32", "limit": "fp32"},
-            dict(
-                H=H,
-                I=I,
-                TOPK=TOPK,
-                HAS_LIMIT=False,
-                BLOCK_T=cfg.pf_block_t,
-                BLOCK_I=cfg.pf_block_i,
-                BLOCK_K=cfg.pf_block_k,
-                F16=cfg.pf_f16,
-            ),
+            dict(**grouped_shape, TOPK=TOPK, HAS_LIMIT=False, BLOCK_I=cfg.pf_block_i),
             cfg.pf_warps,
         ),
         "grouped_down": _compile(
             grouped._grouped_down,
             {"act_ptr": "*bf16", "sorted_ptr": "*i32", "expert_ptr": "*i32", "npad_ptr": "*i32", "wt_ptr": "*fp32"}
             | {"w_ptr": "*i32", "s_ptr": "*u8", "y_ptr": "*fp32", "n_assign": "i32"},
-            dict(H=H, I=I, BLOCK_T=cfg.pf_block_t, BLOCK_H=cfg.pf_block_h, BLOCK_K=cfg.pf_block_k, F16=cfg.pf_f16),
+            dict(**grouped_shape, BLOCK_H=cfg.pf_block_h),
             cfg.pf_warps,
         ),
     }

@@ -255,8 +255,8 @@ def bench_moe(
             gemv = moe.uses_gemv(t)
             path = "CUDA-core GEMV" if gemv else "grouped tensor-core"
             us = timer([lambda d=d, moe=moe: moe.forward(*d) for d in data])
-            splits = moe.splits(t, s.top_k)
-            note = (f"splits K/{splits[0]}, E/{splits[1]}" if gemv else "") + ("; engine default" if moe is tri else "")
+            split = moe.down_split(t, s.top_k)
+            note = (f"down split E/{split}" if gemv else "") + ("; engine default" if moe is tri else "")
             parts = "2 kernels" if gemv else "tables, 2 kernels, sum"
             row = Row(case, f"triton {path} ({parts})", us, nb["total"], note)
             if moe is tri:

@@ -83,6 +83,10 @@ class MoEBackend(ABC):
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """x [T, H]; topk_ids [T, k] integer; topk_weights [T, k] float32 -> [T, H] in x.dtype."""
 
+    def probe_prompt_tokens(self) -> int:
+        """Shortest prompt whose prefill runs this backend's prefill kernels (for the start-up check)."""
+        return 1
+
 
 class TorchMoE(MoEBackend):
     """Reference backend: dense weights (MXFP4 is dequantized once, at construction).

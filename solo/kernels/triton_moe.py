@@ -160,6 +160,10 @@ class TritonMoE(MoEBackend):
         """Grouped kernels on fp16 products (asked for, and exact for this checkpoint's scales)."""
         return self.config.pf_f16 and self.f16_products_exact
 
+    def probe_prompt_tokens(self) -> int:
+        """One token more than the GEMV path takes: the prefill then runs the grouped kernels."""
+        return self.config.gemv_max_tokens + 1
+
     def uses_gemv(self, tokens: int) -> bool:
         """Whether T tokens run on the CUDA-core GEMV kernels (else the tensor-core kernels)."""
         return tokens <= self.config.gemv_max_tokens
@@ -200,12 +204,12 @@ class TritonMoE(MoEBackend):
             self.launch_grouped(xb, ids, wts, act, out, top_k)
         return out
 
-    def splits(self, tokens: int, top_k: int) -> tuple[int, int]:
-        """(gate_up K splits, down expert splits) used for this token count (static per T)."""
+    def down_split(self, tokens: int, top_k: int) -> int:
+        """Programs sharing one token's experts in the GEMV down kernel (static per T; 1 off that path)."""
         if self.uses_gemv(tokens):
             most = max(1, self.config.gv_dn_split_e)
-            return 1, max(d for d in range(1, top_k + 1) if top_k % d == 0 and d <= most)
-        return 1, 1  # grouped path: no splits
+            return max(d for d in range(1, top_k + 1) if top_k % d == 0 and d <= most)
+        return 1
 
     def _buffer(self, name: str, numel: int, dtype: torch.dtype, zero: bool) -> torch.Tensor:
         # A stored buffer is never replaced: a captured CUDA graph may point at it, and freeing it
@@ -227,7 +231,7 @@ class TritonMoE(MoEBackend):
 
     def _scratch_for(self, tokens: int, top_k: int) -> tuple[torch.Tensor, ...]:
         cfg = self.config
-        gu, dn = self.splits(tokens, top_k)
+        dn = self.down_split(tokens, top_k)
         if self.uses_gemv(tokens):
             slots = tokens * triton.cdiv(self.hidden, cfg.gv_dn_block_n)
             return (
@@ -252,6 +256,13 @@ class TritonMoE(MoEBackend):
         sorted_ids, expert_ids, npad = align_routing(ids, cfg.pf_block_t)
         blocks = min(n, max_blocks(n, self.num_experts, cfg.pf_block_t))  # a block holds >= 1 row
         limit = float(self.swiglu_limit) if self.swiglu_limit is not None else 0.0
+        common = dict(
+            BLOCK_T=cfg.pf_block_t,
+            BLOCK_K=cfg.pf_block_k,
+            F16=self.uses_f16_prefill(),
+            num_warps=cfg.pf_warps,
+            num_stages=cfg.pf_stages,
+        )
         _grouped_gate_up_act[(blocks, triton.cdiv(self.inter, cfg.pf_block_i))](
             xb,
             sorted_ids,
@@ -267,12 +278,8 @@ class TritonMoE(MoEBackend):
             I=self.inter,
             TOPK=top_k,
             HAS_LIMIT=self.swiglu_limit is not None,
-            BLOCK_T=cfg.pf_block_t,
             BLOCK_I=cfg.pf_block_i,
-            BLOCK_K=cfg.pf_block_k,
-            F16=self.uses_f16_prefill(),
-            num_warps=cfg.pf_warps,
-            num_stages=cfg.pf_stages,
+            **common,
         )
         y = torch.empty((n, self.hidden), dtype=torch.float32, device=xb.device)
         _grouped_down[(blocks, triton.cdiv(self.hidden, cfg.pf_block_h))](
@@ -287,12 +294,8 @@ class TritonMoE(MoEBackend):
             n,
             H=self.hidden,
             I=self.inter,
-            BLOCK_T=cfg.pf_block_t,
             BLOCK_H=cfg.pf_block_h,
-            BLOCK_K=cfg.pf_block_k,
-            F16=self.uses_f16_prefill(),
-            num_warps=cfg.pf_warps,
-            num_stages=cfg.pf_stages,
+            **common,
         )
         out.copy_(y.view(tokens, top_k, self.hidden).sum(dim=1))  # fixed order over the k experts
 
@@ -327,7 +330,7 @@ class TritonMoE(MoEBackend):
         """GEMV kernel 2 (small T): out[t] = sum_j w[t, j] * W_down[e_tj] act[t*k + j]."""
         cfg = self.config
         tokens = out.shape[0]
-        _, split = self.splits(tokens, top_k)
+        split = self.down_split(tokens, top_k)
         part, cnt = self._scratch_for(tokens, top_k)
         pdl = self.uses_pdl()
         _gemv_down_combine[(tokens, triton.cdiv(self.hidden, cfg.gv_dn_block_n), split)](

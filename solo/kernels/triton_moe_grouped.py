@@ -58,6 +58,15 @@ def _f16_group_scale(s, R: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
+def _f16_pair_dot(words, f, J: tl.constexpr, x_lo, x_hi, acc):
+    """acc + the MMAs of code positions J and J+4: exact fp16 weights (codes times their group's
+    factor ``f``) against the activations x_lo / x_hi gathered at elements 8c + J and 8c + J + 4."""
+    lo, hi = e2m1_pair_f16(words, J)
+    acc = tl.dot(lo * f, x_lo, acc)
+    return tl.dot(hi * f, x_hi, acc)
+
+
+@triton.jit
 def _grouped_gate_up_act(
     x_ptr,
     sorted_ptr,
@@ -110,14 +119,10 @@ def _grouped_gate_up_act(
                 fu = _f16_group_scale(su, BLOCK_I, W)
                 xmask = w_ok[:, None] & rows_ok[None, :]
                 for j in tl.static_range(4):
-                    glo, ghi = e2m1_pair_f16(wg, j)
-                    ulo, uhi = e2m1_pair_f16(wu, j)
                     x_lo = tl.load(xw_ptrs + (k0 + j), mask=xmask, other=0.0).to(tl.float16)
                     x_hi = tl.load(xw_ptrs + (k0 + j + 4), mask=xmask, other=0.0).to(tl.float16)
-                    acc_g = tl.dot(glo * fg, x_lo, acc_g)
-                    acc_g = tl.dot(ghi * fg, x_hi, acc_g)
-                    acc_u = tl.dot(ulo * fu, x_lo, acc_u)
-                    acc_u = tl.dot(uhi * fu, x_hi, acc_u)
+                    acc_g = _f16_pair_dot(wg, fg, j, x_lo, x_hi, acc_g)
+                    acc_u = _f16_pair_dot(wu, fu, j, x_lo, x_hi, acc_u)
             else:
                 xk = tl.load(x_ptrs + k0, mask=((k0 + rk) < H)[:, None] & rows_ok[None, :], other=0.0)
                 acc_g = tl.dot_scaled(e2m1_standard_bytes(wg), sg, "e2m1", xk, None, "bf16", acc_g, fast_math=True)
@@ -165,11 +170,9 @@ def _grouped_down(
                 f = _f16_group_scale(s, BLOCK_H, W)
                 amask = w_ok[:, None] & rows_ok[None, :]
                 for j in tl.static_range(4):
-                    lo, hi = e2m1_pair_f16(w, j)
                     a_lo = tl.load(aw_ptrs + (k0 + j), mask=amask, other=0.0).to(tl.float16)
                     a_hi = tl.load(aw_ptrs + (k0 + j + 4), mask=amask, other=0.0).to(tl.float16)
-                    acc = tl.dot(lo * f, a_lo, acc)
-                    acc = tl.dot(hi * f, a_hi, acc)
+                    acc = _f16_pair_dot(w, f, j, a_lo, a_hi, acc)
             else:
                 ak = tl.load(a_ptrs + k0, mask=((k0 + rk) < I)[:, None] & rows_ok[None, :], other=0.0)
                 acc = tl.dot_scaled(e2m1_standard_bytes(w), s, "e2m1", ak, None, "bf16", acc, fast_math=True)

@@ -79,8 +79,8 @@ def unpack_e2m1_words(words: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _e2m1_pair_bits(w, J: tl.constexpr):
-    """Codes J (low half) and J+4 (high half) of packed uint32 words as fp16 bits of value * 2^-14."""
+def e2m1_pair_f16(w, J: tl.constexpr):
+    """Codes J and J+4 of every packed uint32 word of ``w``, as fp16 values times 2^-14."""
     if J == 0:
         bits = w & 0x8E008E00
     elif J == 1:
@@ -89,23 +89,14 @@ def _e2m1_pair_bits(w, J: tl.constexpr):
         bits = ((w << 6) & 0x0E000E00) | ((w << 1) & 0x80008000)
     else:
         bits = ((w << 9) & 0x0E000E00) | ((w << 2) & 0x80008000)
-    return bits
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True), (bits >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
 
 
 @triton.jit
 def _e2m1_pair(w, J: tl.constexpr):
     """Codes J and J+4 of every packed uint32 word of ``w``, as fp32 values times 2^-14."""
-    bits = _e2m1_pair_bits(w, J)
-    lo = bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-    hi = (bits >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-    return lo, hi
-
-
-@triton.jit
-def e2m1_pair_f16(w, J: tl.constexpr):
-    """Codes J and J+4 of every packed uint32 word of ``w``, as fp16 values times 2^-14."""
-    bits = _e2m1_pair_bits(w, J)
-    return bits.to(tl.uint16).to(tl.float16, bitcast=True), (bits >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+    lo, hi = e2m1_pair_f16(w, J)
+    return lo.to(tl.float32), hi.to(tl.float32)
 
 
 @triton.jit

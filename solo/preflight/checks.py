@@ -110,7 +110,7 @@ def check_moe_backend(engine: Engine, requested: str) -> Check:
     paths_before = _path_calls(moes)
     # Triton picks its kernels by token count: a prompt just long enough for the grouped (prefill)
     # kernels, then a one-token decode step on the GEMV kernels, proves both families run.
-    length = max([8] + [m.experts.config.gemv_max_tokens + 1 for m in moes if hasattr(m.experts, "path_calls")])
+    length = max([8] + [m.experts.probe_prompt_tokens() for m in moes])
     text = engine.tokenizer.encode("1 + 1 = 2") or [0]
     ids = torch.tensor((text * (length // len(text) + 1))[:length], device=engine.model.device)
     dev = engine.model.device
