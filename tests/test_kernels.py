@@ -280,8 +280,14 @@ def _fp8_case(kind: str, n: int, kdim: int):
 @pytest.mark.parametrize("kind", ["rowwise", "block"])
 @pytest.mark.parametrize(
     "config",
-    [None, Fp8Config(32, 64, 16, False, 4, 2), Fp8Config(16, 128, 8, True, 4, 2)],
-    ids=["default", "x_lhs", "small"],
+    [
+        None,
+        Fp8Config(32, 64, 16, False, 4, 2),
+        Fp8Config(16, 128, 8, True, 4, 2),
+        Fp8Config(16, 64, 16, True, 2, 3, split_k=3),
+        Fp8Config(32, 128, 16, False, 2, 3, split_k=8),
+    ],
+    ids=["default", "x_lhs", "small", "split3", "split8_x_lhs"],
 )
 def test_fp8_linear_matches_dequantized_matmul(kind, config):
     fn = fp8_block_linear if kind == "block" else fp8_rowwise_linear
@@ -296,6 +302,21 @@ def test_fp8_linear_matches_dequantized_matmul(kind, config):
         out_bf = fn(x, q, s, config=config)
         assert out_bf.dtype == torch.bfloat16 and out_bf.shape == (t, n)
         assert rel_err(out_bf, expected) < 1e-2
+
+
+@cpu_only
+def test_fp8_split_k_is_deterministic_and_resets_its_counters():
+    from solo.kernels.triton_fp8 import _SCRATCH, fp8_config
+
+    q, s, w = _fp8_case("block", 200, 640)
+    assert fp8_config("block", 200, 640).split_k > 1  # the default splits K for a small layer
+    x = torch.randn((2, 640)).to(torch.bfloat16)
+    first = fp8_block_linear(x, q, s, out_dtype=torch.float32)
+    again = fp8_block_linear(x, q, s, out_dtype=torch.float32)
+    assert torch.equal(first, again)  # partial sums meet in a fixed order
+    assert rel_err(first, x.float() @ w.T) < 1e-5
+    counters = [buf for (dev, name), buf in _SCRATCH.items() if name == "fp8_cnt"]
+    assert counters and all(int(c.abs().sum()) == 0 for c in counters)  # ready for the next call / graph replay
 
 
 @cpu_only
@@ -545,6 +566,7 @@ def test_gpu_fp8_block_linear(n, k, t):
     assert rel_err(out, x.float() @ dequantize_fp8_block(q, s).T) <= 1e-2
     out32 = fp8_block_linear(x, q, s, out_dtype=torch.float32)
     assert rel_err(out32, x.float() @ dequantize_fp8_block(q, s).T) <= 1e-4
+    assert torch.equal(out32, fp8_block_linear(x, q, s, out_dtype=torch.float32))  # split-K is deterministic
 
 
 @gpu

@@ -583,11 +583,12 @@ def tune(
             for t in (1, 4):
                 x = torch.randn((t, kk), device=device).to(torch.bfloat16)
                 cands = [
-                    Fp8Config(bn, bk, 16, lhs, 4, st)
+                    Fp8Config(bn, bk, 16, True, warps, st, split)
                     for bn in (16, 32, 64)
                     for bk in (64, 128)
-                    for lhs in (True, False)
-                    for st in (4, 8)
+                    for warps in (2, 4)
+                    for st in (3, 6)
+                    for split in (1, 2, 4, 8)
                 ]
                 log(f"tuning block fp8 {kk}->{n} T={t}")
                 sweep(

@@ -24,6 +24,7 @@ then served from the on-disk cache (see `configure_triton_cache` / `kernel_cache
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -153,6 +154,8 @@ def require_triton_device(what: str, device: torch.device) -> None:
 import triton  # noqa: E402  (after the cache directory is configured)
 import triton.language as tl  # noqa: E402
 
+from solo.kernels.triton_epilogues import store_split_sum  # noqa: E402
+
 
 @triton.jit
 def _fp8_linear_kernel(
@@ -171,9 +174,13 @@ def _fp8_linear_kernel(
     BLOCK_T: tl.constexpr,
     W_LHS: tl.constexpr,
     DOT_T: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    part_ptr,
+    cnt_ptr,
 ):
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
+    pid_k = tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rt = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     rk = tl.arange(0, BLOCK_K)
@@ -183,15 +190,19 @@ def _fp8_linear_kernel(
     EVEN_K: tl.constexpr = K % BLOCK_K == 0
     KB: tl.constexpr = (K + 127) // 128
     rn64 = rn.to(tl.int64)
+    # Split-K: program pid_k walks K tiles [pid_k * K_PER, (pid_k + 1) * K_PER) (whole BLOCK_K tiles)
+    K_PER: tl.constexpr = (K + SPLIT_K * BLOCK_K - 1) // (SPLIT_K * BLOCK_K) * BLOCK_K
+    k_begin = pid_k * K_PER
+    k_end = tl.minimum(k_begin + K_PER, K)
     if W_LHS:
         acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
-        w_ptrs = w_ptr + rn64[:, None] * K + rk[None, :]
-        x_ptrs = x_ptr + rt[None, :] * stride_xt + rk[:, None]
+        w_ptrs = w_ptr + rn64[:, None] * K + (k_begin + rk)[None, :]
+        x_ptrs = x_ptr + rt[None, :] * stride_xt + (k_begin + rk)[:, None]
     else:
         acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-        w_ptrs = w_ptr + rn64[None, :] * K + rk[:, None]
-        x_ptrs = x_ptr + rt[:, None] * stride_xt + rk[None, :]
-    for k0 in range(0, K, BLOCK_K):
+        w_ptrs = w_ptr + rn64[None, :] * K + (k_begin + rk)[:, None]
+        x_ptrs = x_ptr + rt[:, None] * stride_xt + (k_begin + rk)[None, :]
+    for k0 in range(k_begin, k_end, BLOCK_K):
         k_ok = (k0 + rk) < K
         if W_LHS:
             if EVEN_N and EVEN_K:  # noqa: SIM108 (constexpr branch)
@@ -219,14 +230,33 @@ def _fp8_linear_kernel(
         if not BLOCKWISE:
             rs = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
             acc = acc * rs[:, None]
-        o_ptrs = o_ptr + rt[None, :] * stride_ot + rn[:, None]
-        tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=n_ok[:, None] & t_ok[None, :])
+        o_offs = rt[None, :] * stride_ot + rn[:, None]
+        o_ok = n_ok[:, None] & t_ok[None, :]
     else:
         if not BLOCKWISE:
             rs = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
             acc = acc * rs[None, :]
-        o_ptrs = o_ptr + rt[:, None] * stride_ot + rn[None, :]
-        tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=t_ok[:, None] & n_ok[None, :])
+        o_offs = rt[:, None] * stride_ot + rn[None, :]
+        o_ok = t_ok[:, None] & n_ok[None, :]
+    if SPLIT_K == 1:
+        tl.store(o_ptr + o_offs, acc.to(o_ptr.dtype.element_ty), mask=o_ok)
+    else:  # the K slices' partial sums meet in a fixed order (last arriver, deterministic)
+        TILE: tl.constexpr = BLOCK_N * BLOCK_T
+        slot = pid_n * tl.num_programs(1) + pid_t
+        flat = tl.reshape(acc, (TILE,))
+        store_split_sum(
+            flat,
+            o_ptr,
+            tl.reshape(o_offs, (TILE,)),
+            tl.reshape(o_ok, (TILE,)),
+            part_ptr,
+            cnt_ptr,
+            slot,
+            pid_k,
+            SPLIT_K,
+            TILE,
+            False,
+        )
 
 
 # --------------------------------------------------------------------------------------------- configs
@@ -240,11 +270,16 @@ class Fp8Config:
     w_lhs: bool = True
     num_warps: int = 4
     num_stages: int = 4
+    split_k: int = 1  # programs sharing one output tile's K (partial sums reduced by the last one)
 
 
 # Chosen by `python -m solo.bench.kernels --tune` on the H200 (see docs/kernels.md).
 _DEFAULT_ROWWISE = Fp8Config(block_n=64, block_k=256, block_t=8, w_lhs=True, num_warps=4, num_stages=4)
-_DEFAULT_BLOCK = Fp8Config(block_n=32, block_k=128, block_t=16, w_lhs=True, num_warps=4, num_stages=8)
+_DEFAULT_BLOCK = Fp8Config(block_n=32, block_k=128, block_t=16, w_lhs=True, num_warps=2, num_stages=3)
+# Block-FP8 layers are small (10-16 MB at Ling-3.0-flash shapes): one program per 32 rows leaves most
+# SMs idle, so the K loop is split until about this many programs run (H200: 2560->4096 8.6 -> 7.5 us).
+_BLOCK_TARGET_PROGRAMS = 768
+_BLOCK_MAX_SPLIT = 8
 _OVERRIDES: dict[tuple[str, int, int], Fp8Config] = {}
 
 
@@ -257,21 +292,45 @@ def set_fp8_config(kind: str, n: int, k: int, config: Fp8Config | None) -> None:
         _OVERRIDES[key] = config
 
 
-def fp8_config(kind: str, n: int, k: int) -> Fp8Config:
+def fp8_config(kind: str, n: int, k: int, tokens: int = 1) -> Fp8Config:
     cfg = _OVERRIDES.get((kind, n, k))
     if cfg is not None:
         return cfg
-    base = _DEFAULT_BLOCK if kind == "block" else _DEFAULT_ROWWISE
-    if kind == "block":
-        # Smaller tiles when the layer is so small that half the SMs would idle.
-        block_n = base.block_n
-        while block_n > 16 and triton.cdiv(n, block_n) < 64:
-            block_n //= 2
-        return Fp8Config(block_n, base.block_k, base.block_t, base.w_lhs, base.num_warps, base.num_stages)
-    return base
+    if kind != "block":
+        return _DEFAULT_ROWWISE
+    base = _DEFAULT_BLOCK
+    # Smaller tiles when the layer is so small that half the SMs would idle.
+    block_n = base.block_n
+    while block_n > 16 and triton.cdiv(n, block_n) < 64:
+        block_n //= 2
+    tiles = triton.cdiv(n, block_n) * triton.cdiv(tokens, base.block_t)
+    split = 1
+    while (
+        split * 2 <= _BLOCK_MAX_SPLIT
+        and tiles * split * 2 <= _BLOCK_TARGET_PROGRAMS
+        and split * 2 <= triton.cdiv(k, base.block_k)
+    ):
+        split *= 2
+    return dataclasses.replace(base, block_n=block_n, split_k=split)
 
 
 # --------------------------------------------------------------------------------------------- wrappers
+
+
+# Split-K scratch per device: fp32 partials and self-resetting arrival counters. A stored buffer is
+# never replaced (a captured CUDA graph may point at it); a call needing more gets its own.
+_SCRATCH: dict[tuple[str, str], torch.Tensor] = {}
+
+
+def _scratch(name: str, numel: int, dtype: torch.dtype, zero: bool, device: torch.device) -> torch.Tensor:
+    key = (str(device), name)
+    buf = _SCRATCH.get(key)
+    if buf is not None and buf.numel() >= numel:
+        return buf
+    fresh = (torch.zeros if zero else torch.empty)(max(numel, 1), dtype=dtype, device=device)
+    if buf is None:
+        _SCRATCH[key] = fresh
+    return fresh
 
 
 def _prepare_x(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -316,12 +375,19 @@ def _launch(
         if out.shape[-1] != n or out.numel() != t * n:
             raise ValueError(f"out must hold [{t}, {n}], got {tuple(out.shape)}")
     o2 = out.view(t, n)
-    cfg = config or fp8_config(kind, n, k)
+    cfg = config or fp8_config(kind, n, k, t)
     if kind == "block" and (128 % cfg.block_n or 128 % cfg.block_k):
         raise ValueError("block-FP8 tiles must divide the 128x128 scale blocks")
     if t == 0:
         return out.view(*lead, n)
-    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(t, cfg.block_t))
+    split = max(1, min(cfg.split_k, triton.cdiv(k, cfg.block_k)))
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(t, cfg.block_t), split)
+    if split > 1:
+        slots = grid[0] * grid[1]
+        part = _scratch("fp8_part", slots * split * cfg.block_n * cfg.block_t, torch.float32, False, x.device)
+        cnt = _scratch("fp8_cnt", slots, torch.int32, True, x.device)
+    else:
+        part = cnt = o2  # unused
     _fp8_linear_kernel[grid](
         x2,
         w,
@@ -338,6 +404,9 @@ def _launch(
         BLOCK_T=cfg.block_t,
         W_LHS=cfg.w_lhs,
         DOT_T=tl.float16 if dot_dtype == torch.float16 else tl.bfloat16,
+        SPLIT_K=split,
+        part_ptr=part,
+        cnt_ptr=cnt,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -378,16 +447,23 @@ def warmup_fp8_linear(
     dtype: torch.dtype = torch.bfloat16,
     out_dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:
-    """Compile (or load from the disk cache) the kernel for one layer shape; returns the record."""
+    """Compile (or load from the disk cache) the kernels for one layer shape; returns the record.
+
+    Block-FP8 layers split K by token count (``fp8_config``): every split the layer can use is
+    compiled here, so no prompt length compiles a kernel mid-generation."""
     device = torch.device(device)
     w = torch.zeros((n, k), dtype=torch.float8_e4m3fn, device=device)
     if kind == "block":
         s = torch.ones((triton.cdiv(n, 128), triton.cdiv(k, 128)), dtype=torch.float32, device=device)
     else:
         s = torch.ones((n,), dtype=torch.float32, device=device)
-    x = torch.zeros((1, k), dtype=dtype, device=device)
+    token_counts = [1]
+    while fp8_config(kind, n, k, token_counts[-1]).split_k > 1:
+        token_counts.append(2 * max(token_counts[-1], _DEFAULT_BLOCK.block_t))
     with measure_compile(f"fp8_{kind}_linear", n=n, k=k) as m:
-        _launch(kind, x, w, s, None, out_dtype, None, torch.float16)
+        for t in token_counts:
+            x = torch.zeros((t, k), dtype=dtype, device=device)
+            _launch(kind, x, w, s, None, out_dtype, None, torch.float16)
     assert m.record is not None
     return {"what": m.record.what, "seconds": m.record.seconds, "new_cache_entries": m.record.new_cache_entries}
 
