@@ -67,6 +67,14 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         action=OnceOnly,
         help="LM head precision: bf16 (default), fp32, or fp8 quantized online at load",
     )
+    p.add_argument(
+        "--block-fp8",
+        choices=("off", "on"),
+        default="off",
+        action=OnceOnly,
+        help="block-FP8 checkpoints' attention, shared-expert and dense layers: on keeps their FP8 weights "
+        "and runs the Triton block-FP8 GEMV (GPU, half the bytes of BF16); off (default) dequantizes at load",
+    )
 
     add_graph_options(p)
     p.add_argument(
@@ -120,6 +128,7 @@ def run_checks(engine, args: argparse.Namespace):
         args.speculative_algorithm is not None,
         args.min_accept_length,
         cuda_graphs=engine.graphs_max_len is not None,
+        block_fp8=args.block_fp8,
     )
 
 
@@ -171,6 +180,7 @@ def load_options(args: argparse.Namespace) -> dict:
         dtype=dtype,
         moe_backend=args.moe_backend,
         lm_head=args.lm_head,
+        block_fp8=args.block_fp8 == "on",
         speculative=speculative_config(args),
     )
 

@@ -1,6 +1,7 @@
 """The whole engine on a CUDA GPU against the CPU reference (skipped without CUDA).
 
-Runs the bundled fp4 model with the Triton MoE backend, the Triton FP8 LM head and CUDA graphs.
+Runs the bundled fp4 model with the Triton MoE backend, the Triton FP8 LM head, its block-FP8 layers
+on the Triton block-FP8 GEMV and CUDA graphs.
 bf16 arithmetic on the GPU is not bit-identical to fp32 on the CPU, so the reference comparison is
 by error bound and top-1 agreement; within one configuration, greedy speculative decoding must
 reproduce plain decoding.
@@ -22,7 +23,7 @@ from solo.speculative.nextn import NextNDecoder, SpeculativeConfig
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 BUNDLED = Path(__file__).resolve().parent.parent / "models" / "ling-gsm8k-tiny"
-GPU = dict(device="cuda", dtype=torch.bfloat16, moe_backend="triton", lm_head="fp8")
+GPU = dict(device="cuda", dtype=torch.bfloat16, moe_backend="triton", lm_head="fp8", block_fp8=True)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def prompts():
 def test_gpu_logits_match_cpu_reference(prompts):
     reference = load_model(BUNDLED, LoadOptions(lm_head="fp32"))
     ref = [position_logits(reference, p) for p in prompts]
-    for options in (dict(GPU, moe_backend="torch", lm_head="bf16"), GPU):
+    for options in (dict(GPU, moe_backend="torch", lm_head="bf16", block_fp8=False), GPU):
         model = load_model(BUNDLED, LoadOptions(**options))
         got = [position_logits(model, p).cpu() for p in prompts]
         err = max(float((g - r).norm() / r.norm()) for g, r in zip(got, ref, strict=True))
@@ -77,11 +78,12 @@ def test_graphs_reproduce_eager_and_speculation_emits_target_argmax(prompts):
 
 def test_preflight_all_active_on_gpu():
     engine = Engine.from_pretrained(BUNDLED, **GPU, speculative=SpeculativeConfig(), cuda_graphs=True, max_context=2048)
-    report = run_preflight(engine, "triton", "fp8", speculative=True, cuda_graphs=True)
+    report = run_preflight(engine, "triton", "fp8", speculative=True, cuda_graphs=True, block_fp8="on")
     print("\n" + report.text())
     assert {c.name: c.status for c in report.checks} == dict.fromkeys(
-        ("moe_backend", "lm_head", "draft_head", "mtp", "kernels", "cuda_graphs"), ACTIVE
+        ("moe_backend", "lm_head", "block_fp8", "draft_head", "mtp", "kernels", "cuda_graphs"), ACTIVE
     )
+    assert next(c for c in report.checks if c.name == "block_fp8").evidence["kernel"] == "fp8_block_linear"
     moe = next(c for c in report.checks if c.name == "moe_backend").evidence
     assert moe["gemv_calls"] > 0 and moe["tensor_core_calls"] > 0  # decode on GEMV, prefill on grouped kernels
     assert moe["prefill_products"] == "fp16"

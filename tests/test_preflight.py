@@ -74,13 +74,25 @@ def test_draft_with_its_own_bf16_head_is_caught():
 
 
 def test_check_cli_passes_with_correct_wiring_and_reports_json():
-    proc = solo("check", "--model", str(BUNDLED), "--lm-head", "fp8", "--speculative-algorithm", "NEXTN", "--json")
+    proc = solo(
+        "check",
+        "--model",
+        str(BUNDLED),
+        "--lm-head",
+        "fp8",
+        "--block-fp8",
+        "on",
+        "--speculative-algorithm",
+        "NEXTN",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert statuses == {
         "moe_backend": "ACTIVE",
         "lm_head": "ACTIVE",
+        "block_fp8": "ACTIVE",
         "draft_head": "ACTIVE",
         "mtp": "ACTIVE",
         "kernels": "OFF",

@@ -80,6 +80,39 @@ def test_fp4_checkpoint_computes_with_exactly_its_dequantized_weights(fp4_pair, 
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_block_fp8_on_keeps_fp8_weights_and_computes_the_same(fp4_pair, fresh_ids):
+    """--block-fp8 on: the block-FP8 linears keep their checkpoint bytes (FP8 + per-block scales);
+    on CPU the reference kernel dequantizes per call, so the logits equal the dense loading's."""
+    from solo.model.layers import Linear
+
+    _, out, _ = fp4_pair
+    dense = load_model(out, LoadOptions(lm_head="fp32"))
+    fp8 = load_model(out, LoadOptions(lm_head="fp32", block_fp8=True))
+    kept = [m for m in fp8.modules() if isinstance(m, Linear) and m.is_block_fp8]
+    assert kept and not any(m.is_block_fp8 for m in dense.modules() if isinstance(m, Linear))
+    assert all(m.weight.dtype == torch.float8_e4m3fn and m.scale_inv.dtype == torch.float32 for m in kept)
+    ids = fresh_ids(40).tolist()
+    torch.testing.assert_close(position_logits(fp8, ids), position_logits(dense, ids), rtol=1e-5, atol=1e-5)
+    trunk = fp8.model.layers[: fp8.config.num_hidden_layers]
+    ran = [m.fp8_calls > 0 or m.folded for m in trunk.modules() if isinstance(m, Linear) and m.is_block_fp8]
+    assert ran and all(ran)  # every kept trunk layer ran (or was folded into another at load)
+    q = fp8.model.layers[0].attention.q_proj
+    torch.testing.assert_close(q.dense_weight(torch.float32), dense.model.layers[0].attention.q_proj.weight)
+
+
+def test_block_fp8_check_reports_layers_and_refuses_dense_checkpoints(fp4_pair, tiny_checkpoints):
+    from solo.engine.engine import Engine
+    from solo.preflight.checks import check_block_fp8
+
+    src, out, _ = fp4_pair
+    on = check_block_fp8(Engine.from_pretrained(out, block_fp8=True), "on")
+    assert on.status == "ACTIVE", on
+    assert on.evidence["fp8_layers"] > 0 and on.evidence["kernel"] == "reference_fp8_block_linear"
+    dense = check_block_fp8(Engine.from_pretrained(src, block_fp8=True), "on")  # a bf16 checkpoint
+    assert dense.status == "FAILED" and "no block-FP8 layers" in dense.reason
+    assert check_block_fp8(Engine.from_pretrained(out), "off").status == "OFF"
+
+
 def test_quantized_model_generates_and_reports_quality(fp4_pair):
     src, out, _ = fp4_pair
     proc = subprocess.run(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
@@ -23,6 +24,7 @@ from solo.kernels.registry import make_moe_backend
 from solo.model.layers import Linear, RotaryEmbedding
 from solo.model.ling import LingForCausalLM
 from solo.model.moe import SparseMoE
+from solo.quantization import formats
 from solo.quantization import lm_head as lm_head_modes
 from solo.quantization.scheme import QuantScheme
 
@@ -39,6 +41,7 @@ class LoadOptions:
     dtype: torch.dtype = torch.float32
     moe_backend: str = "torch"
     lm_head: str = "bf16"
+    block_fp8: bool = False  # keep block-FP8 linears in FP8 (GPU Triton kernel) instead of dequantizing
     progress: bool | None = None  # None: show a bar for checkpoints over 1 GiB
 
 
@@ -78,6 +81,7 @@ def load_model(path: str | Path, options: LoadOptions | None = None) -> LingForC
     model.rotary.to(options.device)
     model.lm_head = lm_head_modes.build(model.lm_head, options.lm_head)
     model.finalize()
+    _warm_block_fp8(model)
     return model.eval()
 
 
@@ -168,6 +172,11 @@ def _load_linear(
 ) -> None:
     name = f"{prefix}.weight"
     shape = (module.out_features, module.in_features)
+    if f"{prefix}.weight_scale_inv" in reader and options.block_fp8 and prefix != "lm_head":
+        weight, scale = scheme.load_fp8_block_raw(reader, prefix, shape, used)
+        device = torch.device(options.device)
+        module.use_block_fp8(weight.to(device), scale.to(device), _block_fp8_kernel(scheme, device))
+        return
     if f"{prefix}.weight_scale_inv" in reader:
         weight = scheme.load_fp8_block(reader, prefix, shape, used)
     elif prefix == "lm_head" and name not in reader and tied_head:
@@ -177,6 +186,33 @@ def _load_linear(
     # The head keeps full precision until lm_head.build() turns it into the requested mode.
     dtype = torch.float32 if prefix == "lm_head" else options.dtype
     module.weight = nn.Parameter(weight.to(device=options.device, dtype=dtype), requires_grad=False)
+
+
+def _block_fp8_kernel(scheme: QuantScheme, device: torch.device):
+    """The GPU path multiplies with the Triton block-FP8 GEMV; the CPU reference dequantizes per call."""
+    if scheme.block_size != (128, 128):
+        raise CheckpointError(
+            f"--block-fp8 on: the checkpoint's FP8 blocks are {scheme.block_size}, the kernel runs 128x128 "
+            "blocks. Load it with --block-fp8 off (weights dequantized to the compute dtype)."
+        )
+    if device.type == "cuda":
+        from solo.kernels.triton_fp8 import fp8_block_linear
+
+        return fp8_block_linear
+    return reference_fp8_block_linear
+
+
+def reference_fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, formats.dequantize_fp8_block(weight, scale_inv, (128, 128), x.dtype))
+
+
+def _warm_block_fp8(model: nn.Module) -> None:
+    """Compile (or load from the disk cache) the block-FP8 kernel for every shape the model uses."""
+    fp8 = [m for m in model.modules() if isinstance(m, Linear) and m.is_block_fp8]
+    if fp8 and fp8[0].weight.is_cuda:
+        from solo.kernels.triton_fp8 import compile_for_shapes
+
+        compile_for_shapes(block=sorted({(m.out_features, m.in_features) for m in fp8}), device=fp8[0].weight.device)
 
 
 def _load_experts(

@@ -327,6 +327,11 @@ def _scratch(name: str, numel: int, dtype: torch.dtype, zero: bool, device: torc
     buf = _SCRATCH.get(key)
     if buf is not None and buf.numel() >= numel:
         return buf
+    if buf is None:  # the first buffer covers every default split (at most _BLOCK_TARGET_PROGRAMS programs)
+        numel = max(
+            numel,
+            _BLOCK_TARGET_PROGRAMS * (_DEFAULT_BLOCK.block_n * _DEFAULT_BLOCK.block_t if name == "fp8_part" else 1),
+        )
     fresh = (torch.zeros if zero else torch.empty)(max(numel, 1), dtype=dtype, device=device)
     if buf is None:
         _SCRATCH[key] = fresh

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -12,20 +13,45 @@ from solo.config import LingConfig
 
 
 class Linear(nn.Module):
-    """y = x W^T with a dense weight. Quantized variants live in solo.quantization.linear and
-    replace these modules at load time; they keep the same `in_features`/`out_features`."""
+    """y = x W^T. The weight is dense, or (``--block-fp8 on``) the checkpoint's FP8 E4M3 weight with
+    one fp32 scale per 128x128 block, multiplied by ``kernel`` (on a GPU the Triton block-FP8 GEMV,
+    solo.kernels.triton_fp8.fp8_block_linear): half the bytes of a BF16 copy."""
 
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.scale_inv: nn.Parameter | None = None  # set for block-FP8 weights
+        self.kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        self.fp8_calls = 0  # eager forwards on the FP8 kernel (start-up checks count them)
+        self.folded = False  # the weight was folded into another layer's (never called itself)
+
+    def use_block_fp8(self, weight: torch.Tensor, scale_inv: torch.Tensor, kernel: Callable) -> None:
+        """Keep an FP8 E4M3 weight [N, K] with fp32 scales per 128x128 block; ``kernel(x, w, s)``."""
+        if weight.dtype != torch.float8_e4m3fn or tuple(weight.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"need a float8_e4m3fn [{self.out_features}, {self.in_features}] weight")
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.scale_inv = nn.Parameter(scale_inv.float().contiguous(), requires_grad=False)
+        self.kernel = kernel
+
+    @property
+    def is_block_fp8(self) -> bool:
+        return self.scale_inv is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale_inv is not None:
+            self.fp8_calls += 1
+            return self.kernel(x, self.weight, self.scale_inv)
         return F.linear(x, self.weight)
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight as a dense matrix (used where a layer's weight is folded into another)."""
+        self.folded = True
+        if self.scale_inv is not None:
+            from solo.quantization.formats import dequantize_fp8_block
+
+            return dequantize_fp8_block(self.weight, self.scale_inv, (128, 128), dtype)
         return self.weight.to(dtype)
 
 

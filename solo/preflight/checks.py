@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from solo.engine.engine import Engine, GenerationParams
+from solo.model.layers import Linear
 from solo.model.moe import SparseMoE
 
 ACTIVE, FAILED, OFF = "ACTIVE", "FAILED", "OFF"
@@ -171,6 +172,41 @@ def check_lm_head(engine: Engine, requested: str) -> Check:
     return Check("lm_head", requested, ACTIVE, evidence)
 
 
+def check_block_fp8(engine: Engine, requested: str) -> Check:
+    """--block-fp8 on: every block-FP8 linear keeps FP8 weights and a forward pass runs its kernel."""
+    linears = [m for m in engine.model.modules() if isinstance(m, Linear)]
+    fp8 = [m for m in linears if m.is_block_fp8]
+    if requested == "off":
+        return Check("block_fp8", requested, OFF, {"fp8_layers": len(fp8)})
+    evidence: dict[str, Any] = {
+        "fp8_layers": len(fp8),
+        "dense_layers": len(linears) - len(fp8),
+        "fp8_bytes": sum(m.weight.nbytes + m.scale_inv.nbytes for m in fp8),
+    }
+    if not fp8:
+        return Check(
+            "block_fp8",
+            requested,
+            FAILED,
+            evidence,
+            "the checkpoint has no block-FP8 layers (not an fp4/fp8 checkpoint); drop --block-fp8 on",
+        )
+    trunk = engine.model.model.layers[: engine.model.config.num_hidden_layers]
+    # (a weight folded into another layer's at load, like MLA's kv_b_proj, is never called itself)
+    in_trunk = [m for m in trunk.modules() if isinstance(m, Linear) and m.is_block_fp8 and not m.folded]
+    before = [m.fp8_calls for m in in_trunk]
+    dev = engine.model.device
+    ids = torch.tensor((engine.tokenizer.encode("1 + 1 = 2") or [0])[:4], device=dev)
+    with torch.inference_mode():
+        engine.model(ids, torch.arange(len(ids), device=dev), engine.cache_for(len(ids)))
+    ran = sum(m.fp8_calls > b for m, b in zip(in_trunk, before, strict=True))
+    evidence["kernel"] = getattr(fp8[0].kernel, "__name__", type(fp8[0].kernel).__name__)
+    evidence["ran"] = f"{ran}/{len(in_trunk)}"
+    if ran < len(in_trunk):
+        return Check("block_fp8", requested, FAILED, evidence, f"{len(in_trunk) - ran} FP8 layers did not run")
+    return Check("block_fp8", requested, ACTIVE, evidence)
+
+
 def check_speculation(engine: Engine, min_accept_length: float, tokens: int = 48) -> list[Check]:
     decoder = engine.decoder
     draft_head = getattr(decoder, "draft_head", None)
@@ -255,9 +291,11 @@ def run_preflight(
     speculative: bool,
     min_accept_length: float = 1.2,
     cuda_graphs: bool = False,
+    block_fp8: str = "off",
 ) -> PreflightReport:
     start = time.perf_counter()
     checks = [check_moe_backend(engine, moe_backend), check_lm_head(engine, lm_head)]
+    checks.append(check_block_fp8(engine, block_fp8))
     if speculative:
         checks.extend(check_speculation(engine, min_accept_length))
     else:

@@ -70,6 +70,13 @@ class QuantScheme:
         self, reader: CheckpointReader, prefix: str, shape: tuple[int, int], used: set[str]
     ) -> torch.Tensor:
         """A block-FP8 linear weight, dequantized to fp32 (the CPU reference computes densely)."""
+        weight, scale = self.load_fp8_block_raw(reader, prefix, shape, used)
+        return formats.dequantize_fp8_block(weight, scale, self.block_size, torch.float32)
+
+    def load_fp8_block_raw(
+        self, reader: CheckpointReader, prefix: str, shape: tuple[int, int], used: set[str]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A block-FP8 linear weight as stored: (float8_e4m3fn [N, K], fp32 scale_inv per block), checked."""
         if self.block_size is None:
             raise CheckpointError(
                 f"{reader.directory}: '{prefix}.weight_scale_inv' is present but config.json has no "
@@ -89,7 +96,7 @@ class QuantScheme:
             formats.check_fp8_block_shapes(f"{prefix}.weight_scale_inv", weight, scale, self.block_size)
         except ValueError as e:
             raise CheckpointError(f"{reader.directory}: {e}") from e
-        return formats.dequantize_fp8_block(weight, scale.float(), self.block_size, torch.float32)
+        return weight, scale.float()
 
     def load_mxfp4_experts(
         self, reader: CheckpointReader, prefix: str, count: int, hidden: int, inter: int, used: set[str]
