@@ -69,11 +69,12 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--block-fp8",
-        choices=("off", "on"),
-        default="off",
+        choices=("auto", "off", "on"),
+        default="auto",
         action=OnceOnly,
         help="block-FP8 checkpoints' attention, shared-expert and dense layers: on keeps their FP8 weights "
-        "and runs the Triton block-FP8 GEMV (GPU, half the bytes of BF16); off (default) dequantizes at load",
+        "and runs the Triton block-FP8 GEMV (half the bytes of BF16); auto (default) does so on a GPU for "
+        "layers with K >= 1536, where it is faster than BF16; off dequantizes them all at load",
     )
 
     add_graph_options(p)
@@ -180,7 +181,7 @@ def load_options(args: argparse.Namespace) -> dict:
         dtype=dtype,
         moe_backend=args.moe_backend,
         lm_head=args.lm_head,
-        block_fp8=args.block_fp8 == "on",
+        block_fp8=args.block_fp8,
         speculative=speculative_config(args),
     )
 

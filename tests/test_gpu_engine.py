@@ -23,7 +23,7 @@ from solo.speculative.nextn import NextNDecoder, SpeculativeConfig
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 BUNDLED = Path(__file__).resolve().parent.parent / "models" / "ling-gsm8k-tiny"
-GPU = dict(device="cuda", dtype=torch.bfloat16, moe_backend="triton", lm_head="fp8", block_fp8=True)
+GPU = dict(device="cuda", dtype=torch.bfloat16, moe_backend="triton", lm_head="fp8", block_fp8="on")
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def prompts():
 def test_gpu_logits_match_cpu_reference(prompts):
     reference = load_model(BUNDLED, LoadOptions(lm_head="fp32"))
     ref = [position_logits(reference, p) for p in prompts]
-    for options in (dict(GPU, moe_backend="torch", lm_head="bf16", block_fp8=False), GPU):
+    for options in (dict(GPU, moe_backend="torch", lm_head="bf16", block_fp8="off"), GPU):
         model = load_model(BUNDLED, LoadOptions(**options))
         got = [position_logits(model, p).cpu() for p in prompts]
         err = max(float((g - r).norm() / r.norm()) for g, r in zip(got, ref, strict=True))

@@ -87,7 +87,7 @@ def test_block_fp8_on_keeps_fp8_weights_and_computes_the_same(fp4_pair, fresh_id
 
     _, out, _ = fp4_pair
     dense = load_model(out, LoadOptions(lm_head="fp32"))
-    fp8 = load_model(out, LoadOptions(lm_head="fp32", block_fp8=True))
+    fp8 = load_model(out, LoadOptions(lm_head="fp32", block_fp8="on"))
     kept = [m for m in fp8.modules() if isinstance(m, Linear) and m.is_block_fp8]
     assert kept and not any(m.is_block_fp8 for m in dense.modules() if isinstance(m, Linear))
     assert all(m.weight.dtype == torch.float8_e4m3fn and m.scale_inv.dtype == torch.float32 for m in kept)
@@ -100,17 +100,35 @@ def test_block_fp8_on_keeps_fp8_weights_and_computes_the_same(fp4_pair, fresh_id
     torch.testing.assert_close(q.dense_weight(torch.float32), dense.model.layers[0].attention.q_proj.weight)
 
 
+def test_block_fp8_auto_keeps_only_layers_where_the_kernel_wins():
+    """auto: FP8 on a GPU for K >= 1536 (the measured crossover), never on the CPU; on/off: always/never."""
+    from solo.checkpoint.loader import _keep_fp8
+    from solo.kernels.triton_fp8 import BLOCK_FP8_MIN_K
+    from solo.model.layers import Linear
+
+    small, large = Linear(BLOCK_FP8_MIN_K // 2, 64), Linear(BLOCK_FP8_MIN_K, 64)
+    auto_gpu = LoadOptions(device="cuda", block_fp8="auto")  # only the decision: nothing is allocated
+    assert not _keep_fp8(small, auto_gpu) and _keep_fp8(large, auto_gpu)
+    assert not _keep_fp8(large, LoadOptions(device="cpu", block_fp8="auto"))
+    assert _keep_fp8(small, LoadOptions(device="cpu", block_fp8="on"))
+    assert not _keep_fp8(large, LoadOptions(device="cuda", block_fp8="off"))
+
+
 def test_block_fp8_check_reports_layers_and_refuses_dense_checkpoints(fp4_pair, tiny_checkpoints):
     from solo.engine.engine import Engine
     from solo.preflight.checks import check_block_fp8
 
     src, out, _ = fp4_pair
-    on = check_block_fp8(Engine.from_pretrained(out, block_fp8=True), "on")
+    on = check_block_fp8(Engine.from_pretrained(out, block_fp8="on"), "on")
     assert on.status == "ACTIVE", on
     assert on.evidence["fp8_layers"] > 0 and on.evidence["kernel"] == "reference_fp8_block_linear"
-    dense = check_block_fp8(Engine.from_pretrained(src, block_fp8=True), "on")  # a bf16 checkpoint
+    dense = check_block_fp8(Engine.from_pretrained(src, block_fp8="on"), "on")  # a bf16 checkpoint
     assert dense.status == "FAILED" and "no block-FP8 layers" in dense.reason
     assert check_block_fp8(Engine.from_pretrained(out), "off").status == "OFF"
+    auto = check_block_fp8(Engine.from_pretrained(out, block_fp8="auto"), "auto")  # CPU: nothing kept
+    assert auto.status == "OFF" and auto.evidence["fp8_layers"] == 0 and "K >= 1536" in auto.evidence["reason"]
+    with pytest.raises(ValueError, match="unknown block_fp8 mode"):
+        load_model(out, LoadOptions(block_fp8="fast"))
 
 
 def test_quantized_model_generates_and_reports_quality(fp4_pair):

@@ -41,7 +41,9 @@ class LoadOptions:
     dtype: torch.dtype = torch.float32
     moe_backend: str = "torch"
     lm_head: str = "bf16"
-    block_fp8: bool = False  # keep block-FP8 linears in FP8 (GPU Triton kernel) instead of dequantizing
+    # block-FP8 linears: "on" keeps them in FP8, "auto" only on a GPU and where the FP8 kernel is faster
+    # (K >= BLOCK_FP8_MIN_K), "off" dequantizes them all at load
+    block_fp8: str = "auto"
     progress: bool | None = None  # None: show a bar for checkpoints over 1 GiB
 
 
@@ -53,6 +55,8 @@ def load_model(path: str | Path, options: LoadOptions | None = None) -> LingForC
     scheme = QuantScheme.from_config(config.quantization_config)
     _detect_nextn(config, reader)
     lm_head_modes.validate_mode(options.lm_head)
+    if options.block_fp8 not in BLOCK_FP8_MODES:
+        raise ValueError(f"unknown block_fp8 mode {options.block_fp8!r}; choose one of {', '.join(BLOCK_FP8_MODES)}")
 
     with torch.device("meta"):
         model = LingForCausalLM(config)
@@ -172,7 +176,7 @@ def _load_linear(
 ) -> None:
     name = f"{prefix}.weight"
     shape = (module.out_features, module.in_features)
-    if f"{prefix}.weight_scale_inv" in reader and options.block_fp8 and prefix != "lm_head":
+    if f"{prefix}.weight_scale_inv" in reader and prefix != "lm_head" and _keep_fp8(module, options):
         weight, scale = scheme.load_fp8_block_raw(reader, prefix, shape, used)
         device = torch.device(options.device)
         module.use_block_fp8(weight.to(device), scale.to(device), _block_fp8_kernel(scheme, device))
@@ -186,6 +190,19 @@ def _load_linear(
     # The head keeps full precision until lm_head.build() turns it into the requested mode.
     dtype = torch.float32 if prefix == "lm_head" else options.dtype
     module.weight = nn.Parameter(weight.to(device=options.device, dtype=dtype), requires_grad=False)
+
+
+BLOCK_FP8_MODES = ("off", "auto", "on")
+
+
+def _keep_fp8(module: Linear, options: LoadOptions) -> bool:
+    if options.block_fp8 == "on":
+        return True
+    if options.block_fp8 == "auto" and torch.device(options.device).type == "cuda":
+        from solo.kernels.triton_fp8 import BLOCK_FP8_MIN_K
+
+        return module.in_features >= BLOCK_FP8_MIN_K
+    return False
 
 
 def _block_fp8_kernel(scheme: QuantScheme, device: torch.device):

@@ -173,7 +173,10 @@ def check_lm_head(engine: Engine, requested: str) -> Check:
 
 
 def check_block_fp8(engine: Engine, requested: str) -> Check:
-    """--block-fp8 on: every block-FP8 linear keeps FP8 weights and a forward pass runs its kernel."""
+    """Block-FP8 layers kept in FP8 really run their kernel in a forward pass.
+
+    ``on`` fails when nothing could be kept (no block-FP8 layers in the checkpoint); ``auto`` keeps
+    only large layers on a GPU and reports OFF when none qualified."""
     linears = [m for m in engine.model.modules() if isinstance(m, Linear)]
     fp8 = [m for m in linears if m.is_block_fp8]
     if requested == "off":
@@ -184,6 +187,9 @@ def check_block_fp8(engine: Engine, requested: str) -> Check:
         "fp8_bytes": sum(m.weight.nbytes + m.scale_inv.nbytes for m in fp8),
     }
     if not fp8:
+        if requested == "auto":
+            evidence["reason"] = "no block-FP8 layer large enough on this device (auto: GPU, K >= 1536)"
+            return Check("block_fp8", requested, OFF, evidence)
         return Check(
             "block_fp8",
             requested,
@@ -291,7 +297,7 @@ def run_preflight(
     speculative: bool,
     min_accept_length: float = 1.2,
     cuda_graphs: bool = False,
-    block_fp8: str = "off",
+    block_fp8: str = "auto",
 ) -> PreflightReport:
     start = time.perf_counter()
     checks = [check_moe_backend(engine, moe_backend), check_lm_head(engine, lm_head)]
