@@ -105,13 +105,16 @@ def test_block_fp8_auto_keeps_only_layers_where_the_kernel_wins():
     from solo.checkpoint.loader import _keep_fp8
     from solo.kernels.triton_fp8 import BLOCK_FP8_MIN_K
     from solo.model.layers import Linear
+    from solo.quantization.scheme import QuantScheme
 
     small, large = Linear(BLOCK_FP8_MIN_K // 2, 64), Linear(BLOCK_FP8_MIN_K, 64)
+    s128, s64 = QuantScheme(block_size=(128, 128)), QuantScheme(block_size=(64, 64))
     auto_gpu = LoadOptions(device="cuda", block_fp8="auto")  # only the decision: nothing is allocated
-    assert not _keep_fp8(small, auto_gpu) and _keep_fp8(large, auto_gpu)
-    assert not _keep_fp8(large, LoadOptions(device="cpu", block_fp8="auto"))
-    assert _keep_fp8(small, LoadOptions(device="cpu", block_fp8="on"))
-    assert not _keep_fp8(large, LoadOptions(device="cuda", block_fp8="off"))
+    assert not _keep_fp8(small, auto_gpu, s128) and _keep_fp8(large, auto_gpu, s128)
+    assert not _keep_fp8(large, auto_gpu, s64)  # blocks the kernel cannot run: dense, no error
+    assert not _keep_fp8(large, LoadOptions(device="cpu", block_fp8="auto"), s128)
+    assert _keep_fp8(small, LoadOptions(device="cpu", block_fp8="on"), s128)
+    assert not _keep_fp8(large, LoadOptions(device="cuda", block_fp8="off"), s128)
 
 
 def test_block_fp8_check_reports_layers_and_refuses_dense_checkpoints(fp4_pair, tiny_checkpoints):

@@ -176,7 +176,7 @@ def _load_linear(
 ) -> None:
     name = f"{prefix}.weight"
     shape = (module.out_features, module.in_features)
-    if f"{prefix}.weight_scale_inv" in reader and prefix != "lm_head" and _keep_fp8(module, options):
+    if f"{prefix}.weight_scale_inv" in reader and prefix != "lm_head" and _keep_fp8(module, options, scheme):
         weight, scale = scheme.load_fp8_block_raw(reader, prefix, shape, used)
         device = torch.device(options.device)
         module.use_block_fp8(weight.to(device), scale.to(device), _block_fp8_kernel(scheme, device))
@@ -195,10 +195,11 @@ def _load_linear(
 BLOCK_FP8_MODES = ("off", "auto", "on")
 
 
-def _keep_fp8(module: Linear, options: LoadOptions) -> bool:
+def _keep_fp8(module: Linear, options: LoadOptions, scheme: QuantScheme) -> bool:
+    """Whether this block-FP8 layer keeps its FP8 weights (else it is dequantized at load)."""
     if options.block_fp8 == "on":
-        return True
-    if options.block_fp8 == "auto" and torch.device(options.device).type == "cuda":
+        return True  # (_block_fp8_kernel refuses block sizes the kernel cannot run)
+    if options.block_fp8 == "auto" and scheme.block_size == (128, 128) and torch.device(options.device).type == "cuda":
         from solo.kernels.triton_fp8 import BLOCK_FP8_MIN_K
 
         return module.in_features >= BLOCK_FP8_MIN_K
