@@ -4,12 +4,34 @@
 when its work was split across SPLIT programs, parks its fp32 partial in a scratch buffer and bumps
 an acq_rel counter; the last program to arrive adds the partials in a fixed order (deterministic),
 stores the rows once and resets the counter to zero, so CUDA-graph replays need no memset.
+``split_scratch`` keeps the host side: the partials and counters those reductions use.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+
+def split_scratch(
+    store: dict, key: object, numel: int, dtype: torch.dtype, zero: bool, device: torch.device, first: int = 0
+) -> torch.Tensor:
+    """A scratch buffer of at least ``numel`` elements, kept in ``store`` under ``key``.
+
+    A stored buffer is never replaced: a captured CUDA graph may point at it, and freeing it would
+    leave the graph writing into memory that other tensors reuse. A call needing more (a long
+    prefill) gets a buffer of its own. The first buffer stored holds at least ``first`` elements.
+    Counters (``zero``) start at zero; the reductions leave them at zero.
+    """
+    buf = store.get(key)
+    if buf is not None and buf.numel() >= numel:
+        return buf
+    size = max(numel, first if buf is None else 0, 1)
+    fresh = (torch.zeros if zero else torch.empty)(size, dtype=dtype, device=device)
+    if buf is None:
+        store[key] = fresh
+    return fresh
 
 
 @triton.jit

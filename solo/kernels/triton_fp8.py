@@ -154,7 +154,7 @@ def require_triton_device(what: str, device: torch.device) -> None:
 import triton  # noqa: E402  (after the cache directory is configured)
 import triton.language as tl  # noqa: E402
 
-from solo.kernels.triton_epilogues import store_split_sum  # noqa: E402
+from solo.kernels.triton_epilogues import split_scratch, store_split_sum  # noqa: E402
 
 
 @triton.jit
@@ -320,25 +320,10 @@ def fp8_config(kind: str, n: int, k: int, tokens: int = 1) -> Fp8Config:
 # --------------------------------------------------------------------------------------------- wrappers
 
 
-# Split-K scratch per device: fp32 partials and self-resetting arrival counters. A stored buffer is
-# never replaced (a captured CUDA graph may point at it); a call needing more gets its own.
+# Split-K scratch (solo.kernels.triton_epilogues.split_scratch), per device: fp32 partials and
+# self-resetting arrival counters. The first buffers cover every default split (at most
+# _BLOCK_TARGET_PROGRAMS programs of one output tile each).
 _SCRATCH: dict[tuple[str, str], torch.Tensor] = {}
-
-
-def _scratch(name: str, numel: int, dtype: torch.dtype, zero: bool, device: torch.device) -> torch.Tensor:
-    key = (str(device), name)
-    buf = _SCRATCH.get(key)
-    if buf is not None and buf.numel() >= numel:
-        return buf
-    if buf is None:  # the first buffer covers every default split (at most _BLOCK_TARGET_PROGRAMS programs)
-        numel = max(
-            numel,
-            _BLOCK_TARGET_PROGRAMS * (_DEFAULT_BLOCK.block_n * _DEFAULT_BLOCK.block_t if name == "fp8_part" else 1),
-        )
-    fresh = (torch.zeros if zero else torch.empty)(max(numel, 1), dtype=dtype, device=device)
-    if buf is None:
-        _SCRATCH[key] = fresh
-    return fresh
 
 
 def _prepare_x(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -392,8 +377,11 @@ def _launch(
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(t, cfg.block_t), split)
     if split > 1:
         slots = grid[0] * grid[1]
-        part = _scratch("fp8_part", slots * split * cfg.block_n * cfg.block_t, torch.float32, False, x.device)
-        cnt = _scratch("fp8_cnt", slots, torch.int32, True, x.device)
+        dev, most = x.device, _BLOCK_TARGET_PROGRAMS
+        need = slots * split * cfg.block_n * cfg.block_t
+        tile = _DEFAULT_BLOCK.block_n * _DEFAULT_BLOCK.block_t
+        part = split_scratch(_SCRATCH, (str(dev), "fp8_part"), need, torch.float32, False, dev, most * tile)
+        cnt = split_scratch(_SCRATCH, (str(dev), "fp8_cnt"), slots, torch.int32, True, dev, most)
     else:
         part = cnt = o2  # unused
     _fp8_linear_kernel[grid](

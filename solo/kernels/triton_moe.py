@@ -26,6 +26,7 @@ import triton  # noqa: E402,I001  (triton_fp8 configured the cache directory fir
 
 from solo.kernels.moe import MoEBackend, MXFP4Experts
 from solo.kernels.routing import align_routing
+from solo.kernels.triton_epilogues import split_scratch
 from solo.kernels.triton_fp8 import (
     interpreter_mode,
     kernel_cache_report,
@@ -211,19 +212,6 @@ class TritonMoE(MoEBackend):
             return max(d for d in range(1, top_k + 1) if top_k % d == 0 and d <= most)
         return 1
 
-    def _buffer(self, name: str, numel: int, dtype: torch.dtype, zero: bool) -> torch.Tensor:
-        # A stored buffer is never replaced: a captured CUDA graph may point at it, and freeing it
-        # would leave the graph writing into memory that other tensors reuse. A call needing more
-        # (a long prefill) gets a buffer of its own.
-        buf = self._scratch.get(name)
-        if buf is not None and buf.numel() >= numel:
-            return buf
-        alloc = torch.zeros if zero else torch.empty
-        fresh = alloc(max(numel, 1), dtype=dtype, device=self.device)
-        if buf is None:
-            self._scratch[name] = fresh
-        return fresh
-
     def reserve(self, max_tokens: int, top_k: int) -> None:
         """Allocate the split-reduction scratch for up to max_tokens (do it before graph capture)."""
         for t in range(max_tokens, 0, -1):  # largest first: a stored buffer is never grown
@@ -234,9 +222,10 @@ class TritonMoE(MoEBackend):
         dn = self.down_split(tokens, top_k)
         if self.uses_gemv(tokens):
             slots = tokens * triton.cdiv(self.hidden, cfg.gv_dn_block_n)
+            dev = self.device
             return (
-                self._buffer("gv_dn_part", slots * dn * cfg.gv_dn_block_n, torch.float32, zero=False),
-                self._buffer("gv_dn_cnt", slots, torch.int32, zero=True),
+                split_scratch(self._scratch, "gv_dn_part", slots * dn * cfg.gv_dn_block_n, torch.float32, False, dev),
+                split_scratch(self._scratch, "gv_dn_cnt", slots, torch.int32, True, dev),
             )
         return ()
 

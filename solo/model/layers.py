@@ -47,7 +47,6 @@ class Linear(nn.Module):
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight as a dense matrix (used where a layer's weight is folded into another)."""
-        self.folded = True
         if self.scale_inv is not None:
             from solo.quantization.formats import dequantize_fp8_block
 

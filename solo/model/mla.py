@@ -45,6 +45,7 @@ class MultiLatentAttention(nn.Module):
     def finalize(self, dtype: torch.dtype) -> None:
         """After loading: split kv_b_proj into the absorbed key and value up-projections."""
         w = self.kv_b_proj.dense_weight(dtype).view(self.num_heads, self.nope_dim + self.v_dim, -1)
+        self.kv_b_proj.folded = True  # never called itself from now on
         self.w_uk = w[:, : self.nope_dim].contiguous()
         self.w_uv = w[:, self.nope_dim :].contiguous()
 
