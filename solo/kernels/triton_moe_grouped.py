@@ -58,6 +58,14 @@ def _f16_group_scale(s, R: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
+def _f16_operand_pair(ptrs, J: tl.constexpr, mask):
+    """The activations at elements 8c + J and 8c + J + 4 (``ptrs`` at element 8c), rounded to fp16."""
+    lo = tl.load(ptrs + J, mask=mask, other=0.0).to(tl.float16)
+    hi = tl.load(ptrs + (J + 4), mask=mask, other=0.0).to(tl.float16)
+    return lo, hi
+
+
+@triton.jit
 def _f16_pair_dot(words, f, J: tl.constexpr, x_lo, x_hi, acc):
     """acc + the MMAs of code positions J and J+4: exact fp16 weights (codes times their group's
     factor ``f``) against the activations x_lo / x_hi gathered at elements 8c + J and 8c + J + 4."""
@@ -119,8 +127,7 @@ def _grouped_gate_up_act(
                 fu = _f16_group_scale(su, BLOCK_I, W)
                 xmask = w_ok[:, None] & rows_ok[None, :]
                 for j in tl.static_range(4):
-                    x_lo = tl.load(xw_ptrs + (k0 + j), mask=xmask, other=0.0).to(tl.float16)
-                    x_hi = tl.load(xw_ptrs + (k0 + j + 4), mask=xmask, other=0.0).to(tl.float16)
+                    x_lo, x_hi = _f16_operand_pair(xw_ptrs + k0, j, xmask)
                     acc_g = _f16_pair_dot(wg, fg, j, x_lo, x_hi, acc_g)
                     acc_u = _f16_pair_dot(wu, fu, j, x_lo, x_hi, acc_u)
             else:
@@ -170,8 +177,7 @@ def _grouped_down(
                 f = _f16_group_scale(s, BLOCK_H, W)
                 amask = w_ok[:, None] & rows_ok[None, :]
                 for j in tl.static_range(4):
-                    a_lo = tl.load(aw_ptrs + (k0 + j), mask=amask, other=0.0).to(tl.float16)
-                    a_hi = tl.load(aw_ptrs + (k0 + j + 4), mask=amask, other=0.0).to(tl.float16)
+                    a_lo, a_hi = _f16_operand_pair(aw_ptrs + k0, j, amask)
                     acc = _f16_pair_dot(w, f, j, a_lo, a_hi, acc)
             else:
                 ak = tl.load(a_ptrs + k0, mask=((k0 + rk) < I)[:, None] & rows_ok[None, :], other=0.0)
