@@ -21,7 +21,7 @@ from solo.checkpoint.reader import CheckpointError, CheckpointReader
 from solo.config import LingConfig
 from solo.kernels.moe import DenseExperts, MXFP4Experts
 from solo.kernels.registry import make_moe_backend
-from solo.model.layers import Linear, RotaryEmbedding
+from solo.model.layers import Linear, RotaryEmbedding, block_fp8_linears
 from solo.model.ling import LingForCausalLM
 from solo.model.moe import SparseMoE
 from solo.quantization import formats
@@ -226,7 +226,7 @@ def reference_fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv:
 
 def _warm_block_fp8(model: nn.Module) -> None:
     """Compile (or load from the disk cache) the block-FP8 kernel for every shape the model uses."""
-    fp8 = [m for m in model.modules() if isinstance(m, Linear) and m.is_block_fp8]
+    fp8 = block_fp8_linears(model)
     if fp8 and fp8[0].weight.is_cuda:
         from solo.kernels.triton_fp8 import compile_for_shapes
 

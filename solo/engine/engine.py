@@ -138,18 +138,18 @@ class Engine:
 
     def describe(self) -> dict[str, Any]:
         """What is really in use: the LM head's weights, the routed-expert backend, dtype, device."""
-        from solo.model.layers import Linear
+        from solo.model.layers import block_fp8_linears
         from solo.model.moe import SparseMoE
 
         backends = sorted({m.experts.name for m in self.model.modules() if isinstance(m, SparseMoE) and m.experts})
-        fp8 = [m for m in self.model.modules() if isinstance(m, Linear) and m.is_block_fp8]
+        fp8 = block_fp8_linears(self.model)
         head = self.model.lm_head
         return {
             "device": str(self.model.device),
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "lm_head": head.describe() if hasattr(head, "describe") else {"mode": "dense"},
             "moe_backend": backends[0] if len(backends) == 1 else backends,
-            "block_fp8": {"layers": len(fp8), "bytes": sum(m.weight.nbytes + m.scale_inv.nbytes for m in fp8)},
+            "block_fp8": {"layers": len(fp8), "bytes": sum(m.nbytes for m in fp8)},
             "decoder": type(self.decoder).__name__,
             "cuda_graphs": self.decoder.graph_report(),
         }

@@ -12,6 +12,11 @@ from torch import nn
 from solo.config import LingConfig
 
 
+def block_fp8_linears(module: nn.Module) -> list[Linear]:
+    """The Linear layers under ``module`` that keep block-FP8 weights."""
+    return [m for m in module.modules() if isinstance(m, Linear) and m.is_block_fp8]
+
+
 class Linear(nn.Module):
     """y = x W^T. The weight is dense, or (``--block-fp8 on``) the checkpoint's FP8 E4M3 weight with
     one fp32 scale per 128x128 block, multiplied by ``kernel`` (on a GPU the Triton block-FP8 GEMV,
@@ -38,6 +43,11 @@ class Linear(nn.Module):
     @property
     def is_block_fp8(self) -> bool:
         return self.scale_inv is not None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the weight as kept (with the block scales for FP8)."""
+        return self.weight.nbytes + (self.scale_inv.nbytes if self.scale_inv is not None else 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.scale_inv is not None:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from solo.engine.engine import Engine, GenerationParams
-from solo.model.layers import Linear
+from solo.model.layers import Linear, block_fp8_linears
 from solo.model.moe import SparseMoE
 
 ACTIVE, FAILED, OFF = "ACTIVE", "FAILED", "OFF"
@@ -178,13 +178,13 @@ def check_block_fp8(engine: Engine, requested: str) -> Check:
     ``on`` fails when nothing could be kept (no block-FP8 layers in the checkpoint); ``auto`` keeps
     only large layers on a GPU and reports OFF when none qualified."""
     linears = [m for m in engine.model.modules() if isinstance(m, Linear)]
-    fp8 = [m for m in linears if m.is_block_fp8]
+    fp8 = block_fp8_linears(engine.model)
     if requested == "off":
         return Check("block_fp8", requested, OFF, {"fp8_layers": len(fp8)})
     evidence: dict[str, Any] = {
         "fp8_layers": len(fp8),
         "dense_layers": len(linears) - len(fp8),
-        "fp8_bytes": sum(m.weight.nbytes + m.scale_inv.nbytes for m in fp8),
+        "fp8_bytes": sum(m.nbytes for m in fp8),
     }
     if not fp8:
         if requested == "auto":
@@ -199,7 +199,7 @@ def check_block_fp8(engine: Engine, requested: str) -> Check:
         )
     trunk = engine.model.model.layers[: engine.model.config.num_hidden_layers]
     # (a weight folded into another layer's at load, like MLA's kv_b_proj, is never called itself)
-    in_trunk = [m for m in trunk.modules() if isinstance(m, Linear) and m.is_block_fp8 and not m.folded]
+    in_trunk = [m for m in block_fp8_linears(trunk) if not m.folded]
     before = [m.fp8_calls for m in in_trunk]
     dev = engine.model.device
     ids = torch.tensor((engine.tokenizer.encode("1 + 1 = 2") or [0])[:4], device=dev)
