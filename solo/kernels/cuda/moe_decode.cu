@@ -1,0 +1,407 @@
+// One token's routed MoE (gate_up, SwiGLU, down, weighted combine) in one persistent kernel.
+//
+// Compiled at run time by NVRTC for the layer's exact shapes (solo/kernels/cuda_moe.py); the
+// defines below are set there. One block per SM, every block resident at once (the launcher
+// checks). The token's top-k experts are 24 MB at Ling-3.0-flash shapes, which fits in the
+// GPU's shared memory, so each block asks for its whole share of the weight bytes with 1-D bulk
+// (TMA) copies at the start, in the order it will need them; the down weights are on chip before
+// the activations they multiply exist.
+//
+// Work: a gate_up tile is 8 gate + 8 up rows of one expert slot (whole K); a down tile is 8
+// output rows of all top-k slots. A host schedule spreads the tiles over the blocks by bytes.
+// Warps: GU_WARPS compute gate_up (one 4-chunk K slice each, activations in registers),
+// DN_WARPS compute down, one producer warp issues the copies, one publisher warp reduces each
+// gate_up tile, applies SwiGLU and the routing weight, and stores the activations to global
+// memory tagged with the launch number. Down warps poll those tags (no fences, no counters).
+//
+// Products on the tensor cores (mma.m16n8k16, fp16 in, fp32 sums): the packed E2M1 words
+// (pack_e2m1_words) unpack to fp16 pairs equal to value * 2^-14, times the group's factor
+// 2^(s-113) they are the weights (exact for E8M0 scales s in [104, 128]). Shared-memory reads
+// are free of bank conflicts without swizzling: in every 8-lane phase, rows of even MMA row
+// index read 16-byte chunks c..c+3 of a 128-byte line and odd rows chunks c+4..c+7; each lane's
+// B column holds the activations of its own chunk, so row r's sum is in the columns of r's parity.
+
+#ifndef H
+#error "H (hidden size) must be defined"
+#endif
+#define GU_WARPS (H / 128)             // each covers 4 chunks (128 codes) of every row, per tile
+#define DN_WARPS (I / 128)
+#define PAIRS (TOPK / 2)
+#define PRODUCER (GU_WARPS + DN_WARPS)
+#define PUBLISHER (PRODUCER + 1)
+#define NWARPS (PUBLISHER + 1)
+#define GU_TILE_BYTES (8 * H)           // 8 gate + 8 up rows of H/2 bytes
+#define DN_SLOT_BYTES (4 * I)           // 8 rows of I/2 bytes
+#define DN_TILE_BYTES (TOPK * DN_SLOT_BYTES)
+#define ROW_WORDS (2 + MAX_GU + MAX_DN + MAX_GU + MAX_DN * PAIRS)
+#define NUM_BARS (MAX_GU + MAX_DN * PAIRS)
+#define BAR_FULL0 1                     // named barriers: gate_up partials ready (2 buffers)
+#define BAR_EMPTY0 3                    // partial buffer free again (2 buffers)
+#define BAR_DOWN 5                      // down partials ready
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#if ID64
+typedef long long expert_id_t;
+#else
+typedef int expert_id_t;
+#endif
+
+struct __align__(16) Smem {
+    u64 bars[NUM_BARS];
+    float gu_part[2][GU_WARPS][16];
+    float dn_part[MAX_DN][DN_WARPS][8];
+};
+#define TILES_OFFSET ((sizeof(Smem) + 127) / 128 * 128)
+
+__device__ __forceinline__ u32 smem_addr(const void *p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void bar_wait(u32 bar) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n"
+        "@!p bra WAIT_%=;\n}\n" ::"r"(bar)
+        : "memory");
+}
+
+__device__ __forceinline__ void bulk_copy(u32 dst, const void *src, u32 bytes, u32 bar, u64 policy) {
+#if EVICT_FIRST
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+        : "memory");
+#else
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+#endif
+}
+
+__device__ __forceinline__ u32 ld_cg(const u32 *p) {
+    u32 v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ uint4 ld_cg4(const u32 *p) {
+    uint4 v;
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+__device__ __forceinline__ u64 globaltimer() {
+    u64 t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Codes J and J+4 of a packed word as an fp16 pair (low half code J), each value * 2^-14.
+__device__ __forceinline__ u32 e2m1_pair(u32 w, int j) {
+    if (j == 0) return w & 0x8E008E00u;
+    if (j == 1) return (w << 3) & 0x8E008E00u;
+    if (j == 2) return ((w << 6) & 0x0E000E00u) | ((w << 1) & 0x80008000u);
+    return ((w << 9) & 0x0E000E00u) | ((w << 2) & 0x80008000u);
+}
+
+// fp16 pair of 2^(s-113), s an E8M0 scale byte (0 for s < 99: those groups' values are < 2^-28)
+__device__ __forceinline__ u32 scale_factor(u32 s) {
+    u32 e = s > 98u ? s - 98u : 0u;
+    return (e << 10) | (e << 26);
+}
+
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+    u32 d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+__device__ __forceinline__ void mma16816(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 16 rows (two 8-row groups) x one 16-byte chunk (4 words, 32 codes) per lane: 8 MMAs.
+// lo/hi: the chunk of MMA row g and g+8; flo/fhi: their scale factors; xb: 16 activation pairs.
+__device__ __forceinline__ void chunk_products(float *acc, uint4 lo, uint4 hi, u32 flo, u32 fhi, const u32 *xb) {
+    const u32 wl[4] = {lo.x, lo.y, lo.z, lo.w};
+    const u32 wh[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+            const int j0 = 2 * jj, j1 = 2 * jj + 1;
+            mma16816(acc, hmul2(e2m1_pair(wl[k], j0), flo), hmul2(e2m1_pair(wh[k], j0), fhi),
+                     hmul2(e2m1_pair(wl[k], j1), flo), hmul2(e2m1_pair(wh[k], j1), fhi), xb[4 * k + j0],
+                     xb[4 * k + j1]);
+        }
+    }
+}
+
+// (no cuda_fp16.h / cuda_bf16.h: NVRTC does not ship them everywhere)
+__device__ __forceinline__ u32 f16_pair(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+__device__ __forceinline__ float bf16_to_float(unsigned short b) { return __uint_as_float((u32)b << 16); }
+
+__device__ __forceinline__ unsigned short float_to_bf16(float f) {
+    unsigned short d;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(d) : "f"(f));
+    return d;
+}
+
+extern "C" __global__ void __launch_bounds__(NWARPS * 32, 1)
+moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
+           const expert_id_t *__restrict__ ids,             // [TOPK]
+           const float *__restrict__ wts,            // [TOPK]
+           const u32 *__restrict__ gu_words,         // [E, 2I, H/8]
+           const unsigned char *__restrict__ gu_scale,  // [E, 2I, H/32]
+           const u32 *__restrict__ dn_words,         // [E, H, I/8]
+           const unsigned char *__restrict__ dn_scale,  // [E, H, I/32]
+           unsigned short *__restrict__ out,         // [H] bf16
+           u32 *act,                                 // [TOPK, I] tagged fp16 (tag << 16 | bits)
+           u32 *launches,                            // launch counter, wraps at NBLOCKS * 65536
+           const int *__restrict__ schedule,         // [NBLOCKS, ROW_WORDS]
+           float limit,
+           u64 *trace)                               // [NBLOCKS, 8] globaltimer stamps (TRACE only)
+{
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    Smem &sm = *reinterpret_cast<Smem *>(smem_raw);
+    unsigned char *tiles = smem_raw + TILES_OFFSET;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int *row = schedule + blockIdx.x * ROW_WORDS;
+    const int n_gu = row[0], n_dn = row[1];
+    const int *gu_tile = row + 2;                  // slot << 16 | first row
+    const int *dn_tile = gu_tile + MAX_GU;          // first output row
+    const int *order = dn_tile + MAX_DN;            // copy groups in issue order
+    const u32 dn_base = n_gu * GU_TILE_BYTES;
+#if TRACE
+    u64 t0 = 0;
+    if (threadIdx.x == 0) t0 = globaltimer();
+#endif
+
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < NUM_BARS; ++b)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sm.bars[b])));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    asm volatile("griddepcontrol.launch_dependents;");
+    __syncthreads();
+    // Everything above is independent of the previous kernel; the routing, x and the
+    // activation buffer are not.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+
+    if (warp == PRODUCER) {
+        if (lane == 0) {
+            u64 policy = 0;
+#if EVICT_FIRST
+            asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
+            expert_id_t e[TOPK];
+#pragma unroll
+            for (int s = 0; s < TOPK; ++s) e[s] = __ldcg(ids + s);
+            const int groups = n_gu + n_dn * PAIRS;
+            for (int q = 0; q < groups; ++q) {
+                const int code = order[q];
+                if (code < MAX_GU) {
+                    const int i = code, slot = gu_tile[i] >> 16, r0 = gu_tile[i] & 0xFFFF;
+                    const u32 bar = smem_addr(&sm.bars[i]);
+                    const u32 dst = smem_addr(tiles + i * GU_TILE_BYTES);
+                    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                                 "r"(GU_TILE_BYTES)
+                                 : "memory");
+                    const u32 *src = gu_words + ((size_t)e[slot] * 2 * I + r0) * (H / 8);
+                    bulk_copy(dst, src, GU_TILE_BYTES / 2, bar, policy);
+                    bulk_copy(dst + GU_TILE_BYTES / 2, src + (size_t)I * (H / 8), GU_TILE_BYTES / 2, bar, policy);
+                } else {
+                    const int j = (code - MAX_GU) / PAIRS, p = (code - MAX_GU) % PAIRS;
+                    const u32 bar = smem_addr(&sm.bars[MAX_GU + j * PAIRS + p]);
+                    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                                 "r"(2 * DN_SLOT_BYTES)
+                                 : "memory");
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int slot = 2 * p + h;
+                        const u32 dst = smem_addr(tiles + dn_base + j * DN_TILE_BYTES + slot * DN_SLOT_BYTES);
+                        bulk_copy(dst, dn_words + ((size_t)e[slot] * H + dn_tile[j]) * (I / 8), DN_SLOT_BYTES, bar,
+                                  policy);
+                    }
+                }
+            }
+        }
+    } else if (warp < GU_WARPS) {
+        // ---- gate_up: this warp's K slice, rows of even MMA index on chunks c..c+3, odd on c+4..c+7
+        const int c = 8 * (warp >> 1) + t + 4 * ((g ^ warp) & 1);
+        u32 xb[16];
+        {
+            const uint4 *xp = reinterpret_cast<const uint4 *>(x + 32 * c);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                uint4 v = __ldcg(xp + k);
+                const unsigned short *e8 = reinterpret_cast<const unsigned short *>(&v);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) xb[4 * k + j] = f16_pair(bf16_to_float(e8[j]), bf16_to_float(e8[j + 4]));
+            }
+        }
+        u32 fac[MAX_GU][2];
+#pragma unroll
+        for (int i = 0; i < MAX_GU; ++i) {
+            if (i < n_gu) {
+                const int slot = gu_tile[i] >> 16, r0 = gu_tile[i] & 0xFFFF;
+                const unsigned char *sp = gu_scale + ((size_t)__ldcg(ids + slot) * 2 * I + r0 + g) * (H / 32) + c;
+                fac[i][0] = __ldg(sp);
+                fac[i][1] = __ldg(sp + (size_t)I * (H / 32));
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < MAX_GU; ++i) {
+            if (i < n_gu) {
+                bar_wait(smem_addr(&sm.bars[i]));
+#if TRACE
+                if (i == 0 && warp == 0 && lane == 0) trace[blockIdx.x * 8 + 2] = globaltimer();
+#endif
+                const unsigned char *tile = tiles + i * GU_TILE_BYTES + c * 16 + g * (H / 2);
+                const uint4 lo = *reinterpret_cast<const uint4 *>(tile);
+                const uint4 hi = *reinterpret_cast<const uint4 *>(tile + GU_TILE_BYTES / 2);
+                float acc[4] = {0.f, 0.f, 0.f, 0.f};
+                chunk_products(acc, lo, hi, scale_factor(fac[i][0]), scale_factor(fac[i][1]), xb);
+                const int buf = i & 1;
+                if (i >= 2) asm volatile("bar.sync %0, %1;" ::"r"(BAR_EMPTY0 + buf), "r"((GU_WARPS + 1) * 32));
+                if (t == 0) {
+                    sm.gu_part[buf][warp][g] = acc[g & 1];
+                    sm.gu_part[buf][warp][g + 8] = acc[2 + (g & 1)];
+                }
+                asm volatile("bar.arrive %0, %1;" ::"r"(BAR_FULL0 + buf), "r"((GU_WARPS + 1) * 32) : "memory");
+            }
+        }
+    } else if (warp == PUBLISHER) {
+        const u32 tag = (__ldcg(launches) / NBLOCKS) << 16;  // launch counter read before any block bumps it twice
+        for (int i = 0; i < n_gu; ++i) {
+            const int buf = i & 1;
+            asm volatile("bar.sync %0, %1;" ::"r"(BAR_FULL0 + buf), "r"((GU_WARPS + 1) * 32) : "memory");
+            float v = 0.f;
+            if (lane < 16) {
+#pragma unroll
+                for (int w = 0; w < GU_WARPS; ++w) v += sm.gu_part[buf][w][lane];
+            }
+            if (i + 2 < n_gu) asm volatile("bar.arrive %0, %1;" ::"r"(BAR_EMPTY0 + buf), "r"((GU_WARPS + 1) * 32));
+            const float up = __shfl_down_sync(0xFFFFFFFFu, v, 8);
+            if (lane < 8) {
+                const int slot = gu_tile[i] >> 16, r0 = gu_tile[i] & 0xFFFF;
+                float gate = v, u = up;
+                float a = gate / (1.f + __expf(-gate));
+#if HAS_LIMIT
+                a = fminf(a, limit);
+                u = fminf(fmaxf(u, -limit), limit);
+#endif
+                const float y = a * u * __ldcg(wts + slot);
+                const u32 word = tag | (f16_pair(y, 0.f) & 0xFFFFu);
+                asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(act + slot * I + r0 + lane), "r"(word)
+                             : "memory");
+            }
+        }
+#if TRACE
+        if (lane == 0) trace[blockIdx.x * 8 + 3] = globaltimer();
+#endif
+    } else {
+        // ---- down: warp d covers 4 chunks of every row; MMA rows 0-7 are slot 2p, rows 8-15 slot 2p+1,
+        // and B column n holds the activations of slot 2p + ((n >> 1) & 1).
+        const int d = warp - GU_WARPS;
+        const int c = 8 * (d >> 1) + t + 4 * ((g ^ d) & 1);
+        const int bslot = (g >> 1) & 1;
+        u32 fac[MAX_DN][PAIRS];
+#pragma unroll
+        for (int j = 0; j < MAX_DN; ++j) {
+            if (j < n_dn) {
+#pragma unroll
+                for (int p = 0; p < PAIRS; ++p) {
+                    const size_t r = dn_tile[j] + g;
+                    const u32 a = __ldg(dn_scale + ((size_t)__ldcg(ids + 2 * p) * H + r) * (I / 32) + c);
+                    const u32 b = __ldg(dn_scale + ((size_t)__ldcg(ids + 2 * p + 1) * H + r) * (I / 32) + c);
+                    fac[j][p] = a | (b << 8);
+                }
+            }
+        }
+        const u32 tag = __ldcg(launches) / NBLOCKS;
+        float acc[MAX_DN][4];
+#pragma unroll
+        for (int j = 0; j < MAX_DN; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll
+        for (int p = 0; p < PAIRS; ++p) {
+            const u32 *ap = act + (2 * p + bslot) * I + 32 * c;
+            uint4 v[8];
+            for (;;) {
+                bool ok = (ld_cg(ap + 31) >> 16) == tag;  // cheap probe first: one word per lane
+                if (__all_sync(0xFFFFFFFFu, ok)) {
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) {
+                        v[k] = ld_cg4(ap + 4 * k);
+                        ok = ok && (v[k].x >> 16) == tag && (v[k].y >> 16) == tag && (v[k].z >> 16) == tag &&
+                             (v[k].w >> 16) == tag;
+                    }
+                    if (__all_sync(0xFFFFFFFFu, ok)) break;
+                }
+                __nanosleep(POLL_NS);
+            }
+#if TRACE
+            if (d == 0 && lane == 0) trace[blockIdx.x * 8 + 4 + p] = globaltimer();
+#endif
+            u32 xb[16];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                // elements 8k..8k+7 of the chunk are v[2k] (0-3) and v[2k+1] (4-7)
+                const u32 e[8] = {v[2 * k].x, v[2 * k].y, v[2 * k].z, v[2 * k].w,
+                                  v[2 * k + 1].x, v[2 * k + 1].y, v[2 * k + 1].z, v[2 * k + 1].w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) xb[4 * k + j] = __byte_perm(e[j], e[j + 4], 0x5410);
+            }
+#pragma unroll
+            for (int j = 0; j < MAX_DN; ++j) {
+                if (j < n_dn) {
+                    bar_wait(smem_addr(&sm.bars[MAX_GU + j * PAIRS + p]));
+                    const unsigned char *tile =
+                        tiles + dn_base + j * DN_TILE_BYTES + 2 * p * DN_SLOT_BYTES + c * 16 + g * (I / 2);
+                    const uint4 lo = *reinterpret_cast<const uint4 *>(tile);
+                    const uint4 hi = *reinterpret_cast<const uint4 *>(tile + DN_SLOT_BYTES);
+                    chunk_products(acc[j], lo, hi, scale_factor(fac[j][p] & 0xFF), scale_factor(fac[j][p] >> 8), xb);
+                }
+            }
+        }
+        // row g's sum: slot 2p parts in column g&1 (lane t=0), slot 2p+1 parts in column 2+(g&1) (t=1)
+#pragma unroll
+        for (int j = 0; j < MAX_DN; ++j) {
+            if (j < n_dn) {
+                const float other = __shfl_down_sync(0xFFFFFFFFu, acc[j][2 + (g & 1)], 1);
+                if (t == 0) sm.dn_part[j][d][g] = acc[j][g & 1] + other;
+            }
+        }
+        asm volatile("bar.sync %0, %1;" ::"r"(BAR_DOWN), "r"(DN_WARPS * 32) : "memory");
+        if (d == 0 && lane < 8) {
+            for (int j = 0; j < n_dn; ++j) {
+                float s = 0.f;
+#pragma unroll
+                for (int w = 0; w < DN_WARPS; ++w) s += sm.dn_part[j][w][lane];
+                out[dn_tile[j] + lane] = float_to_bf16(s);
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        atomicInc(launches, NBLOCKS * 65536u - 1u);
+#if TRACE
+        trace[blockIdx.x * 8 + 0] = t0;
+        trace[blockIdx.x * 8 + 1] = globaltimer();
+#endif
+    }
+}

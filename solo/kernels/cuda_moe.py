@@ -1,0 +1,244 @@
+"""``--moe-backend cuda``: the Triton backend, with one-token calls (plain decode) in one persistent
+CUDA kernel (solo/kernels/cuda/moe_decode.cu) that does gate_up, SwiGLU, down and the combine.
+
+The kernel runs one block per SM and its blocks exchange the SwiGLU activations through global
+memory, so every block must be resident at once; the launch asks for that (cooperative launch,
+an error where it cannot be had, never a hang). Calls of more than one token (NEXTN verification,
+prompts) run the Triton kernels on the same packed weights, so the backend needs no second copy.
+
+Schedule: a gate_up tile is 8 gate + 8 up rows of one expert slot, a down tile 8 output rows of all
+slots. Down tiles go round robin over the blocks, then each gate_up tile (slot by slot) to the block
+with the fewest bytes so far. Each block copies its tiles in the order it needs them: its gate_up
+tiles by slot, each slot pair's down rows right after that pair's gate_up tiles ("need" order), or
+all gate_up tiles first ("gate_up_first").
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from solo.kernels.moe import MXFP4Experts
+from solo.kernels.triton_moe import MoEConfig, TritonMoE
+
+SOURCE = Path(__file__).parent / "cuda" / "moe_decode.cu"
+SHARED_MEMORY_SLACK = 128
+
+
+@dataclass(frozen=True)
+class DecodeKernelConfig:
+    """Variants of the persistent kernel (docs/kernels.md says which were measured)."""
+
+    order: str = "need"  # or "gate_up_first"
+    evict_first: bool = False  # L2 evict-first hint on the weight copies
+    poll_ns: int = 64  # back-off between polls of the activations
+    dependent_launch: bool = True  # programmatic dependent launch
+    cooperative: bool = True  # ask the driver to guarantee all blocks resident
+    trace: bool = False  # per-block globaltimer stamps (diagnostics)
+
+
+@dataclass(frozen=True)
+class DecodeSchedule:
+    table: torch.Tensor  # int32 [blocks, row_words]
+    max_gate_up: int
+    max_down: int
+    block_bytes: list[int]  # weight bytes each block copies
+
+    @property
+    def most_bytes(self) -> int:
+        return max(self.block_bytes)
+
+
+def decode_schedule(blocks: int, hidden: int, inter: int, top_k: int, order: str = "need") -> DecodeSchedule:
+    """The tile-to-block table the kernel reads (layout: moe_decode.cu, ROW_WORDS)."""
+    if order not in ("need", "gate_up_first"):
+        raise ValueError(f"order must be 'need' or 'gate_up_first', got {order!r}")
+    gu_bytes, dn_bytes = 8 * hidden, 4 * top_k * inter
+    pairs = top_k // 2
+    down: list[list[int]] = [[] for _ in range(blocks)]
+    load = [0] * blocks
+    for j in range(hidden // 8):
+        down[j % blocks].append(8 * j)
+        load[j % blocks] += dn_bytes
+    gate_up: list[list[tuple[int, int]]] = [[] for _ in range(blocks)]
+    heap = [(load[b], b) for b in range(blocks)]
+    heapq.heapify(heap)
+    for slot in range(top_k):
+        for r in range(inter // 8):
+            nbytes, b = heapq.heappop(heap)
+            gate_up[b].append((slot, 8 * r))
+            heapq.heappush(heap, (nbytes + gu_bytes, b))
+    max_gu = max(len(x) for x in gate_up)
+    max_dn = max(len(x) for x in down)
+    row_words = 2 + max_gu + max_dn + max_gu + max_dn * pairs
+    table = torch.zeros((blocks, row_words), dtype=torch.int32)
+    block_bytes = []
+    for b in range(blocks):
+        gus, dns = gate_up[b], down[b]
+        groups: list[int] = []
+        done_pairs = 0
+        for i, (slot, _) in enumerate(gus):
+            while order == "need" and done_pairs < pairs and slot >= 2 * done_pairs + 2:
+                groups += [max_gu + j * pairs + done_pairs for j in range(len(dns))]
+                done_pairs += 1
+            groups.append(i)
+        for p in range(done_pairs, pairs):
+            groups += [max_gu + j * pairs + p for j in range(len(dns))]
+        row = [len(gus), len(dns)]
+        row += [slot << 16 | r for slot, r in gus] + [0] * (max_gu - len(gus))
+        row += dns + [0] * (max_dn - len(dns))
+        row += groups + [0] * (max_gu + max_dn * pairs - len(groups))
+        table[b] = torch.tensor(row, dtype=torch.int32)
+        block_bytes.append(len(gus) * gu_bytes + len(dns) * dn_bytes)
+    return DecodeSchedule(table, max_gu, max_dn, block_bytes)
+
+
+def _shared_bytes(sched: DecodeSchedule, hidden: int, inter: int, top_k: int) -> int:
+    gu_warps, dn_warps = hidden // 128, inter // 128
+    bars = sched.max_gate_up + sched.max_down * (top_k // 2)
+    header = bars * 8 + 2 * gu_warps * 16 * 4 + sched.max_down * dn_warps * 8 * 4
+    return (header + 127) // 128 * 128 + sched.most_bytes + SHARED_MEMORY_SLACK
+
+
+class PersistentDecodeMoE(TritonMoE):
+    """TritonMoE whose one-token calls run the persistent CUDA kernel (see module docstring)."""
+
+    name = "cuda"
+
+    def __init__(
+        self,
+        experts: MXFP4Experts,
+        dtype: torch.dtype = torch.bfloat16,
+        swiglu_limit: float | None = None,
+        config: MoEConfig | None = None,
+        kernel_config: DecodeKernelConfig | None = None,
+    ) -> None:
+        super().__init__(experts, dtype=dtype, swiglu_limit=swiglu_limit, config=config)
+        self.kernel_config = kernel_config or DecodeKernelConfig()
+        self.path_calls["persistent"] = 0
+        if torch.cuda.get_device_capability(self.device)[0] < 9:
+            raise RuntimeError("the persistent decode kernel needs a Hopper or newer GPU (TMA bulk copies)")
+        if self.hidden % 256 or self.inter % 256:
+            raise RuntimeError(
+                f"the persistent decode kernel needs H and I multiples of 256, got {self.hidden} and {self.inter}"
+            )
+        if not self.f16_products_exact:
+            raise RuntimeError(
+                "the persistent decode kernel multiplies in fp16, exact only for E8M0 scales <= 128; this "
+                "checkpoint has larger ones. Use --moe-backend triton."
+            )
+        self._kernels: dict[int, tuple[Any, DecodeSchedule, torch.Tensor, int]] = {}
+        # activations exchanged between blocks, tagged with the launch number (0xFFFF: none yet)
+        self._act = torch.full((8 * self.inter,), -1, dtype=torch.int32, device=self.device)
+        self._launches = torch.zeros(1, dtype=torch.int32, device=self.device)
+        self.blocks = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self.trace = torch.zeros((self.blocks, 8), dtype=torch.int64, device=self.device)
+
+    def set_kernel_config(self, kernel_config: DecodeKernelConfig) -> None:
+        """Switch kernel variants (for A/B runs); the next call compiles or loads the new one."""
+        self.kernel_config = kernel_config
+        self._kernels.clear()
+
+    def kernel_for(self, top_k: int, id64: bool) -> tuple[Any, DecodeSchedule, torch.Tensor, int]:
+        """Compile (or load from <solo cache>/cuda) and set up the kernel for top_k experts."""
+        key = top_k * 2 + int(id64)
+        if key in self._kernels:
+            return self._kernels[key]
+        from solo.kernels.cuda_runtime import CudaKernel
+
+        if top_k % 2 or top_k > 8:
+            raise RuntimeError(f"the persistent decode kernel needs an even top-k <= 8, got {top_k}")
+        kc = self.kernel_config
+        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order)
+        defines = {
+            "H": self.hidden,
+            "I": self.inter,
+            "TOPK": top_k,
+            "NBLOCKS": self.blocks,
+            "MAX_GU": sched.max_gate_up,
+            "MAX_DN": sched.max_down,
+            "HAS_LIMIT": int(self.swiglu_limit is not None),
+            "ID64": int(id64),
+            "EVICT_FIRST": int(kc.evict_first),
+            "TRACE": int(kc.trace),
+            "POLL_NS": kc.poll_ns,
+        }
+        kernel = CudaKernel(SOURCE, "moe_decode", defines, self.device)
+        shared = _shared_bytes(sched, self.hidden, self.inter, top_k)
+        limit = torch.cuda.get_device_properties(self.device).shared_memory_per_block_optin
+        if shared > limit:
+            raise RuntimeError(
+                f"the persistent decode kernel needs {shared} bytes of shared memory per block at these shapes "
+                f"({self.blocks} SMs); this GPU allows {limit}. Use --moe-backend triton."
+            )
+        kernel.set_shared_bytes(shared)
+        threads = 32 * (self.hidden // 128 + self.inter // 128 + 2)
+        if kernel.max_blocks_per_sm(threads, shared) < 1:
+            raise RuntimeError("the persistent decode kernel does not fit on an SM here; use --moe-backend triton")
+        entry = (kernel, sched, sched.table.to(self.device), threads)
+        self._kernels[key] = entry
+        return entry
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if topk_ids.shape[0] != 1:
+            return super().forward(x, topk_ids, topk_weights, out)
+        if x.shape != (1, self.hidden):
+            raise ValueError(f"x must be [1, {self.hidden}], got {tuple(x.shape)}")
+        if out is None:
+            out = torch.empty((1, self.hidden), dtype=x.dtype, device=x.device)
+        xb = x if x.dtype == torch.bfloat16 and x.is_contiguous() else x.to(torch.bfloat16).contiguous()
+        ids = topk_ids.reshape(-1)
+        if ids.dtype not in (torch.int32, torch.int64) or not ids.is_contiguous():
+            ids = ids.to(torch.int32).contiguous()
+        wts = topk_weights.reshape(-1)
+        if wts.dtype != torch.float32 or not wts.is_contiguous():
+            wts = wts.float().contiguous()
+        target = out if out.dtype == torch.bfloat16 else torch.empty_like(out, dtype=torch.bfloat16)
+        self.path_calls["persistent"] += 1
+        self.launch_persistent(xb, ids, wts, target)
+        if target is not out:
+            out.copy_(target)
+        return out
+
+    def launch_persistent(self, xb: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, out: torch.Tensor) -> None:
+        kernel, _, table, threads = self.kernel_for(ids.numel(), ids.dtype == torch.int64)
+        limit = float(self.swiglu_limit) if self.swiglu_limit is not None else 0.0
+        kc = self.kernel_config
+        kernel.launch(
+            self.blocks,
+            threads,
+            [
+                xb,
+                ids,
+                wts,
+                self.gate_up_words,
+                self.gate_up_scale,
+                self.down_words,
+                self.down_scale,
+                out,
+                self._act,
+                self._launches,
+                table,
+                limit,
+                self.trace,
+            ],
+            dependent=kc.dependent_launch,
+            cooperative=kc.cooperative,
+        )
+
+    def warmup(self, top_k: int = 8, max_tokens: int = 4) -> dict[str, Any]:
+        record = super().warmup(top_k=top_k, max_tokens=max_tokens)
+        for id64 in (False, True):
+            kernel = self.kernel_for(top_k, id64)[0]
+        record["persistent_compile"] = {"seconds": kernel.compile.seconds, "cached": kernel.compile.cached}
+        return record
