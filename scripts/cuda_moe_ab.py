@@ -99,7 +99,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--variants", default="")
-    p.add_argument("--trace", action="store_true")
+    p.add_argument("--trace", nargs="?", const="", default=None, help="variant spec to trace (default: base)")
     p.add_argument("--no-humming", action="store_true")
     p.add_argument("--checks-only", action="store_true")
     args = p.parse_args()
@@ -169,8 +169,11 @@ def main() -> int:
     for k, v in results.items():
         log(f"  {k:48s} {statistics.median(v):7.2f}   [{', '.join(f'{t:.2f}' for t in v)}]")
 
-    if args.trace:
-        moe.set_kernel_config(dataclasses.replace(DecodeKernelConfig(), trace=True))
+    if args.trace is not None:
+        traced = parse_variants(args.trace)[-1][1]
+        moe.set_kernel_config(dataclasses.replace(traced, trace=True))
+        log(f"trace of {traced}")
+        moe.forward(*data[0])  # compile before capture
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             for d in data:
@@ -184,7 +187,9 @@ def main() -> int:
         log("trace of the last op (us from the first block's start): min, median, max over blocks")
         names = ["start", "end", "first gate_up tile landed", "last gate_up tile published"]
         names += [f"act of slot pair {p} read" for p in range(4)]
-        for col in range(8):
+        names += ["producer issued all copies", "scales and x in registers", "last gate_up tile landed"]
+        names += ["down products done"]
+        for col in range(12):
             c = rel_t[:, col]
             log(f"  {names[col]:30s}: {c.min():.2f} {c.median():.2f} {c.max():.2f}")
     return 0

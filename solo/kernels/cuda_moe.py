@@ -39,6 +39,8 @@ class DecodeKernelConfig:
     dependent_launch: bool = True  # programmatic dependent launch
     cooperative: bool = True  # ask the driver to guarantee all blocks resident
     trace: bool = False  # per-block globaltimer stamps (diagnostics)
+    poll: str = "values"  # down warps poll the tagged activations, or "counts": per-slot tile counts first
+    scales: str = "copies"  # scale rows copied with their tiles, or "loads": plain loads issued first
 
 
 @dataclass(frozen=True)
@@ -53,11 +55,20 @@ class DecodeSchedule:
         return max(self.block_bytes)
 
 
-def decode_schedule(blocks: int, hidden: int, inter: int, top_k: int, order: str = "need") -> DecodeSchedule:
+def tile_bytes(hidden: int, inter: int, top_k: int, with_scales: bool) -> tuple[int, int]:
+    """Shared-memory bytes of a gate_up tile and of a down tile (moe_decode.cu, GU/DN_TILE_BYTES)."""
+    if with_scales:
+        return 8 * hidden + hidden // 2, top_k * (4 * inter + inter // 4)
+    return 8 * hidden, 4 * top_k * inter
+
+
+def decode_schedule(
+    blocks: int, hidden: int, inter: int, top_k: int, order: str = "need", with_scales: bool = True
+) -> DecodeSchedule:
     """The tile-to-block table the kernel reads (layout: moe_decode.cu, ROW_WORDS)."""
     if order not in ("need", "gate_up_first"):
         raise ValueError(f"order must be 'need' or 'gate_up_first', got {order!r}")
-    gu_bytes, dn_bytes = 8 * hidden, 4 * top_k * inter
+    gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k, with_scales)
     pairs = top_k // 2
     down: list[list[int]] = [[] for _ in range(blocks)]
     load = [0] * blocks
@@ -100,7 +111,7 @@ def decode_schedule(blocks: int, hidden: int, inter: int, top_k: int, order: str
 def _shared_bytes(sched: DecodeSchedule, hidden: int, inter: int, top_k: int) -> int:
     gu_warps, dn_warps = hidden // 128, inter // 128
     bars = sched.max_gate_up + sched.max_down * (top_k // 2)
-    header = bars * 8 + 2 * gu_warps * 16 * 4 + sched.max_down * dn_warps * 8 * 4
+    header = bars * 8 + 8 * 8 + 2 * gu_warps * 16 * 4 + sched.max_down * dn_warps * 8 * 4
     return (header + 127) // 128 * 128 + sched.most_bytes + SHARED_MEMORY_SLACK
 
 
@@ -135,8 +146,9 @@ class PersistentDecodeMoE(TritonMoE):
         # activations exchanged between blocks, tagged with the launch number (0xFFFF: none yet)
         self._act = torch.full((8 * self.inter,), -1, dtype=torch.int32, device=self.device)
         self._launches = torch.zeros(1, dtype=torch.int32, device=self.device)
+        self._counts = torch.zeros(8 * 32, dtype=torch.int32, device=self.device)
         self.blocks = torch.cuda.get_device_properties(self.device).multi_processor_count
-        self.trace = torch.zeros((self.blocks, 8), dtype=torch.int64, device=self.device)
+        self.trace = torch.zeros((self.blocks, 16), dtype=torch.int64, device=self.device)
 
     def set_kernel_config(self, kernel_config: DecodeKernelConfig) -> None:
         """Switch kernel variants (for A/B runs); the next call compiles or loads the new one."""
@@ -153,7 +165,9 @@ class PersistentDecodeMoE(TritonMoE):
         if top_k % 2 or top_k > 8:
             raise RuntimeError(f"the persistent decode kernel needs an even top-k <= 8, got {top_k}")
         kc = self.kernel_config
-        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order)
+        if kc.scales not in ("copies", "loads"):
+            raise ValueError(f"scales must be 'copies' or 'loads', got {kc.scales!r}")
+        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order, kc.scales == "copies")
         defines = {
             "H": self.hidden,
             "I": self.inter,
@@ -166,6 +180,8 @@ class PersistentDecodeMoE(TritonMoE):
             "EVICT_FIRST": int(kc.evict_first),
             "TRACE": int(kc.trace),
             "POLL_NS": kc.poll_ns,
+            "SCALES_TMA": int(kc.scales == "copies"),
+            "POLL_COUNTS": int(kc.poll == "counts"),
         }
         kernel = CudaKernel(SOURCE, "moe_decode", defines, self.device)
         shared = _shared_bytes(sched, self.hidden, self.inter, top_k)
@@ -228,6 +244,7 @@ class PersistentDecodeMoE(TritonMoE):
                 out,
                 self._act,
                 self._launches,
+                self._counts,
                 table,
                 limit,
                 self.trace,

@@ -30,8 +30,16 @@
 #define PRODUCER (GU_WARPS + DN_WARPS)
 #define PUBLISHER (PRODUCER + 1)
 #define NWARPS (PUBLISHER + 1)
-#define GU_TILE_BYTES (8 * H)           // 8 gate + 8 up rows of H/2 bytes
-#define DN_SLOT_BYTES (4 * I)           // 8 rows of I/2 bytes
+#define GU_WORD_BYTES (4 * H)           // 8 rows of H/2 bytes (gate, then up)
+#define DN_WORD_BYTES (4 * I)           // 8 rows of I/2 bytes
+#if SCALES_TMA                          // the tiles' scale rows copied after their words
+#define GU_TILE_BYTES (2 * GU_WORD_BYTES + H / 2)
+#define DN_SLOT_BYTES (DN_WORD_BYTES + I / 4)
+#else                                   // scales read by plain loads issued before any copy
+#define GU_TILE_BYTES (2 * GU_WORD_BYTES)
+#define DN_SLOT_BYTES DN_WORD_BYTES
+#endif
+#define BAR_LOADS_ISSUED 6
 #define DN_TILE_BYTES (TOPK * DN_SLOT_BYTES)
 #define ROW_WORDS (2 + MAX_GU + MAX_DN + MAX_GU + MAX_DN * PAIRS)
 #define NUM_BARS (MAX_GU + MAX_DN * PAIRS)
@@ -50,6 +58,7 @@ typedef int expert_id_t;
 
 struct __align__(16) Smem {
     u64 bars[NUM_BARS];
+    expert_id_t experts[8];
     float gu_part[2][GU_WARPS][16];
     float dn_part[MAX_DN][DN_WARPS][8];
 };
@@ -171,9 +180,10 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
            unsigned short *__restrict__ out,         // [H] bf16
            u32 *act,                                 // [TOPK, I] tagged fp16 (tag << 16 | bits)
            u32 *launches,                            // launch counter, wraps at NBLOCKS * 65536
+           u32 *counts,                              // [TOPK * 32] tiles published per slot (POLL_COUNTS)
            const int *__restrict__ schedule,         // [NBLOCKS, ROW_WORDS]
            float limit,
-           u64 *trace)                               // [NBLOCKS, 8] globaltimer stamps (TRACE only)
+           u64 *trace)                               // [NBLOCKS, 16] globaltimer stamps (TRACE only)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Smem &sm = *reinterpret_cast<Smem *>(smem_raw);
@@ -203,14 +213,17 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
     asm volatile("griddepcontrol.wait;" ::: "memory");
 
     if (warp == PRODUCER) {
+        if (lane < TOPK) sm.experts[lane] = __ldcg(ids + lane);
+        __syncwarp();
+        const expert_id_t *e = sm.experts;
+#if !SCALES_TMA
+        asm volatile("bar.sync %0, %1;" ::"r"(BAR_LOADS_ISSUED), "r"(32 + 32 * (GU_WARPS + DN_WARPS)) : "memory");
+#endif
         if (lane == 0) {
             u64 policy = 0;
 #if EVICT_FIRST
             asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
 #endif
-            expert_id_t e[TOPK];
-#pragma unroll
-            for (int s = 0; s < TOPK; ++s) e[s] = __ldcg(ids + s);
             const int groups = n_gu + n_dn * PAIRS;
             for (int q = 0; q < groups; ++q) {
                 const int code = order[q];
@@ -222,8 +235,13 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                                  "r"(GU_TILE_BYTES)
                                  : "memory");
                     const u32 *src = gu_words + ((size_t)e[slot] * 2 * I + r0) * (H / 8);
-                    bulk_copy(dst, src, GU_TILE_BYTES / 2, bar, policy);
-                    bulk_copy(dst + GU_TILE_BYTES / 2, src + (size_t)I * (H / 8), GU_TILE_BYTES / 2, bar, policy);
+                    bulk_copy(dst, src, GU_WORD_BYTES, bar, policy);
+                    bulk_copy(dst + GU_WORD_BYTES, src + (size_t)I * (H / 8), GU_WORD_BYTES, bar, policy);
+#if SCALES_TMA
+                    const unsigned char *ssrc = gu_scale + ((size_t)e[slot] * 2 * I + r0) * (H / 32);
+                    bulk_copy(dst + 2 * GU_WORD_BYTES, ssrc, H / 4, bar, policy);
+                    bulk_copy(dst + 2 * GU_WORD_BYTES + H / 4, ssrc + (size_t)I * (H / 32), H / 4, bar, policy);
+#endif
                 } else {
                     const int j = (code - MAX_GU) / PAIRS, p = (code - MAX_GU) % PAIRS;
                     const u32 bar = smem_addr(&sm.bars[MAX_GU + j * PAIRS + p]);
@@ -234,11 +252,18 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     for (int h = 0; h < 2; ++h) {
                         const int slot = 2 * p + h;
                         const u32 dst = smem_addr(tiles + dn_base + j * DN_TILE_BYTES + slot * DN_SLOT_BYTES);
-                        bulk_copy(dst, dn_words + ((size_t)e[slot] * H + dn_tile[j]) * (I / 8), DN_SLOT_BYTES, bar,
+                        bulk_copy(dst, dn_words + ((size_t)e[slot] * H + dn_tile[j]) * (I / 8), DN_WORD_BYTES, bar,
                                   policy);
+#if SCALES_TMA
+                        bulk_copy(dst + DN_WORD_BYTES, dn_scale + ((size_t)e[slot] * H + dn_tile[j]) * (I / 32), I / 4,
+                                  bar, policy);
+#endif
                     }
                 }
             }
+#if TRACE
+            trace[blockIdx.x * 16 + 8] = globaltimer();
+#endif
         }
     } else if (warp < GU_WARPS) {
         // ---- gate_up: this warp's K slice, rows of even MMA index on chunks c..c+3, odd on c+4..c+7
@@ -254,6 +279,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 for (int j = 0; j < 4; ++j) xb[4 * k + j] = f16_pair(bf16_to_float(e8[j]), bf16_to_float(e8[j + 4]));
             }
         }
+#if !SCALES_TMA
         u32 fac[MAX_GU][2];
 #pragma unroll
         for (int i = 0; i < MAX_GU; ++i) {
@@ -264,18 +290,33 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 fac[i][1] = __ldg(sp + (size_t)I * (H / 32));
             }
         }
+        asm volatile("bar.arrive %0, %1;" ::"r"(BAR_LOADS_ISSUED), "r"(32 + 32 * (GU_WARPS + DN_WARPS)) : "memory");
+#endif
 #pragma unroll
         for (int i = 0; i < MAX_GU; ++i) {
             if (i < n_gu) {
+#if TRACE && !SCALES_TMA
+                if (i == 0 && warp == 0 && lane == 0) {
+                    const u32 f = scale_factor(fac[0][0]) + scale_factor(fac[0][1]) + xb[0];
+                    trace[blockIdx.x * 16 + 9] = globaltimer() + (f == 12345u);  // scales and x arrived
+                }
+#endif
                 bar_wait(smem_addr(&sm.bars[i]));
 #if TRACE
-                if (i == 0 && warp == 0 && lane == 0) trace[blockIdx.x * 8 + 2] = globaltimer();
+                if (i == 0 && warp == 0 && lane == 0) trace[blockIdx.x * 16 + 2] = globaltimer();
+                if (i == n_gu - 1 && warp == 0 && lane == 0) trace[blockIdx.x * 16 + 10] = globaltimer();
 #endif
                 const unsigned char *tile = tiles + i * GU_TILE_BYTES + c * 16 + g * (H / 2);
                 const uint4 lo = *reinterpret_cast<const uint4 *>(tile);
-                const uint4 hi = *reinterpret_cast<const uint4 *>(tile + GU_TILE_BYTES / 2);
+                const uint4 hi = *reinterpret_cast<const uint4 *>(tile + GU_WORD_BYTES);
+#if SCALES_TMA
+                const unsigned char *sc = tiles + i * GU_TILE_BYTES + 2 * GU_WORD_BYTES + g * (H / 32) + c;
+                const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[H / 4]);
+#else
+                const u32 f_lo = scale_factor(fac[i][0]), f_hi = scale_factor(fac[i][1]);
+#endif
                 float acc[4] = {0.f, 0.f, 0.f, 0.f};
-                chunk_products(acc, lo, hi, scale_factor(fac[i][0]), scale_factor(fac[i][1]), xb);
+                chunk_products(acc, lo, hi, f_lo, f_hi, xb);
                 const int buf = i & 1;
                 if (i >= 2) asm volatile("bar.sync %0, %1;" ::"r"(BAR_EMPTY0 + buf), "r"((GU_WARPS + 1) * 32));
                 if (t == 0) {
@@ -310,9 +351,14 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(act + slot * I + r0 + lane), "r"(word)
                              : "memory");
             }
+#if POLL_COUNTS
+            __syncwarp();
+            if (lane == 0)
+                asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(counts + 32 * (gu_tile[i] >> 16)) : "memory");
+#endif
         }
 #if TRACE
-        if (lane == 0) trace[blockIdx.x * 8 + 3] = globaltimer();
+        if (lane == 0) trace[blockIdx.x * 16 + 3] = globaltimer();
 #endif
     } else {
         // ---- down: warp d covers 4 chunks of every row; MMA rows 0-7 are slot 2p, rows 8-15 slot 2p+1,
@@ -320,6 +366,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         const int d = warp - GU_WARPS;
         const int c = 8 * (d >> 1) + t + 4 * ((g ^ d) & 1);
         const int bslot = (g >> 1) & 1;
+#if !SCALES_TMA
         u32 fac[MAX_DN][PAIRS];
 #pragma unroll
         for (int j = 0; j < MAX_DN; ++j) {
@@ -333,6 +380,8 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 }
             }
         }
+        asm volatile("bar.arrive %0, %1;" ::"r"(BAR_LOADS_ISSUED), "r"(32 + 32 * (GU_WARPS + DN_WARPS)) : "memory");
+#endif
         const u32 tag = __ldcg(launches) / NBLOCKS;
         float acc[MAX_DN][4];
 #pragma unroll
@@ -341,6 +390,12 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         for (int p = 0; p < PAIRS; ++p) {
             const u32 *ap = act + (2 * p + bslot) * I + 32 * c;
             uint4 v[8];
+#if POLL_COUNTS
+            if (lane == 0) {  // the counts say when to look; the tags still decide
+                while (ld_cg(counts + 64 * p) < I / 8 || ld_cg(counts + 64 * p + 32) < I / 8) __nanosleep(POLL_NS);
+            }
+            __syncwarp();
+#endif
             for (;;) {
                 bool ok = (ld_cg(ap + 31) >> 16) == tag;  // cheap probe first: one word per lane
                 if (__all_sync(0xFFFFFFFFu, ok)) {
@@ -355,7 +410,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 __nanosleep(POLL_NS);
             }
 #if TRACE
-            if (d == 0 && lane == 0) trace[blockIdx.x * 8 + 4 + p] = globaltimer();
+            if (d == 0 && lane == 0) trace[blockIdx.x * 16 + 4 + p] = globaltimer();
 #endif
             u32 xb[16];
 #pragma unroll
@@ -374,10 +429,19 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                         tiles + dn_base + j * DN_TILE_BYTES + 2 * p * DN_SLOT_BYTES + c * 16 + g * (I / 2);
                     const uint4 lo = *reinterpret_cast<const uint4 *>(tile);
                     const uint4 hi = *reinterpret_cast<const uint4 *>(tile + DN_SLOT_BYTES);
-                    chunk_products(acc[j], lo, hi, scale_factor(fac[j][p] & 0xFF), scale_factor(fac[j][p] >> 8), xb);
+#if SCALES_TMA
+                    const unsigned char *sc = tile - c * 16 - g * (I / 2) + DN_WORD_BYTES + g * (I / 32) + c;
+                    const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[DN_SLOT_BYTES]);
+#else
+                    const u32 f_lo = scale_factor(fac[j][p] & 0xFF), f_hi = scale_factor(fac[j][p] >> 8);
+#endif
+                    chunk_products(acc[j], lo, hi, f_lo, f_hi, xb);
                 }
             }
         }
+#if TRACE
+        if (d == 0 && lane == 0) trace[blockIdx.x * 16 + 11] = globaltimer();
+#endif
         // row g's sum: slot 2p parts in column g&1 (lane t=0), slot 2p+1 parts in column 2+(g&1) (t=1)
 #pragma unroll
         for (int j = 0; j < MAX_DN; ++j) {
@@ -398,10 +462,18 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        atomicInc(launches, NBLOCKS * 65536u - 1u);
+        const u32 before = atomicInc(launches, NBLOCKS * 65536u - 1u);
+#if POLL_COUNTS
+        if (before % NBLOCKS == NBLOCKS - 1) {  // the last block of this launch: every poll is over
+#pragma unroll
+            for (int s = 0; s < TOPK; ++s) counts[32 * s] = 0;
+        }
+#else
+        (void)before;
+#endif
 #if TRACE
-        trace[blockIdx.x * 8 + 0] = t0;
-        trace[blockIdx.x * 8 + 1] = globaltimer();
+        trace[blockIdx.x * 16 + 0] = t0;
+        trace[blockIdx.x * 16 + 1] = globaltimer();
 #endif
     }
 }
