@@ -100,6 +100,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--variants", default="")
     p.add_argument("--trace", nargs="?", const="", default=None, help="variant spec to trace (default: base)")
+    p.add_argument("--trace-out", default="", help="save the raw per-block stamps and the schedule here")
     p.add_argument("--no-humming", action="store_true")
     p.add_argument("--checks-only", action="store_true")
     args = p.parse_args()
@@ -182,6 +183,9 @@ def main() -> int:
         g.replay()
         torch.cuda.synchronize()
         tr = moe.trace.cpu()
+        if args.trace_out:
+            sched = moe.kernel_for(8, True)[1]
+            torch.save({"trace": tr, "table": sched.table, "block_bytes": sched.block_bytes}, args.trace_out)
         start = tr[:, 0].min()
         rel_t = (tr - start).float() / 1000.0
         log("trace of the last op (us from the first block's start): min, median, max over blocks")

@@ -39,7 +39,7 @@ class DecodeKernelConfig:
     dependent_launch: bool = True  # programmatic dependent launch
     cooperative: bool = True  # ask the driver to guarantee all blocks resident
     trace: bool = False  # per-block globaltimer stamps (diagnostics)
-    poll: str = "values"  # down warps poll the tagged activations, or "counts": per-slot tile counts first
+    poll: str = "counts"  # per-slot tile counts say when to read the tagged activations, or "values": poll those
     scales: str = "copies"  # scale rows copied with their tiles, or "loads": plain loads issued first
 
 

@@ -40,6 +40,7 @@
 #define DN_SLOT_BYTES DN_WORD_BYTES
 #endif
 #define BAR_LOADS_ISSUED 6
+#define BAR_PAIR 7                      // the down warps learn that a slot pair is published
 #define DN_TILE_BYTES (TOPK * DN_SLOT_BYTES)
 #define ROW_WORDS (2 + MAX_GU + MAX_DN + MAX_GU + MAX_DN * PAIRS)
 #define NUM_BARS (MAX_GU + MAX_DN * PAIRS)
@@ -59,6 +60,7 @@ typedef int expert_id_t;
 struct __align__(16) Smem {
     u64 bars[NUM_BARS];
     expert_id_t experts[8];
+    u32 ready[2];  // complete slot pairs, written by down warp 0 in alternate rounds
     float gu_part[2][GU_WARPS][16];
     float dn_part[MAX_DN][DN_WARPS][8];
 };
@@ -328,6 +330,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         }
     } else if (warp == PUBLISHER) {
         const u32 tag = (__ldcg(launches) / NBLOCKS) << 16;  // launch counter read before any block bumps it twice
+        const float my_wt = lane < TOPK ? __ldcg(wts + lane) : 0.f;  // no global load inside the tile loop
         for (int i = 0; i < n_gu; ++i) {
             const int buf = i & 1;
             asm volatile("bar.sync %0, %1;" ::"r"(BAR_FULL0 + buf), "r"((GU_WARPS + 1) * 32) : "memory");
@@ -346,7 +349,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 a = fminf(a, limit);
                 u = fminf(fmaxf(u, -limit), limit);
 #endif
-                const float y = a * u * __ldcg(wts + slot);
+                const float y = a * u * __shfl_sync(0xFFu, my_wt, slot);
                 const u32 word = tag | (f16_pair(y, 0.f) & 0xFFFFu);
                 asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(act + slot * I + r0 + lane), "r"(word)
                              : "memory");
@@ -383,6 +386,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         asm volatile("bar.arrive %0, %1;" ::"r"(BAR_LOADS_ISSUED), "r"(32 + 32 * (GU_WARPS + DN_WARPS)) : "memory");
 #endif
         const u32 tag = __ldcg(launches) / NBLOCKS;
+        u32 ready = 0, round = 0;  // pairs known complete (POLL_COUNTS); rounds of BAR_PAIR so far
         float acc[MAX_DN][4];
 #pragma unroll
         for (int j = 0; j < MAX_DN; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -391,22 +395,37 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             const u32 *ap = act + (2 * p + bslot) * I + 32 * c;
             uint4 v[8];
 #if POLL_COUNTS
-            if (lane == 0) {  // the counts say when to look; the tags still decide
-                while (ld_cg(counts + 64 * p) < I / 8 || ld_cg(counts + 64 * p + 32) < I / 8) __nanosleep(POLL_NS);
+            // Warp 0's first TOPK lanes read all the counts at once (one round trip) and share
+            // which pairs are complete; a pair found complete earlier costs no round trip. The
+            // counts say when to look, the tags still decide.
+            if (!((ready >> p) & 1)) {
+                if (d == 0) {
+                    u32 pairs_ready;
+                    for (;;) {
+                        const u32 n = lane < TOPK ? ld_cg(counts + 32 * lane) : 0u;
+                        const u32 slots = __ballot_sync(0xFFFFFFFFu, lane < TOPK && n >= I / 8);
+                        pairs_ready = slots & (slots >> 1) & 0x55u;  // bit 2p: slots 2p and 2p+1
+                        if ((pairs_ready >> (2 * p)) & 1) break;
+                        __nanosleep(POLL_NS);
+                    }
+                    if (lane == 0) sm.ready[round & 1] = pairs_ready;
+                }
+                asm volatile("bar.sync %0, %1;" ::"r"(BAR_PAIR), "r"(DN_WARPS * 32) : "memory");
+                const u32 bits = *reinterpret_cast<volatile u32 *>(&sm.ready[round & 1]);
+                ++round;
+#pragma unroll
+                for (int q = 0; q < PAIRS; ++q) ready |= ((bits >> (2 * q)) & 1u) << q;
             }
-            __syncwarp();
 #endif
             for (;;) {
-                bool ok = (ld_cg(ap + 31) >> 16) == tag;  // cheap probe first: one word per lane
-                if (__all_sync(0xFFFFFFFFu, ok)) {
+                bool ok = true;
 #pragma unroll
-                    for (int k = 0; k < 8; ++k) {
-                        v[k] = ld_cg4(ap + 4 * k);
-                        ok = ok && (v[k].x >> 16) == tag && (v[k].y >> 16) == tag && (v[k].z >> 16) == tag &&
-                             (v[k].w >> 16) == tag;
-                    }
-                    if (__all_sync(0xFFFFFFFFu, ok)) break;
+                for (int k = 0; k < 8; ++k) {
+                    v[k] = ld_cg4(ap + 4 * k);
+                    ok = ok && (v[k].x >> 16) == tag && (v[k].y >> 16) == tag && (v[k].z >> 16) == tag &&
+                         (v[k].w >> 16) == tag;
                 }
+                if (__all_sync(0xFFFFFFFFu, ok)) break;
                 __nanosleep(POLL_NS);
             }
 #if TRACE
@@ -472,6 +491,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         (void)before;
 #endif
 #if TRACE
+        u32 smid;
+        asm("mov.u32 %0, %%smid;" : "=r"(smid));
+        trace[blockIdx.x * 16 + 12] = smid;
         trace[blockIdx.x * 16 + 0] = t0;
         trace[blockIdx.x * 16 + 1] = globaltimer();
 #endif
