@@ -27,6 +27,7 @@ from solo.kernels.triton_moe import MoEConfig, TritonMoE
 
 SOURCE = Path(__file__).parent / "cuda" / "moe_decode.cu"
 SHARED_MEMORY_SLACK = 128
+MAX_ACT_COPIES = 16
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class DecodeKernelConfig:
     cooperative: bool = True  # ask the driver to guarantee all blocks resident
     trace: bool = False  # per-block globaltimer stamps (diagnostics)
     poll: str = "counts"  # per-slot tile counts say when to read the tagged activations, or "values": poll those
+    stage_act: bool = True  # the down warps copy each slot pair's activations to shared memory once
+    act_copies: int = 8  # copies of the activations in global memory (reads spread over more L2 slices)
     scales: str = "copies"  # scale rows copied with their tiles, or "loads": plain loads issued first
 
 
@@ -111,7 +114,7 @@ def decode_schedule(
 def _shared_bytes(sched: DecodeSchedule, hidden: int, inter: int, top_k: int) -> int:
     gu_warps, dn_warps = hidden // 128, inter // 128
     bars = sched.max_gate_up + sched.max_down * (top_k // 2)
-    header = bars * 8 + 8 * 8 + 2 * gu_warps * 16 * 4 + sched.max_down * dn_warps * 8 * 4
+    header = bars * 8 + 8 * 8 + 16 + 2 * inter * 16 // 2 + 2 * gu_warps * 16 * 4 + sched.max_down * dn_warps * 8 * 4
     return (header + 127) // 128 * 128 + sched.most_bytes + SHARED_MEMORY_SLACK
 
 
@@ -144,7 +147,7 @@ class PersistentDecodeMoE(TritonMoE):
             )
         self._kernels: dict[int, tuple[Any, DecodeSchedule, torch.Tensor, int]] = {}
         # activations exchanged between blocks, tagged with the launch number (0xFFFF: none yet)
-        self._act = torch.full((8 * self.inter,), -1, dtype=torch.int32, device=self.device)
+        self._act = torch.full((MAX_ACT_COPIES * 8 * self.inter,), -1, dtype=torch.int32, device=self.device)
         self._launches = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._counts = torch.zeros(8 * 32, dtype=torch.int32, device=self.device)
         self.blocks = torch.cuda.get_device_properties(self.device).multi_processor_count
@@ -162,9 +165,11 @@ class PersistentDecodeMoE(TritonMoE):
             return self._kernels[key]
         from solo.kernels.cuda_runtime import CudaKernel
 
+        kc = self.kernel_config
+        if not 1 <= kc.act_copies <= MAX_ACT_COPIES:
+            raise ValueError(f"act_copies must be in 1..{MAX_ACT_COPIES}, got {kc.act_copies}")
         if top_k % 2 or top_k > 8:
             raise RuntimeError(f"the persistent decode kernel needs an even top-k <= 8, got {top_k}")
-        kc = self.kernel_config
         if kc.scales not in ("copies", "loads"):
             raise ValueError(f"scales must be 'copies' or 'loads', got {kc.scales!r}")
         sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order, kc.scales == "copies")
@@ -182,6 +187,8 @@ class PersistentDecodeMoE(TritonMoE):
             "POLL_NS": kc.poll_ns,
             "SCALES_TMA": int(kc.scales == "copies"),
             "POLL_COUNTS": int(kc.poll == "counts"),
+            "STAGE_ACT": int(kc.stage_act),
+            "ACT_COPIES": kc.act_copies,
         }
         kernel = CudaKernel(SOURCE, "moe_decode", defines, self.device)
         shared = _shared_bytes(sched, self.hidden, self.inter, top_k)

@@ -41,6 +41,7 @@
 #endif
 #define BAR_LOADS_ISSUED 6
 #define BAR_PAIR 7                      // the down warps learn that a slot pair is published
+#define BAR_STAGED 8                    // a slot pair's activations are in shared memory (and all current)
 #define DN_TILE_BYTES (TOPK * DN_SLOT_BYTES)
 #define ROW_WORDS (2 + MAX_GU + MAX_DN + MAX_GU + MAX_DN * PAIRS)
 #define NUM_BARS (MAX_GU + MAX_DN * PAIRS)
@@ -61,6 +62,7 @@ struct __align__(16) Smem {
     u64 bars[NUM_BARS];
     expert_id_t experts[8];
     u32 ready[2];  // complete slot pairs, written by down warp 0 in alternate rounds
+    uint4 act_s[2][I / 2];  // one slot pair's activations, 16-byte pieces swizzled per chunk
     float gu_part[2][GU_WARPS][16];
     float dn_part[MAX_DN][DN_WARPS][8];
 };
@@ -341,8 +343,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             }
             if (i + 2 < n_gu) asm volatile("bar.arrive %0, %1;" ::"r"(BAR_EMPTY0 + buf), "r"((GU_WARPS + 1) * 32));
             const float up = __shfl_down_sync(0xFFFFFFFFu, v, 8);
+            const int slot = gu_tile[i] >> 16, r0 = gu_tile[i] & 0xFFFF;
+            u32 word = 0;
             if (lane < 8) {
-                const int slot = gu_tile[i] >> 16, r0 = gu_tile[i] & 0xFFFF;
                 float gate = v, u = up;
                 float a = gate / (1.f + __expf(-gate));
 #if HAS_LIMIT
@@ -350,10 +353,14 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 u = fminf(fmaxf(u, -limit), limit);
 #endif
                 const float y = a * u * __shfl_sync(0xFFu, my_wt, slot);
-                const u32 word = tag | (f16_pair(y, 0.f) & 0xFFFFu);
-                asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(act + slot * I + r0 + lane), "r"(word)
-                             : "memory");
+                word = tag | (f16_pair(y, 0.f) & 0xFFFFu);
             }
+            // ACT_COPIES copies, so the blocks' reads of a freshly completed slot pair spread over more L2 slices
+            word = __shfl_sync(0xFFFFFFFFu, word, lane & 7);
+            for (int k = lane >> 3; k < ACT_COPIES; k += 4)
+                asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(act + (k * TOPK + slot) * I + r0 + (lane & 7)),
+                             "r"(word)
+                             : "memory");
 #if POLL_COUNTS
             __syncwarp();
             if (lane == 0)
@@ -392,7 +399,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         for (int j = 0; j < MAX_DN; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 #pragma unroll
         for (int p = 0; p < PAIRS; ++p) {
-            const u32 *ap = act + (2 * p + bslot) * I + 32 * c;
             uint4 v[8];
 #if POLL_COUNTS
             // Warp 0's first TOPK lanes read all the counts at once (one round trip) and share
@@ -417,6 +423,36 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 for (int q = 0; q < PAIRS; ++q) ready |= ((bits >> (2 * q)) & 1u) << q;
             }
 #endif
+#if STAGE_ACT
+            {
+                // the down warps copy the pair's 2*I words once (no two lanes load the same piece) into
+                // shared memory, piece k of chunk c at k ^ (c & 7), and check the tags together
+                const u32 *src = act + ((blockIdx.x % ACT_COPIES) * TOPK + 2 * p) * I;
+                uint4 *dst = sm.act_s[p & 1];
+                for (;;) {
+                    bool ok = true;
+                    for (int q = d * 32 + lane; q < I / 2; q += DN_WARPS * 32) {
+                        const uint4 w = ld_cg4(src + 4 * q);
+                        ok = ok && (w.x >> 16) == tag && (w.y >> 16) == tag && (w.z >> 16) == tag && (w.w >> 16) == tag;
+                        const int ch = q >> 3;  // chunk of 32 elements, counted over both slots
+                        dst[8 * ch + ((q & 7) ^ (ch & 7))] = w;
+                    }
+                    u32 all_ok;
+                    asm volatile(
+                        "{\n.reg .pred pi, po;\nsetp.ne.u32 pi, %1, 0;\nbar.red.and.pred po, %2, %3, pi;\n"
+                        "selp.u32 %0, 1, 0, po;\n}\n"
+                        : "=r"(all_ok)
+                        : "r"((u32)ok), "r"(BAR_STAGED), "r"(DN_WARPS * 32)
+                        : "memory");
+                    if (all_ok) break;
+                    __nanosleep(POLL_NS);
+                }
+                const int ch = bslot * (I / 32) + c;
+#pragma unroll
+                for (int k = 0; k < 8; ++k) v[k] = dst[8 * ch + (k ^ (ch & 7))];
+            }
+#else
+            const u32 *ap = act + ((blockIdx.x % ACT_COPIES) * TOPK + 2 * p + bslot) * I + 32 * c;
             for (;;) {
                 bool ok = true;
 #pragma unroll
@@ -428,6 +464,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 if (__all_sync(0xFFFFFFFFu, ok)) break;
                 __nanosleep(POLL_NS);
             }
+#endif
 #if TRACE
             if (d == 0 && lane == 0) trace[blockIdx.x * 16 + 4 + p] = globaltimer();
 #endif
