@@ -36,11 +36,11 @@ class DecodeKernelConfig:
 
     order: str = "need"  # or "gate_up_first"
     evict_first: bool = False  # L2 evict-first hint on the weight copies
-    poll_ns: int = 64  # back-off between polls of the activations
+    poll_ns: int = 200  # back-off between polls of the activations
     dependent_launch: bool = True  # programmatic dependent launch
     cooperative: bool = True  # ask the driver to guarantee all blocks resident
     trace: bool = False  # per-block globaltimer stamps (diagnostics)
-    poll: str = "counts"  # per-slot tile counts say when to read the tagged activations, or "values": poll those
+    poll: str = "values"  # poll the tagged activations themselves, or "counts": per-slot tile counts first
     stage_act: bool = True  # the down warps copy each slot pair's activations to shared memory once
     act_copies: int = 8  # copies of the activations in global memory (reads spread over more L2 slices)
     scales: str = "copies"  # scale rows copied with their tiles, or "loads": plain loads issued first
@@ -114,7 +114,7 @@ def decode_schedule(
 def _shared_bytes(sched: DecodeSchedule, hidden: int, inter: int, top_k: int) -> int:
     gu_warps, dn_warps = hidden // 128, inter // 128
     bars = sched.max_gate_up + sched.max_down * (top_k // 2)
-    header = bars * 8 + 8 * 8 + 16 + 2 * inter * 16 // 2 + 2 * gu_warps * 16 * 4 + sched.max_down * dn_warps * 8 * 4
+    header = bars * 8 + 8 * 8 + 16 + 2 * inter * 16 // 2 + sched.max_gate_up * gu_warps * 16 * 4 + sched.max_down * dn_warps * 8 * 4
     return (header + 127) // 128 * 128 + sched.most_bytes + SHARED_MEMORY_SLACK
 
 

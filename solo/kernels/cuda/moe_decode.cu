@@ -45,8 +45,10 @@
 #define DN_TILE_BYTES (TOPK * DN_SLOT_BYTES)
 #define ROW_WORDS (2 + MAX_GU + MAX_DN + MAX_GU + MAX_DN * PAIRS)
 #define NUM_BARS (MAX_GU + MAX_DN * PAIRS)
-#define BAR_FULL0 1                     // named barriers: gate_up partials ready (2 buffers)
-#define BAR_EMPTY0 3                    // partial buffer free again (2 buffers)
+#define BAR_FULL0 9                     // named barriers 9.. : gate_up tile i's partials ready (one buffer each)
+#if MAX_GU > 7
+#error "at most 7 gate_up tiles per block (named barriers 9..15)"
+#endif
 #define BAR_DOWN 5                      // down partials ready
 
 typedef unsigned int u32;
@@ -63,7 +65,7 @@ struct __align__(16) Smem {
     expert_id_t experts[8];
     u32 ready[2];  // complete slot pairs, written by down warp 0 in alternate rounds
     uint4 act_s[2][I / 2];  // one slot pair's activations, 16-byte pieces swizzled per chunk
-    float gu_part[2][GU_WARPS][16];
+    float gu_part[MAX_GU][GU_WARPS][16];
     float dn_part[MAX_DN][DN_WARPS][8];
 };
 #define TILES_OFFSET ((sizeof(Smem) + 127) / 128 * 128)
@@ -143,7 +145,9 @@ __device__ __forceinline__ void mma16816(float *c, u32 a0, u32 a1, u32 a2, u32 a
 
 // 16 rows (two 8-row groups) x one 16-byte chunk (4 words, 32 codes) per lane: 8 MMAs.
 // lo/hi: the chunk of MMA row g and g+8; flo/fhi: their scale factors; xb: 16 activation pairs.
-__device__ __forceinline__ void chunk_products(float *acc, uint4 lo, uint4 hi, u32 flo, u32 fhi, const u32 *xb) {
+// Two accumulators (a0: pairs 0-1, a1: pairs 2-3 of each word) halve the chain of dependent MMAs.
+__device__ __forceinline__ void chunk_products(float *a0, float *a1, uint4 lo, uint4 hi, u32 flo, u32 fhi,
+                                               const u32 *xb) {
     const u32 wl[4] = {lo.x, lo.y, lo.z, lo.w};
     const u32 wh[4] = {hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
@@ -151,7 +155,7 @@ __device__ __forceinline__ void chunk_products(float *acc, uint4 lo, uint4 hi, u
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
             const int j0 = 2 * jj, j1 = 2 * jj + 1;
-            mma16816(acc, hmul2(e2m1_pair(wl[k], j0), flo), hmul2(e2m1_pair(wh[k], j0), fhi),
+            mma16816(jj ? a1 : a0, hmul2(e2m1_pair(wl[k], j0), flo), hmul2(e2m1_pair(wh[k], j0), fhi),
                      hmul2(e2m1_pair(wl[k], j1), flo), hmul2(e2m1_pair(wh[k], j1), fhi), xb[4 * k + j0],
                      xb[4 * k + j1]);
         }
@@ -319,13 +323,14 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #else
                 const u32 f_lo = scale_factor(fac[i][0]), f_hi = scale_factor(fac[i][1]);
 #endif
-                float acc[4] = {0.f, 0.f, 0.f, 0.f};
-                chunk_products(acc, lo, hi, f_lo, f_hi, xb);
-                const int buf = i & 1;
-                if (i >= 2) asm volatile("bar.sync %0, %1;" ::"r"(BAR_EMPTY0 + buf), "r"((GU_WARPS + 1) * 32));
+                float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
+                chunk_products(acc, acc1, lo, hi, f_lo, f_hi, xb);
+#pragma unroll
+                for (int q = 0; q < 4; ++q) acc[q] += acc1[q];
+                const int buf = i;
                 if (t == 0) {
-                    sm.gu_part[buf][warp][g] = acc[g & 1];
-                    sm.gu_part[buf][warp][g + 8] = acc[2 + (g & 1)];
+                    sm.gu_part[buf][warp][g] = (g & 1) ? acc[1] : acc[0];  // (no dynamic register index)
+                    sm.gu_part[buf][warp][g + 8] = (g & 1) ? acc[3] : acc[2];
                 }
                 asm volatile("bar.arrive %0, %1;" ::"r"(BAR_FULL0 + buf), "r"((GU_WARPS + 1) * 32) : "memory");
             }
@@ -334,14 +339,13 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         const u32 tag = (__ldcg(launches) / NBLOCKS) << 16;  // launch counter read before any block bumps it twice
         const float my_wt = lane < TOPK ? __ldcg(wts + lane) : 0.f;  // no global load inside the tile loop
         for (int i = 0; i < n_gu; ++i) {
-            const int buf = i & 1;
+            const int buf = i;
             asm volatile("bar.sync %0, %1;" ::"r"(BAR_FULL0 + buf), "r"((GU_WARPS + 1) * 32) : "memory");
             float v = 0.f;
             if (lane < 16) {
 #pragma unroll
                 for (int w = 0; w < GU_WARPS; ++w) v += sm.gu_part[buf][w][lane];
             }
-            if (i + 2 < n_gu) asm volatile("bar.arrive %0, %1;" ::"r"(BAR_EMPTY0 + buf), "r"((GU_WARPS + 1) * 32));
             const float up = __shfl_down_sync(0xFFFFFFFFu, v, 8);
             const int slot = gu_tile[i] >> 16, r0 = gu_tile[i] & 0xFFFF;
             u32 word = 0;
@@ -393,10 +397,14 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         asm volatile("bar.arrive %0, %1;" ::"r"(BAR_LOADS_ISSUED), "r"(32 + 32 * (GU_WARPS + DN_WARPS)) : "memory");
 #endif
         const u32 tag = __ldcg(launches) / NBLOCKS;
-        u32 ready = 0, round = 0;  // pairs known complete (POLL_COUNTS); rounds of BAR_PAIR so far
-        float acc[MAX_DN][4];
+#if POLL_COUNTS
+        u32 ready = 0, round = 0;  // pairs known complete; rounds of BAR_PAIR so far
+#endif
+        float acc[MAX_DN][4];  // (one chain per tile: the tiles' chains interleave, and registers are short)
 #pragma unroll
-        for (int j = 0; j < MAX_DN; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+        for (int j = 0; j < MAX_DN; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[j][q] = 0.f;
 #pragma unroll
         for (int p = 0; p < PAIRS; ++p) {
             uint4 v[8];
@@ -491,7 +499,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #else
                     const u32 f_lo = scale_factor(fac[j][p] & 0xFF), f_hi = scale_factor(fac[j][p] >> 8);
 #endif
-                    chunk_products(acc[j], lo, hi, f_lo, f_hi, xb);
+                    chunk_products(acc[j], acc[j], lo, hi, f_lo, f_hi, xb);
                 }
             }
         }
@@ -502,8 +510,8 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #pragma unroll
         for (int j = 0; j < MAX_DN; ++j) {
             if (j < n_dn) {
-                const float other = __shfl_down_sync(0xFFFFFFFFu, acc[j][2 + (g & 1)], 1);
-                if (t == 0) sm.dn_part[j][d][g] = acc[j][g & 1] + other;
+                const float other = __shfl_down_sync(0xFFFFFFFFu, (g & 1) ? acc[j][3] : acc[j][2], 1);
+                if (t == 0) sm.dn_part[j][d][g] = ((g & 1) ? acc[j][1] : acc[j][0]) + other;
             }
         }
         asm volatile("bar.sync %0, %1;" ::"r"(BAR_DOWN), "r"(DN_WARPS * 32) : "memory");
