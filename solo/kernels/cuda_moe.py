@@ -114,7 +114,9 @@ def decode_schedule(
 def _shared_bytes(sched: DecodeSchedule, hidden: int, inter: int, top_k: int) -> int:
     gu_warps, dn_warps = hidden // 128, inter // 128
     bars = sched.max_gate_up + sched.max_down * (top_k // 2)
-    header = bars * 8 + 8 * 8 + 16 + 2 * inter * 16 // 2 + sched.max_gate_up * gu_warps * 16 * 4 + sched.max_down * dn_warps * 8 * 4
+    partials = sched.max_gate_up * gu_warps * 16 * 4 + sched.max_down * dn_warps * 8 * 4
+    staged_act = 2 * inter * 16 // 2
+    header = bars * 8 + 8 * 8 + 16 + staged_act + partials
     return (header + 127) // 128 * 128 + sched.most_bytes + SHARED_MEMORY_SLACK
 
 
