@@ -41,7 +41,7 @@ class DecodeKernelConfig:
     cooperative: bool = True  # ask the driver to guarantee all blocks resident
     trace: bool = False  # per-block globaltimer stamps (diagnostics)
     poll: str = "values"  # poll the tagged activations themselves, or "counts": per-slot tile counts first
-    stage_act: bool = True  # the down warps copy each slot pair's activations to shared memory once
+    share_last_pair: bool = True  # every compute warp takes part in the last slot pair's down products
     act_copies: int = 8  # copies of the activations in global memory (reads spread over more L2 slices)
     scales: str = "copies"  # scale rows copied with their tiles, or "loads": plain loads issued first
 
@@ -114,7 +114,7 @@ def decode_schedule(
 def _shared_bytes(sched: DecodeSchedule, hidden: int, inter: int, top_k: int) -> int:
     gu_warps, dn_warps = hidden // 128, inter // 128
     bars = sched.max_gate_up + sched.max_down * (top_k // 2)
-    partials = sched.max_gate_up * gu_warps * 16 * 4 + sched.max_down * dn_warps * 8 * 4
+    partials = sched.max_gate_up * gu_warps * 16 * 4 + 2 * sched.max_down * dn_warps * 8 * 4
     staged_act = 2 * inter * 16 // 2
     header = bars * 8 + 8 * 8 + 16 + staged_act + partials
     return (header + 127) // 128 * 128 + sched.most_bytes + SHARED_MEMORY_SLACK
@@ -189,7 +189,7 @@ class PersistentDecodeMoE(TritonMoE):
             "POLL_NS": kc.poll_ns,
             "SCALES_TMA": int(kc.scales == "copies"),
             "POLL_COUNTS": int(kc.poll == "counts"),
-            "STAGE_ACT": int(kc.stage_act),
+            "SHARE_LAST": int(kc.share_last_pair),
             "ACT_COPIES": kc.act_copies,
         }
         kernel = CudaKernel(SOURCE, "moe_decode", defines, self.device)

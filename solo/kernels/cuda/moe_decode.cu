@@ -41,6 +41,7 @@
 #endif
 #define BAR_LOADS_ISSUED 6
 #define BAR_PAIR 7                      // the down warps learn that a slot pair is published
+#define BAR_LAST 1                      // the last slot pair's activations are staged (SHARE_LAST)
 #define BAR_STAGED 8                    // a slot pair's activations are in shared memory (and all current)
 #define DN_TILE_BYTES (TOPK * DN_SLOT_BYTES)
 #define ROW_WORDS (2 + MAX_GU + MAX_DN + MAX_GU + MAX_DN * PAIRS)
@@ -67,6 +68,7 @@ struct __align__(16) Smem {
     uint4 act_s[2][I / 2];  // one slot pair's activations, 16-byte pieces swizzled per chunk
     float gu_part[MAX_GU][GU_WARPS][16];
     float dn_part[MAX_DN][DN_WARPS][8];
+    float dn_last[MAX_DN][DN_WARPS][8];  // the last slot pair's parts (SHARE_LAST)
 };
 #define TILES_OFFSET ((sizeof(Smem) + 127) / 128 * 128)
 
@@ -431,7 +433,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 for (int q = 0; q < PAIRS; ++q) ready |= ((bits >> (2 * q)) & 1u) << q;
             }
 #endif
-#if STAGE_ACT
             {
                 // the down warps copy the pair's 2*I words once (no two lanes load the same piece) into
                 // shared memory, piece k of chunk c at k ^ (c & 7), and check the tags together
@@ -459,22 +460,11 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #pragma unroll
                 for (int k = 0; k < 8; ++k) v[k] = dst[8 * ch + (k ^ (ch & 7))];
             }
-#else
-            const u32 *ap = act + ((blockIdx.x % ACT_COPIES) * TOPK + 2 * p + bslot) * I + 32 * c;
-            for (;;) {
-                bool ok = true;
-#pragma unroll
-                for (int k = 0; k < 8; ++k) {
-                    v[k] = ld_cg4(ap + 4 * k);
-                    ok = ok && (v[k].x >> 16) == tag && (v[k].y >> 16) == tag && (v[k].z >> 16) == tag &&
-                         (v[k].w >> 16) == tag;
-                }
-                if (__all_sync(0xFFFFFFFFu, ok)) break;
-                __nanosleep(POLL_NS);
-            }
-#endif
 #if TRACE
             if (d == 0 && lane == 0) trace[blockIdx.x * 16 + 4 + p] = globaltimer();
+#endif
+#if SHARE_LAST
+            if (p == PAIRS - 1) break;  // every compute warp shares the last pair's products (below)
 #endif
             u32 xb[16];
 #pragma unroll
@@ -503,7 +493,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 }
             }
         }
-#if TRACE
+#if TRACE && !SHARE_LAST
         if (d == 0 && lane == 0) trace[blockIdx.x * 16 + 11] = globaltimer();
 #endif
         // row g's sum: slot 2p parts in column g&1 (lane t=0), slot 2p+1 parts in column 2+(g&1) (t=1)
@@ -514,6 +504,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 if (t == 0) sm.dn_part[j][d][g] = ((g & 1) ? acc[j][1] : acc[j][0]) + other;
             }
         }
+#if !SHARE_LAST
         asm volatile("bar.sync %0, %1;" ::"r"(BAR_DOWN), "r"(DN_WARPS * 32) : "memory");
         if (d == 0 && lane < 8) {
             for (int j = 0; j < n_dn; ++j) {
@@ -523,7 +514,55 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 out[dn_tile[j] + lane] = float_to_bf16(s);
             }
         }
+#endif
     }
+#if SHARE_LAST
+    if (warp < GU_WARPS + DN_WARPS) {
+        // The last slot pair is published last, so its products are the kernel's tail: spread them over
+        // every compute warp (the gate_up warps are idle by now), one (down tile, K slice) item each.
+        asm volatile("bar.sync %0, %1;" ::"r"(BAR_LAST), "r"((GU_WARPS + DN_WARPS) * 32) : "memory");
+        constexpr int p = PAIRS - 1;
+        for (int item = warp; item < n_dn * DN_WARPS; item += GU_WARPS + DN_WARPS) {
+            const int j = item / DN_WARPS, dd = item % DN_WARPS;
+            const int c = 8 * (dd >> 1) + t + 4 * ((g ^ dd) & 1);
+            const int ch = ((g >> 1) & 1) * (I / 32) + c;
+            const uint4 *staged = sm.act_s[p & 1];
+            u32 xb[16];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const uint4 lo4 = staged[8 * ch + ((2 * k) ^ (ch & 7))];
+                const uint4 hi4 = staged[8 * ch + ((2 * k + 1) ^ (ch & 7))];
+                xb[4 * k + 0] = __byte_perm(lo4.x, hi4.x, 0x5410);
+                xb[4 * k + 1] = __byte_perm(lo4.y, hi4.y, 0x5410);
+                xb[4 * k + 2] = __byte_perm(lo4.z, hi4.z, 0x5410);
+                xb[4 * k + 3] = __byte_perm(lo4.w, hi4.w, 0x5410);
+            }
+            bar_wait(smem_addr(&sm.bars[MAX_GU + j * PAIRS + p]));
+            const unsigned char *slot_a = tiles + dn_base + j * DN_TILE_BYTES + 2 * p * DN_SLOT_BYTES;
+            const uint4 lo = *reinterpret_cast<const uint4 *>(slot_a + c * 16 + g * (I / 2));
+            const uint4 hi = *reinterpret_cast<const uint4 *>(slot_a + DN_SLOT_BYTES + c * 16 + g * (I / 2));
+            const unsigned char *sc = slot_a + DN_WORD_BYTES + g * (I / 32) + c;
+            float a0[4] = {0.f, 0.f, 0.f, 0.f}, a1[4] = {0.f, 0.f, 0.f, 0.f};
+            chunk_products(a0, a1, lo, hi, scale_factor(sc[0]), scale_factor(sc[DN_SLOT_BYTES]), xb);
+            const float other = __shfl_down_sync(0xFFFFFFFFu, (g & 1) ? a0[3] + a1[3] : a0[2] + a1[2], 1);
+            if (t == 0) sm.dn_last[j][dd][g] = ((g & 1) ? a0[1] + a1[1] : a0[0] + a1[0]) + other;
+        }
+        asm volatile("bar.sync %0, %1;" ::"r"(BAR_DOWN), "r"((GU_WARPS + DN_WARPS) * 32) : "memory");
+        if (warp == GU_WARPS && lane < 8) {
+            for (int j = 0; j < n_dn; ++j) {
+                float s = 0.f;
+#pragma unroll
+                for (int w = 0; w < DN_WARPS; ++w) s += sm.dn_part[j][w][lane];
+#pragma unroll
+                for (int w = 0; w < DN_WARPS; ++w) s += sm.dn_last[j][w][lane];
+                out[dn_tile[j] + lane] = float_to_bf16(s);
+            }
+#if TRACE
+            if (lane == 0) trace[blockIdx.x * 16 + 11] = globaltimer();
+#endif
+        }
+    }
+#endif
     __syncthreads();
     if (threadIdx.x == 0) {
         const u32 before = atomicInc(launches, NBLOCKS * 65536u - 1u);
