@@ -6,7 +6,7 @@ import torch
 
 from solo.kernels.moe import DenseExperts, MoEBackend, MXFP4Experts, TorchMoE
 
-MOE_BACKENDS = ("torch", "triton", "humming")
+MOE_BACKENDS = ("torch", "triton", "humming", "cuda")
 
 
 class BackendUnavailable(RuntimeError):
@@ -39,10 +39,13 @@ def make_moe_backend(
             f"on '{experts.gate_up.device.type}'. Use --moe-backend torch on a CPU."
         )
     try:
-        if name == "triton":
-            from solo.kernels.triton_moe import TritonMoE
+        if name in ("triton", "cuda"):
+            if name == "cuda":  # Triton, with the one-token call in one persistent CUDA kernel
+                from solo.kernels.cuda_moe import PersistentDecodeMoE as backend_class
+            else:
+                from solo.kernels.triton_moe import TritonMoE as backend_class
 
-            backend = TritonMoE(experts, dtype=dtype, swiglu_limit=swiglu_limit)
+            backend = backend_class(experts, dtype=dtype, swiglu_limit=swiglu_limit)
             backend.warmup(top_k=top_k, max_tokens=max_tokens)
             return backend
         from solo.kernels.humming_moe import HummingMoE

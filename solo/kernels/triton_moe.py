@@ -165,6 +165,10 @@ class TritonMoE(MoEBackend):
         """One token more than the GEMV path takes: the prefill then runs the grouped kernels."""
         return self.config.gemv_max_tokens + 1
 
+    def decode_path(self) -> str:
+        """The ``path_calls`` key of the kernels that run a one-token call (the start-up check asks)."""
+        return "gemv"
+
     def uses_gemv(self, tokens: int) -> bool:
         """Whether T tokens run on the CUDA-core GEMV kernels (else the tensor-core kernels)."""
         return tokens <= self.config.gemv_max_tokens

@@ -129,8 +129,12 @@ def check_moe_backend(engine: Engine, requested: str) -> Check:
         f16 = {m.experts.uses_f16_prefill() for m in moes if hasattr(m.experts, "uses_f16_prefill")}
         if f16:
             evidence["prefill_products"] = "+".join(sorted("fp16" if f else "dot_scaled" for f in f16))
-        if paths.get("gemv", 0) < len(moes) and all(m.experts.uses_gemv(1) for m in moes):
-            return Check("moe_backend", requested, FAILED, evidence, "the decode step did not run the GEMV kernels")
+        decode = {m.experts.decode_path() for m in moes if hasattr(m.experts, "decode_path")}
+        for path in decode:  # "gemv" (Triton) or "persistent" (the one-kernel decode of --moe-backend cuda)
+            if paths.get(path, 0) < len(moes) and all(m.experts.uses_gemv(1) for m in moes):
+                return Check(
+                    "moe_backend", requested, FAILED, evidence, f"the decode step did not run the {path} kernels"
+                )
         if paths.get("tensor_core", 0) < len(moes) and not any(m.experts.uses_gemv(len(ids)) for m in moes):
             return Check("moe_backend", requested, FAILED, evidence, "the prefill did not run the grouped kernels")
     idle = [i for i, (m, b) in enumerate(zip(moes, before, strict=True)) if m.experts.calls == b]
@@ -264,7 +268,7 @@ def check_speculation(engine: Engine, min_accept_length: float, tokens: int = 48
 def check_kernels(engine: Engine, backend: str) -> Check:
     if backend == "torch":
         return Check("kernels", "torch", OFF, {"reason": "reference backend, nothing compiled"})
-    if backend == "triton":
+    if backend in ("triton", "cuda"):
         from solo.kernels.triton_fp8 import kernel_cache_report
 
         report = kernel_cache_report()
@@ -272,6 +276,12 @@ def check_kernels(engine: Engine, backend: str) -> Check:
         evidence["warmups"] = len(report["warmups"])
         if not report["warmups"]:
             return Check("kernels", backend, FAILED, evidence, "no Triton kernel was compiled for this model")
+        if backend == "cuda":
+            from solo.kernels.cuda_moe import persistent_compile_report
+
+            evidence["persistent_decode"] = persistent_compile_report()
+            if not evidence["persistent_decode"]["kernels"]:
+                return Check("kernels", backend, FAILED, evidence, "the persistent decode kernel was not built")
         return Check("kernels", backend, ACTIVE, evidence)
     return Check("kernels", backend, ACTIVE, {"jit": "humming (NVRTC), cached in HUMMING_CACHE_DIR"})
 

@@ -1,18 +1,21 @@
 // One token's routed MoE (gate_up, SwiGLU, down, weighted combine) in one persistent kernel.
 //
 // Compiled at run time by NVRTC for the layer's exact shapes (solo/kernels/cuda_moe.py); the
-// defines below are set there. One block per SM, every block resident at once (the launcher
-// checks). The token's top-k experts are 24 MB at Ling-3.0-flash shapes, which fits in the
-// GPU's shared memory, so each block asks for its whole share of the weight bytes with 1-D bulk
-// (TMA) copies at the start, in the order it will need them; the down weights are on chip before
-// the activations they multiply exist.
+// defines below are set there. One block per SM, all resident at once (cooperative launch). The
+// token's top-k experts are 25 MB at Ling-3.0-flash shapes, which fits in the GPU's shared memory,
+// so each block asks for its whole share of the weight and scale bytes with 1-D bulk (TMA) copies
+// at the start, in the order it will need them; the down weights are on chip before the
+// activations they multiply exist.
 //
 // Work: a gate_up tile is 8 gate + 8 up rows of one expert slot (whole K); a down tile is 8
 // output rows of all top-k slots. A host schedule spreads the tiles over the blocks by bytes.
 // Warps: GU_WARPS compute gate_up (one 4-chunk K slice each, activations in registers),
 // DN_WARPS compute down, one producer warp issues the copies, one publisher warp reduces each
 // gate_up tile, applies SwiGLU and the routing weight, and stores the activations to global
-// memory tagged with the launch number. Down warps poll those tags (no fences, no counters).
+// memory (ACT_COPIES copies), each value tagged with the launch number, without fences. For each
+// slot pair the down warps copy the pair's activations into shared memory once per block and
+// check the tags together; a stale tag means "not yet": they retry (POLL_COUNTS: they first wait
+// for per-slot tile counts).
 //
 // Products on the tensor cores (mma.m16n8k16, fp16 in, fp32 sums): the packed E2M1 words
 // (pack_e2m1_words) unpack to fp16 pairs equal to value * 2^-14, times the group's factor
@@ -41,7 +44,6 @@
 #endif
 #define BAR_LOADS_ISSUED 6
 #define BAR_PAIR 7                      // the down warps learn that a slot pair is published
-#define BAR_LAST 1                      // the last slot pair's activations are staged (SHARE_LAST)
 #define BAR_STAGED 8                    // a slot pair's activations are in shared memory (and all current)
 #define DN_TILE_BYTES (TOPK * DN_SLOT_BYTES)
 #define ROW_WORDS (2 + MAX_GU + MAX_DN + MAX_GU + MAX_DN * PAIRS)
@@ -68,7 +70,6 @@ struct __align__(16) Smem {
     uint4 act_s[2][I / 2];  // one slot pair's activations, 16-byte pieces swizzled per chunk
     float gu_part[MAX_GU][GU_WARPS][16];
     float dn_part[MAX_DN][DN_WARPS][8];
-    float dn_last[MAX_DN][DN_WARPS][8];  // the last slot pair's parts (SHARE_LAST)
 };
 #define TILES_OFFSET ((sizeof(Smem) + 127) / 128 * 128)
 
@@ -463,9 +464,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #if TRACE
             if (d == 0 && lane == 0) trace[blockIdx.x * 16 + 4 + p] = globaltimer();
 #endif
-#if SHARE_LAST
-            if (p == PAIRS - 1) break;  // every compute warp shares the last pair's products (below)
-#endif
             u32 xb[16];
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
@@ -493,7 +491,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 }
             }
         }
-#if TRACE && !SHARE_LAST
+#if TRACE
         if (d == 0 && lane == 0) trace[blockIdx.x * 16 + 11] = globaltimer();
 #endif
         // row g's sum: slot 2p parts in column g&1 (lane t=0), slot 2p+1 parts in column 2+(g&1) (t=1)
@@ -504,7 +502,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 if (t == 0) sm.dn_part[j][d][g] = ((g & 1) ? acc[j][1] : acc[j][0]) + other;
             }
         }
-#if !SHARE_LAST
         asm volatile("bar.sync %0, %1;" ::"r"(BAR_DOWN), "r"(DN_WARPS * 32) : "memory");
         if (d == 0 && lane < 8) {
             for (int j = 0; j < n_dn; ++j) {
@@ -514,55 +511,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 out[dn_tile[j] + lane] = float_to_bf16(s);
             }
         }
-#endif
     }
-#if SHARE_LAST
-    if (warp < GU_WARPS + DN_WARPS) {
-        // The last slot pair is published last, so its products are the kernel's tail: spread them over
-        // every compute warp (the gate_up warps are idle by now), one (down tile, K slice) item each.
-        asm volatile("bar.sync %0, %1;" ::"r"(BAR_LAST), "r"((GU_WARPS + DN_WARPS) * 32) : "memory");
-        constexpr int p = PAIRS - 1;
-        for (int item = warp; item < n_dn * DN_WARPS; item += GU_WARPS + DN_WARPS) {
-            const int j = item / DN_WARPS, dd = item % DN_WARPS;
-            const int c = 8 * (dd >> 1) + t + 4 * ((g ^ dd) & 1);
-            const int ch = ((g >> 1) & 1) * (I / 32) + c;
-            const uint4 *staged = sm.act_s[p & 1];
-            u32 xb[16];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const uint4 lo4 = staged[8 * ch + ((2 * k) ^ (ch & 7))];
-                const uint4 hi4 = staged[8 * ch + ((2 * k + 1) ^ (ch & 7))];
-                xb[4 * k + 0] = __byte_perm(lo4.x, hi4.x, 0x5410);
-                xb[4 * k + 1] = __byte_perm(lo4.y, hi4.y, 0x5410);
-                xb[4 * k + 2] = __byte_perm(lo4.z, hi4.z, 0x5410);
-                xb[4 * k + 3] = __byte_perm(lo4.w, hi4.w, 0x5410);
-            }
-            bar_wait(smem_addr(&sm.bars[MAX_GU + j * PAIRS + p]));
-            const unsigned char *slot_a = tiles + dn_base + j * DN_TILE_BYTES + 2 * p * DN_SLOT_BYTES;
-            const uint4 lo = *reinterpret_cast<const uint4 *>(slot_a + c * 16 + g * (I / 2));
-            const uint4 hi = *reinterpret_cast<const uint4 *>(slot_a + DN_SLOT_BYTES + c * 16 + g * (I / 2));
-            const unsigned char *sc = slot_a + DN_WORD_BYTES + g * (I / 32) + c;
-            float a0[4] = {0.f, 0.f, 0.f, 0.f}, a1[4] = {0.f, 0.f, 0.f, 0.f};
-            chunk_products(a0, a1, lo, hi, scale_factor(sc[0]), scale_factor(sc[DN_SLOT_BYTES]), xb);
-            const float other = __shfl_down_sync(0xFFFFFFFFu, (g & 1) ? a0[3] + a1[3] : a0[2] + a1[2], 1);
-            if (t == 0) sm.dn_last[j][dd][g] = ((g & 1) ? a0[1] + a1[1] : a0[0] + a1[0]) + other;
-        }
-        asm volatile("bar.sync %0, %1;" ::"r"(BAR_DOWN), "r"((GU_WARPS + DN_WARPS) * 32) : "memory");
-        if (warp == GU_WARPS && lane < 8) {
-            for (int j = 0; j < n_dn; ++j) {
-                float s = 0.f;
-#pragma unroll
-                for (int w = 0; w < DN_WARPS; ++w) s += sm.dn_part[j][w][lane];
-#pragma unroll
-                for (int w = 0; w < DN_WARPS; ++w) s += sm.dn_last[j][w][lane];
-                out[dn_tile[j] + lane] = float_to_bf16(s);
-            }
-#if TRACE
-            if (lane == 0) trace[blockIdx.x * 16 + 11] = globaltimer();
-#endif
-        }
-    }
-#endif
     __syncthreads();
     if (threadIdx.x == 0) {
         const u32 before = atomicInc(launches, NBLOCKS * 65536u - 1u);
