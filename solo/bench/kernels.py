@@ -218,6 +218,15 @@ def bench_moe(
     log(f"triton warm-up: {tri.warmup(top_k=s.top_k, max_tokens=most)}")
     tri_mma.warmup(top_k=s.top_k, max_tokens=most)
     tri_gemv.warmup(top_k=s.top_k, max_tokens=most)
+    persistent = None
+    if 1 in token_counts and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9:
+        try:  # --moe-backend cuda: the one-token call as one persistent CUDA kernel (same packed weights)
+            from solo.kernels.cuda_moe import PersistentDecodeMoE
+
+            persistent = PersistentDecodeMoE(experts, dtype=torch.bfloat16)
+            log(f"persistent decode kernel warm-up: {persistent.warmup(top_k=s.top_k, max_tokens=1)}")
+        except Exception as exc:  # noqa: BLE001 - report and continue
+            log(f"persistent decode kernel unavailable: {type(exc).__name__}: {exc}")
     hum = None
     if with_humming:
         try:
@@ -279,6 +288,11 @@ def bench_moe(
             )
             rows.append(Row(case, f"  {path} down+combine", us, nb["down"]))
         assert tri_row is not None
+        persistent_row = None
+        if persistent is not None and t == 1:
+            us = timer([lambda d=d: persistent.forward(*d) for d in data])
+            persistent_row = Row(case, "cuda persistent kernel (1 launch; --moe-backend cuda)", us, nb["total"])
+            rows.append(persistent_row)
         if hum is not None:
             try:
                 us = timer([lambda d=d: hum.forward(*d) for d in data])
@@ -326,6 +340,10 @@ def bench_moe(
         log(f"{case}: triton rel err vs fp32 reference {err:.2e}")
         oerr = float((other.forward(x, ids, w)[:m].float() - y).norm() / y.norm())
         log(f"{case}: triton {'grouped' if tri.uses_gemv(t) else 'GEMV'} (not the default here) rel err {oerr:.2e}")
+        if persistent_row is not None:
+            perr = float((persistent.forward(x, ids, w)[:m].float() - y).norm() / y.norm())
+            persistent_row.extra["rel_err_vs_fp32"] = perr
+            log(f"{case}: cuda persistent kernel rel err vs fp32 reference {perr:.2e}")
         if hum is not None:
             herr = float((hum.forward(x, ids, w)[:m].float() - y).norm() / y.norm())
             log(f"{case}: humming rel err vs fp32 reference {herr:.2e}")

@@ -1,0 +1,202 @@
+"""The persistent one-token MoE kernel (``--moe-backend cuda``).
+
+CPU: the tile schedule the kernel reads (every tile exactly once, byte balance, copy order, the
+table layout) and the clear error where the backend cannot run. GPU (``-m gpu``, skipped without a
+Hopper GPU): the kernel against an fp32 reference on fresh random weights and routings, poisoned
+outputs, graph replays, the launch counter across its wrap, and which calls take the kernel.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from solo.kernels.cuda_moe import DecodeKernelConfig, decode_schedule, tile_bytes
+from solo.kernels.moe import MXFP4Experts, swiglu
+from solo.kernels.registry import BackendUnavailable, make_moe_backend
+from solo.quantization.formats import dequantize_mxfp4
+
+SHAPES = [(132, 2560, 768, 8), (114, 2560, 768, 8), (20, 512, 256, 6), (7, 256, 256, 2)]
+
+
+def decode_row(row: list[int], max_gu: int, max_dn: int, pairs: int):
+    n_gu, n_dn = row[0], row[1]
+    gu = [(c >> 16, c & 0xFFFF) for c in row[2 : 2 + n_gu]]
+    dn = row[2 + max_gu : 2 + max_gu + n_dn]
+    order = row[2 + max_gu + max_dn :][: n_gu + n_dn * pairs]
+    return gu, dn, order
+
+
+@pytest.mark.parametrize("blocks,hidden,inter,top_k", SHAPES)
+@pytest.mark.parametrize("order", ["need", "gate_up_first"])
+def test_schedule_covers_every_tile_once_in_need_order(blocks, hidden, inter, top_k, order):
+    sched = decode_schedule(blocks, hidden, inter, top_k, order)
+    pairs = top_k // 2
+    gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k, with_scales=True)
+    seen_gu, seen_dn = [], []
+    for b in range(blocks):
+        gu, dn, groups = decode_row(sched.table[b].tolist(), sched.max_gate_up, sched.max_down, pairs)
+        seen_gu += gu
+        seen_dn += dn
+        assert sched.block_bytes[b] == len(gu) * gu_bytes + len(dn) * dn_bytes
+        assert gu == sorted(gu)  # a block's gate_up tiles by slot
+        # every copy group exactly once: gate_up tile i is code i, down tile j's pair p is max_gu + j*pairs + p
+        down_groups = {sched.max_gate_up + j * pairs + p for j in range(len(dn)) for p in range(pairs)}
+        expected = set(range(len(gu))) | down_groups
+        assert sorted(groups) == sorted(expected)
+        position = {code: k for k, code in enumerate(groups)}
+        for j in range(len(dn)):
+            for p in range(pairs):
+                at = position[sched.max_gate_up + j * pairs + p]
+                if p:  # the pairs' down rows in pair order
+                    assert at > position[sched.max_gate_up + j * pairs + p - 1]
+                for i, (slot, _) in enumerate(gu):
+                    if order == "gate_up_first" or slot <= 2 * p + 1:
+                        assert position[i] < at  # the pair's own gate_up tiles (all of them) come first
+    assert sorted(seen_gu) == [(s, 8 * r) for s in range(top_k) for r in range(inter // 8)]
+    assert sorted(seen_dn) == [8 * j for j in range(hidden // 8)]
+    # balanced by bytes: no block more than one gate_up tile above the lightest it could have been
+    assert sched.most_bytes - min(sched.block_bytes) <= gu_bytes + dn_bytes
+
+
+def test_schedule_at_ling_shapes_fits_an_h200():
+    sched = decode_schedule(132, 2560, 768, 8)
+    assert (sched.max_gate_up, sched.max_down) == (7, 3)
+    assert sched.most_bytes <= 227 * 1024 - 24 * 1024  # room left for the staged activations
+    assert sum(sched.block_bytes) == 8 * (1536 * 1280 + 1536 * 80) + 8 * (2560 * 384 + 2560 * 24)
+
+
+def test_schedule_rejects_an_unknown_order():
+    with pytest.raises(ValueError, match="order"):
+        decode_schedule(4, 256, 256, 2, order="random")
+
+
+def test_cuda_backend_on_cpu_is_a_clear_error():
+    e, h, i = 4, 256, 256
+    experts = MXFP4Experts(
+        gate_up=torch.randint(0, 256, (e, 2 * i, h // 2), dtype=torch.uint8),
+        gate_up_scale=torch.randint(118, 124, (e, 2 * i, h // 32), dtype=torch.uint8),
+        down=torch.randint(0, 256, (e, h, i // 2), dtype=torch.uint8),
+        down_scale=torch.randint(118, 124, (e, h, i // 32), dtype=torch.uint8),
+    )
+    with pytest.raises(BackendUnavailable, match="--moe-backend cuda needs an NVIDIA GPU"):
+        make_moe_backend("cuda", experts, torch.bfloat16, None)
+
+
+# ============================================================================== GPU
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs a Hopper (or newer) CUDA GPU")
+H, I = 2560, 768
+
+
+def random_experts(e: int) -> MXFP4Experts:
+    dev = "cuda"
+    return MXFP4Experts(
+        gate_up=torch.randint(0, 256, (e, 2 * I, H // 2), dtype=torch.uint8, device=dev),
+        gate_up_scale=torch.randint(116, 126, (e, 2 * I, H // 32), dtype=torch.uint8, device=dev),
+        down=torch.randint(0, 256, (e, H, I // 2), dtype=torch.uint8, device=dev),
+        down_scale=torch.randint(116, 126, (e, H, I // 32), dtype=torch.uint8, device=dev),
+    )
+
+
+def reference(experts: MXFP4Experts, x, ids, w, limit=None) -> torch.Tensor:
+    flat = ids.reshape(-1)
+    gu = dequantize_mxfp4(experts.gate_up[flat], experts.gate_up_scale[flat])
+    dn = dequantize_mxfp4(experts.down[flat], experts.down_scale[flat])
+    h = torch.einsum("h,aoh->ao", x[0].float(), gu)
+    act = swiglu(h[:, :I], h[:, I:], limit)
+    return (torch.einsum("ai,ahi->ah", act, dn) * w.reshape(-1, 1).float()).sum(0, keepdim=True)
+
+
+def routing(e: int, top_k: int, dtype: torch.dtype):
+    ids = torch.randperm(e, device="cuda")[:top_k].view(1, top_k).to(dtype)
+    w = torch.rand((1, top_k), device="cuda") + 0.05
+    return ids, w / w.sum()
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.fixture(scope="module")
+def experts():
+    if not _hopper():
+        pytest.skip("needs a Hopper GPU")
+    return random_experts(64)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize(
+    "limit,id_dtype,top_k,kc",
+    [
+        (None, torch.int64, 8, DecodeKernelConfig()),
+        (7.0, torch.int32, 6, DecodeKernelConfig(order="gate_up_first", poll="counts", act_copies=1)),
+        (0.5, torch.int64, 8, DecodeKernelConfig(scales="loads", cooperative=False)),
+        (None, torch.int32, 2, DecodeKernelConfig(dependent_launch=False, poll_ns=0)),
+    ],
+)
+def test_gpu_persistent_matches_reference(experts, limit, id_dtype, top_k, kc):
+    from solo.kernels.cuda_moe import PersistentDecodeMoE
+    from solo.kernels.triton_moe import TritonMoE
+
+    moe = PersistentDecodeMoE(experts, swiglu_limit=limit, kernel_config=kc)
+    for _ in range(3):  # fresh inputs each time; the launch tags advance
+        ids, w = routing(experts.gate_up.shape[0], top_k, id_dtype)
+        x = torch.randn((1, H), device="cuda").to(torch.bfloat16)
+        out = torch.full((1, H), float("nan"), dtype=torch.bfloat16, device="cuda")  # poisoned
+        moe.forward(x, ids, w, out=out)
+        torch.cuda.synchronize()
+        assert not out.isnan().any()
+        ref = reference(experts, x, ids, w, limit)
+        assert rel_err(out, ref) <= 1e-2
+        gemv = TritonMoE.forward(moe, x, ids, w)  # the Triton GEMV kernels on the same weights
+        assert rel_err(out, gemv.float()) <= 1e-2
+    if kc.poll == "counts":  # the last block of each launch re-arms the counts
+        assert int(moe._counts.abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_graph_replays_equal_eager_across_the_launch_counter_wrap(experts):
+    from solo.kernels.cuda_moe import PersistentDecodeMoE
+
+    moe = PersistentDecodeMoE(experts)
+    ids, w = routing(experts.gate_up.shape[0], 8, torch.int64)
+    x = torch.randn((1, H), device="cuda").to(torch.bfloat16)
+    eager = moe.forward(x, ids, w).clone()
+    moe._launches.fill_(moe.blocks * 65536 - 2 * moe.blocks)  # two launches before the counter wraps
+    out = torch.empty_like(eager)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        moe.forward(x, ids, w, out=out)
+    for _ in range(5):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+        assert torch.equal(moe.forward(x, ids, w), eager)
+    assert int(moe._launches) < 4 * moe.blocks  # it wrapped
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_only_one_token_calls_take_the_persistent_kernel(experts):
+    moe = make_moe_backend("cuda", experts, torch.bfloat16, None, top_k=8, max_tokens=4)
+    before = dict(moe.path_calls)
+    x = torch.randn((4, H), device="cuda").to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(64, device="cuda")[:8] for _ in range(4)])
+    w = torch.rand((4, 8), device="cuda")
+    moe(x[:1], ids[:1], w[:1])
+    moe(x, ids, w)
+    assert moe.path_calls["persistent"] - before["persistent"] == 1
+    assert moe.path_calls["gemv"] - before["gemv"] == 1
+    assert moe.decode_path() == "persistent"
+    from solo.kernels.cuda_moe import persistent_compile_report
+
+    assert persistent_compile_report()["kernels"] >= 1
