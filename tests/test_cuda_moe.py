@@ -136,7 +136,7 @@ def experts():
     "limit,id_dtype,top_k,kc",
     [
         (None, torch.int64, 8, DecodeKernelConfig()),
-        (7.0, torch.int32, 6, DecodeKernelConfig(order="gate_up_first", poll="counts", act_copies=1)),
+        (7.0, torch.int32, 6, DecodeKernelConfig(order="gate_up_first", act_copies=1, evict_first=False)),
         (0.5, torch.int64, 8, DecodeKernelConfig(scales="loads", cooperative=False)),
         (None, torch.int32, 2, DecodeKernelConfig(dependent_launch=False, poll_ns=0)),
     ],
@@ -157,8 +157,6 @@ def test_gpu_persistent_matches_reference(experts, limit, id_dtype, top_k, kc):
         assert rel_err(out, ref) <= 1e-2
         gemv = TritonMoE.forward(moe, x, ids, w)  # the Triton GEMV kernels on the same weights
         assert rel_err(out, gemv.float()) <= 1e-2
-    if kc.poll == "counts":  # the last block of each launch re-arms the counts
-        assert int(moe._counts.abs().sum()) == 0
 
 
 @pytest.mark.gpu
@@ -181,7 +179,7 @@ def test_gpu_graph_replays_equal_eager_across_the_launch_counter_wrap(experts):
         torch.cuda.synchronize()
         assert torch.equal(out, eager)
         assert torch.equal(moe.forward(x, ids, w), eager)
-    assert int(moe._launches) < 4 * moe.blocks  # it wrapped
+    assert int(moe._launches) == 8 * moe.blocks  # 2 launches before the wrap, 8 after
 
 
 @pytest.mark.gpu

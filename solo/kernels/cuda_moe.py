@@ -52,12 +52,11 @@ class DecodeKernelConfig:
     """Variants of the persistent kernel (docs/kernels.md says which were measured)."""
 
     order: str = "need"  # or "gate_up_first"
-    evict_first: bool = False  # L2 evict-first hint on the weight copies
+    evict_first: bool = True  # L2 evict-first hint on the weight copies
     poll_ns: int = 200  # back-off between polls of the activations
     dependent_launch: bool = True  # programmatic dependent launch
     cooperative: bool = True  # ask the driver to guarantee all blocks resident
     trace: bool = False  # per-block globaltimer stamps (diagnostics)
-    poll: str = "values"  # poll the tagged activations themselves, or "counts": per-slot tile counts first
     act_copies: int = 8  # copies of the activations in global memory (reads spread over more L2 slices)
     scales: str = "copies"  # scale rows copied with their tiles, or "loads": plain loads issued first
 
@@ -128,10 +127,11 @@ def decode_schedule(
 
 
 def _shared_bytes(sched: DecodeSchedule, hidden: int, inter: int, top_k: int) -> int:
+    """Dynamic shared memory of one block: the Smem struct of moe_decode.cu (rounded up), then the tiles."""
     gu_warps, dn_warps = hidden // 128, inter // 128
     bars = sched.max_gate_up + sched.max_down * (top_k // 2)
     partials = sched.max_gate_up * gu_warps * 16 * 4 + sched.max_down * dn_warps * 8 * 4
-    staged_act = 2 * inter * 16 // 2
+    staged_act = top_k * inter * 2
     header = bars * 8 + 8 * 8 + 16 + staged_act + partials
     return (header + 127) // 128 * 128 + sched.most_bytes + SHARED_MEMORY_SLACK
 
@@ -167,7 +167,6 @@ class PersistentDecodeMoE(TritonMoE):
         # activations exchanged between blocks, tagged with the launch number (0xFFFF: none yet)
         self._act = torch.full((MAX_ACT_COPIES * 8 * self.inter,), -1, dtype=torch.int32, device=self.device)
         self._launches = torch.zeros(1, dtype=torch.int32, device=self.device)
-        self._counts = torch.zeros(8 * 32, dtype=torch.int32, device=self.device)
         self.blocks = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.trace = torch.zeros((self.blocks, 16), dtype=torch.int64, device=self.device)
 
@@ -207,7 +206,6 @@ class PersistentDecodeMoE(TritonMoE):
             "TRACE": int(kc.trace),
             "POLL_NS": kc.poll_ns,
             "SCALES_TMA": int(kc.scales == "copies"),
-            "POLL_COUNTS": int(kc.poll == "counts"),
             "ACT_COPIES": kc.act_copies,
         }
         kernel = CudaKernel(SOURCE, "moe_decode", defines, self.device)
@@ -272,7 +270,6 @@ class PersistentDecodeMoE(TritonMoE):
                 out,
                 self._act,
                 self._launches,
-                self._counts,
                 table,
                 limit,
                 self.trace,

@@ -13,9 +13,9 @@
 // DN_WARPS compute down, one producer warp issues the copies, one publisher warp reduces each
 // gate_up tile, applies SwiGLU and the routing weight, and stores the activations to global
 // memory (ACT_COPIES copies), each value tagged with the launch number, without fences. For each
-// slot pair the down warps copy the pair's activations into shared memory once per block and
-// check the tags together; a stale tag means "not yet": they retry (POLL_COUNTS: they first wait
-// for per-slot tile counts).
+// slot pair the down warps read the pair's activations once per block (one pair ahead of their
+// products), check the tags together (a stale tag means "not yet": read again) and keep the fp16
+// values in shared memory.
 //
 // Products on the tensor cores (mma.m16n8k16, fp16 in, fp32 sums): the packed E2M1 words
 // (pack_e2m1_words) unpack to fp16 pairs equal to value * 2^-14, times the group's factor
@@ -43,7 +43,7 @@
 #define DN_SLOT_BYTES DN_WORD_BYTES
 #endif
 #define BAR_LOADS_ISSUED 6
-#define BAR_PAIR 7                      // the down warps learn that a slot pair is published
+#define STAGE_PIECES (I / 2 / (DN_WARPS * 32))  // 16-byte pieces (4 tagged words) per lane per pair
 #define BAR_STAGED 8                    // a slot pair's activations are in shared memory (and all current)
 #define DN_TILE_BYTES (TOPK * DN_SLOT_BYTES)
 #define ROW_WORDS (2 + MAX_GU + MAX_DN + MAX_GU + MAX_DN * PAIRS)
@@ -66,8 +66,7 @@ typedef int expert_id_t;
 struct __align__(16) Smem {
     u64 bars[NUM_BARS];
     expert_id_t experts[8];
-    u32 ready[2];  // complete slot pairs, written by down warp 0 in alternate rounds
-    uint4 act_s[2][I / 2];  // one slot pair's activations, 16-byte pieces swizzled per chunk
+    uint4 act_h[TOPK * I / 8];  // all slots' activations in fp16, 16-byte units swizzled (act_unit)
     float gu_part[MAX_GU][GU_WARPS][16];
     float dn_part[MAX_DN][DN_WARPS][8];
 };
@@ -180,6 +179,57 @@ __device__ __forceinline__ unsigned short float_to_bf16(float f) {
     return d;
 }
 
+// Unit k (elements 8k..8k+7) of chunk ch (32 elements) of the staged fp16 activations; the swizzle
+// makes the 8 lanes of a phase, which read 8 different chunks, hit 8 different 16-byte bank groups.
+__device__ __forceinline__ int act_unit(int ch, int k) { return 4 * ch + (k ^ ((ch >> 1) & 3)); }
+
+__device__ __forceinline__ void stage_issue(uint4 *ahead, const u32 *copy, int p, int d, int lane) {
+#pragma unroll
+    for (int k = 0; k < STAGE_PIECES; ++k) ahead[k] = ld_cg4(copy + 2 * p * I + 4 * (d * 32 + lane + k * DN_WARPS * 32));
+}
+
+// Check the tags of the pieces loaded for pair p (every down warp at once); store their fp16 halves
+// to shared memory, or load again until this launch's values are all there.
+__device__ __forceinline__ void stage_finish(uint4 *ahead, const u32 *copy, int p, int d, int lane, u32 tag,
+                                             uint4 *act_h) {
+    for (;;) {
+        bool ok = true;
+#pragma unroll
+        for (int k = 0; k < STAGE_PIECES; ++k)
+            ok = ok && (ahead[k].x >> 16) == tag && (ahead[k].y >> 16) == tag && (ahead[k].z >> 16) == tag &&
+                 (ahead[k].w >> 16) == tag;
+        u32 all_ok;
+        asm volatile(
+            "{\n.reg .pred pi, po;\nsetp.ne.u32 pi, %1, 0;\nbar.red.and.pred po, %2, %3, pi;\n"
+            "selp.u32 %0, 1, 0, po;\n}\n"
+            : "=r"(all_ok)
+            : "r"((u32)ok), "r"(BAR_STAGED), "r"(DN_WARPS * 32)
+            : "memory");
+        if (all_ok) break;
+        __nanosleep(POLL_NS);
+        stage_issue(ahead, copy, p, d, lane);
+    }
+#pragma unroll
+    for (int k = 0; k < STAGE_PIECES; ++k) {
+        const int e = 2 * p * I + 4 * (d * 32 + lane + k * DN_WARPS * 32);  // first element of the piece
+        uint2 *dst = reinterpret_cast<uint2 *>(act_h + act_unit(e >> 5, (e & 31) >> 3)) + ((e >> 2) & 1);
+        *dst = make_uint2(__byte_perm(ahead[k].x, ahead[k].y, 0x5410), __byte_perm(ahead[k].z, ahead[k].w, 0x5410));
+    }
+    asm volatile("bar.sync %0, %1;" ::"r"(BAR_STAGED), "r"(DN_WARPS * 32) : "memory");
+}
+
+// The 16 B-fragment pairs of chunk ch: word k's pair j is (element 8k+j, element 8k+j+4).
+__device__ __forceinline__ void load_b_fragments(u32 *xb, const uint4 *act_h, int ch) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const uint4 u = act_h[act_unit(ch, k)];
+        xb[4 * k + 0] = __byte_perm(u.x, u.z, 0x5410);
+        xb[4 * k + 1] = __byte_perm(u.x, u.z, 0x7632);
+        xb[4 * k + 2] = __byte_perm(u.y, u.w, 0x5410);
+        xb[4 * k + 3] = __byte_perm(u.y, u.w, 0x7632);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(NWARPS * 32, 1)
 moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
            const expert_id_t *__restrict__ ids,             // [TOPK]
@@ -191,7 +241,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
            unsigned short *__restrict__ out,         // [H] bf16
            u32 *act,                                 // [TOPK, I] tagged fp16 (tag << 16 | bits)
            u32 *launches,                            // launch counter, wraps at NBLOCKS * 65536
-           u32 *counts,                              // [TOPK * 32] tiles published per slot (POLL_COUNTS)
            const int *__restrict__ schedule,         // [NBLOCKS, ROW_WORDS]
            float limit,
            u64 *trace)                               // [NBLOCKS, 16] globaltimer stamps (TRACE only)
@@ -368,11 +417,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(act + (k * TOPK + slot) * I + r0 + (lane & 7)),
                              "r"(word)
                              : "memory");
-#if POLL_COUNTS
-            __syncwarp();
-            if (lane == 0)
-                asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(counts + 32 * (gu_tile[i] >> 16)) : "memory");
-#endif
         }
 #if TRACE
         if (lane == 0) trace[blockIdx.x * 16 + 3] = globaltimer();
@@ -400,79 +444,24 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         asm volatile("bar.arrive %0, %1;" ::"r"(BAR_LOADS_ISSUED), "r"(32 + 32 * (GU_WARPS + DN_WARPS)) : "memory");
 #endif
         const u32 tag = __ldcg(launches) / NBLOCKS;
-#if POLL_COUNTS
-        u32 ready = 0, round = 0;  // pairs known complete; rounds of BAR_PAIR so far
-#endif
-        float acc[MAX_DN][4];  // (one chain per tile: the tiles' chains interleave, and registers are short)
+        const u32 *copy = act + (blockIdx.x % ACT_COPIES) * TOPK * I;
+        float acc[MAX_DN][4];
 #pragma unroll
         for (int j = 0; j < MAX_DN; ++j)
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[j][q] = 0.f;
-#pragma unroll
+        // Pair p's activations are read (by the down warps together, each 16-byte piece once) one
+        // pair ahead: the loads for pair p+1 are in flight while pair p's products run.
+        uint4 ahead[STAGE_PIECES];
+        stage_issue(ahead, copy, 0, d, lane);
         for (int p = 0; p < PAIRS; ++p) {
-            uint4 v[8];
-#if POLL_COUNTS
-            // Warp 0's first TOPK lanes read all the counts at once (one round trip) and share
-            // which pairs are complete; a pair found complete earlier costs no round trip. The
-            // counts say when to look, the tags still decide.
-            if (!((ready >> p) & 1)) {
-                if (d == 0) {
-                    u32 pairs_ready;
-                    for (;;) {
-                        const u32 n = lane < TOPK ? ld_cg(counts + 32 * lane) : 0u;
-                        const u32 slots = __ballot_sync(0xFFFFFFFFu, lane < TOPK && n >= I / 8);
-                        pairs_ready = slots & (slots >> 1) & 0x55u;  // bit 2p: slots 2p and 2p+1
-                        if ((pairs_ready >> (2 * p)) & 1) break;
-                        __nanosleep(POLL_NS);
-                    }
-                    if (lane == 0) sm.ready[round & 1] = pairs_ready;
-                }
-                asm volatile("bar.sync %0, %1;" ::"r"(BAR_PAIR), "r"(DN_WARPS * 32) : "memory");
-                const u32 bits = *reinterpret_cast<volatile u32 *>(&sm.ready[round & 1]);
-                ++round;
-#pragma unroll
-                for (int q = 0; q < PAIRS; ++q) ready |= ((bits >> (2 * q)) & 1u) << q;
-            }
-#endif
-            {
-                // the down warps copy the pair's 2*I words once (no two lanes load the same piece) into
-                // shared memory, piece k of chunk c at k ^ (c & 7), and check the tags together
-                const u32 *src = act + ((blockIdx.x % ACT_COPIES) * TOPK + 2 * p) * I;
-                uint4 *dst = sm.act_s[p & 1];
-                for (;;) {
-                    bool ok = true;
-                    for (int q = d * 32 + lane; q < I / 2; q += DN_WARPS * 32) {
-                        const uint4 w = ld_cg4(src + 4 * q);
-                        ok = ok && (w.x >> 16) == tag && (w.y >> 16) == tag && (w.z >> 16) == tag && (w.w >> 16) == tag;
-                        const int ch = q >> 3;  // chunk of 32 elements, counted over both slots
-                        dst[8 * ch + ((q & 7) ^ (ch & 7))] = w;
-                    }
-                    u32 all_ok;
-                    asm volatile(
-                        "{\n.reg .pred pi, po;\nsetp.ne.u32 pi, %1, 0;\nbar.red.and.pred po, %2, %3, pi;\n"
-                        "selp.u32 %0, 1, 0, po;\n}\n"
-                        : "=r"(all_ok)
-                        : "r"((u32)ok), "r"(BAR_STAGED), "r"(DN_WARPS * 32)
-                        : "memory");
-                    if (all_ok) break;
-                    __nanosleep(POLL_NS);
-                }
-                const int ch = bslot * (I / 32) + c;
-#pragma unroll
-                for (int k = 0; k < 8; ++k) v[k] = dst[8 * ch + (k ^ (ch & 7))];
-            }
+            stage_finish(ahead, copy, p, d, lane, tag, sm.act_h);
 #if TRACE
             if (d == 0 && lane == 0) trace[blockIdx.x * 16 + 4 + p] = globaltimer();
 #endif
+            if (p + 1 < PAIRS) stage_issue(ahead, copy, p + 1, d, lane);
             u32 xb[16];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                // elements 8k..8k+7 of the chunk are v[2k] (0-3) and v[2k+1] (4-7)
-                const u32 e[8] = {v[2 * k].x, v[2 * k].y, v[2 * k].z, v[2 * k].w,
-                                  v[2 * k + 1].x, v[2 * k + 1].y, v[2 * k + 1].z, v[2 * k + 1].w};
-#pragma unroll
-                for (int j = 0; j < 4; ++j) xb[4 * k + j] = __byte_perm(e[j], e[j + 4], 0x5410);
-            }
+            load_b_fragments(xb, sm.act_h, (2 * p + bslot) * (I / 32) + c);
 #pragma unroll
             for (int j = 0; j < MAX_DN; ++j) {
                 if (j < n_dn) {
@@ -514,15 +503,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        const u32 before = atomicInc(launches, NBLOCKS * 65536u - 1u);
-#if POLL_COUNTS
-        if (before % NBLOCKS == NBLOCKS - 1) {  // the last block of this launch: every poll is over
-#pragma unroll
-            for (int s = 0; s < TOPK; ++s) counts[32 * s] = 0;
-        }
-#else
-        (void)before;
-#endif
+        atomicInc(launches, NBLOCKS * 65536u - 1u);
 #if TRACE
         u32 smid;
         asm("mov.u32 %0, %%smid;" : "=r"(smid));
