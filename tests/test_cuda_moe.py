@@ -28,12 +28,13 @@ def decode_row(row: list[int], max_gu: int, max_dn: int, pairs: int):
 
 
 @pytest.mark.parametrize("blocks,hidden,inter,top_k", SHAPES)
-@pytest.mark.parametrize("order", ["need", "gate_up_first"])
+@pytest.mark.parametrize("order", ["need", "gate_up_first", "down_tail"])
 def test_schedule_covers_every_tile_once_in_need_order(blocks, hidden, inter, top_k, order):
     sched = decode_schedule(blocks, hidden, inter, top_k, order)
     pairs = top_k // 2
     gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k, with_scales=True)
     seen_gu, seen_dn = [], []
+    min_dn = min(int(n) for n in sched.table[:, 1])
     for b in range(blocks):
         gu, dn, groups = decode_row(sched.table[b].tolist(), sched.max_gate_up, sched.max_down, pairs)
         seen_gu += gu
@@ -50,8 +51,11 @@ def test_schedule_covers_every_tile_once_in_need_order(blocks, hidden, inter, to
                 at = position[sched.max_gate_up + j * pairs + p]
                 if p:  # the pairs' down rows in pair order
                     assert at > position[sched.max_gate_up + j * pairs + p - 1]
+                lead = order == "down_tail" and j >= min_dn  # copied before any gate_up tile
                 for i, (slot, _) in enumerate(gu):
-                    if order == "gate_up_first" or slot <= 2 * p + 1:
+                    if lead:
+                        assert position[i] > at
+                    elif order != "need" or slot <= 2 * p + 1:
                         assert position[i] < at  # the pair's own gate_up tiles (all of them) come first
     assert sorted(seen_gu) == [(s, 8 * r) for s in range(top_k) for r in range(inter // 8)]
     assert sorted(seen_dn) == [8 * j for j in range(hidden // 8)]

@@ -44,6 +44,7 @@ def persistent_compile_report() -> dict[str, Any]:
 
 
 SHARED_MEMORY_SLACK = 128
+ORDERS = ("need", "gate_up_first", "down_tail")
 MAX_ACT_COPIES = 16
 
 
@@ -51,7 +52,7 @@ MAX_ACT_COPIES = 16
 class DecodeKernelConfig:
     """Variants of the persistent kernel (docs/kernels.md says which were measured)."""
 
-    order: str = "need"  # or "gate_up_first"
+    order: str = "need"  # or "gate_up_first", "down_tail" (see decode_schedule)
     evict_first: bool = True  # L2 evict-first hint on the weight copies
     poll_ns: int = 200  # back-off between polls of the activations
     dependent_launch: bool = True  # programmatic dependent launch
@@ -83,9 +84,14 @@ def tile_bytes(hidden: int, inter: int, top_k: int, with_scales: bool) -> tuple[
 def decode_schedule(
     blocks: int, hidden: int, inter: int, top_k: int, order: str = "need", with_scales: bool = True
 ) -> DecodeSchedule:
-    """The tile-to-block table the kernel reads (layout: moe_decode.cu, ROW_WORDS)."""
-    if order not in ("need", "gate_up_first"):
-        raise ValueError(f"order must be 'need' or 'gate_up_first', got {order!r}")
+    """The tile-to-block table the kernel reads (layout: moe_decode.cu, ROW_WORDS).
+
+    Copy order per block: "need": gate_up tiles by slot, each slot pair's down rows right after that
+    pair's gate_up tiles; "gate_up_first": all gate_up tiles, then the down rows pair by pair;
+    "down_tail": like gate_up_first, but the down tiles beyond the fewest any block has are copied
+    first, so every block ends with the same number of down bytes."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
     gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k, with_scales)
     pairs = top_k // 2
     down: list[list[int]] = [[] for _ in range(blocks)]
@@ -103,14 +109,20 @@ def decode_schedule(
             heapq.heappush(heap, (nbytes + gu_bytes, b))
     max_gu = max(len(x) for x in gate_up)
     max_dn = max(len(x) for x in down)
+    min_dn = min(len(x) for x in down)
     row_words = 2 + max_gu + max_dn + max_gu + max_dn * pairs
     table = torch.zeros((blocks, row_words), dtype=torch.int32)
     block_bytes = []
     for b in range(blocks):
         gus, dns = gate_up[b], down[b]
         groups: list[int] = []
-        done_pairs = 0
-        for i, (slot, _) in enumerate(gus):
+        if order == "down_tail":  # down tiles beyond the fewest any block has go first
+            lead = range(min_dn, len(dns))
+            groups += [max_gu + j * pairs + p for j in lead for p in range(pairs)]
+            groups += list(range(len(gus)))
+            groups += [max_gu + j * pairs + p for p in range(pairs) for j in range(min_dn)]
+        done_pairs = pairs if order == "down_tail" else 0
+        for i, (slot, _) in enumerate(gus if order != "down_tail" else []):
             while order == "need" and done_pairs < pairs and slot >= 2 * done_pairs + 2:
                 groups += [max_gu + j * pairs + done_pairs for j in range(len(dns))]
                 done_pairs += 1
