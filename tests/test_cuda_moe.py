@@ -32,7 +32,7 @@ def decode_row(row: list[int], max_gu: int, max_dn: int, pairs: int):
 def test_schedule_covers_every_tile_once_in_need_order(blocks, hidden, inter, top_k, order):
     sched = decode_schedule(blocks, hidden, inter, top_k, order)
     pairs = top_k // 2
-    gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k, with_scales=True)
+    gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k)
     seen_gu, seen_dn = [], []
     min_dn = min(int(n) for n in sched.table[:, 1])
     for b in range(blocks):
@@ -143,6 +143,7 @@ def experts():
         (7.0, torch.int32, 6, DecodeKernelConfig(order="gate_up_first", act_copies=1, evict_first=False)),
         (0.5, torch.int64, 8, DecodeKernelConfig(scales="loads", cooperative=False)),
         (None, torch.int32, 2, DecodeKernelConfig(dependent_launch=False, poll_ns=0)),
+        (None, torch.int64, 8, DecodeKernelConfig(scales="gate_up_copies", order="gate_up_first")),
     ],
 )
 def test_gpu_persistent_matches_reference(experts, limit, id_dtype, top_k, kc):

@@ -59,7 +59,9 @@ class DecodeKernelConfig:
     cooperative: bool = True  # ask the driver to guarantee all blocks resident
     trace: bool = False  # per-block globaltimer stamps (diagnostics)
     act_copies: int = 8  # copies of the activations in global memory (reads spread over more L2 slices)
-    scales: str = "copies"  # scale rows copied with their tiles, or "loads": plain loads issued first
+    # scale rows copied with their tiles ("copies"), read by plain loads issued before the copies
+    # ("loads"), or copied for gate_up tiles and loaded for down tiles ("gate_up_copies")
+    scales: str = "copies"
 
 
 @dataclass(frozen=True)
@@ -74,15 +76,17 @@ class DecodeSchedule:
         return max(self.block_bytes)
 
 
-def tile_bytes(hidden: int, inter: int, top_k: int, with_scales: bool) -> tuple[int, int]:
+SCALE_MODES = {"copies": (True, True), "loads": (False, False), "gate_up_copies": (True, False)}
+
+
+def tile_bytes(hidden: int, inter: int, top_k: int, scales: str = "copies") -> tuple[int, int]:
     """Shared-memory bytes of a gate_up tile and of a down tile (moe_decode.cu, GU/DN_TILE_BYTES)."""
-    if with_scales:
-        return 8 * hidden + hidden // 2, top_k * (4 * inter + inter // 4)
-    return 8 * hidden, 4 * top_k * inter
+    gu_scales, dn_scales = SCALE_MODES[scales]
+    return 8 * hidden + (hidden // 2 if gu_scales else 0), top_k * (4 * inter + (inter // 4 if dn_scales else 0))
 
 
 def decode_schedule(
-    blocks: int, hidden: int, inter: int, top_k: int, order: str = "need", with_scales: bool = True
+    blocks: int, hidden: int, inter: int, top_k: int, order: str = "need", scales: str = "copies"
 ) -> DecodeSchedule:
     """The tile-to-block table the kernel reads (layout: moe_decode.cu, ROW_WORDS).
 
@@ -92,7 +96,7 @@ def decode_schedule(
     first, so every block ends with the same number of down bytes."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
-    gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k, with_scales)
+    gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k, scales)
     pairs = top_k // 2
     down: list[list[int]] = [[] for _ in range(blocks)]
     load = [0] * blocks
@@ -202,9 +206,9 @@ class PersistentDecodeMoE(TritonMoE):
             raise ValueError(f"act_copies must be in 1..{MAX_ACT_COPIES}, got {kc.act_copies}")
         if top_k % 2 or top_k > 8:
             raise RuntimeError(f"the persistent decode kernel needs an even top-k <= 8, got {top_k}")
-        if kc.scales not in ("copies", "loads"):
-            raise ValueError(f"scales must be 'copies' or 'loads', got {kc.scales!r}")
-        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order, kc.scales == "copies")
+        if kc.scales not in SCALE_MODES:
+            raise ValueError(f"scales must be one of {', '.join(SCALE_MODES)}, got {kc.scales!r}")
+        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order, kc.scales)
         defines = {
             "H": self.hidden,
             "I": self.inter,
@@ -217,7 +221,8 @@ class PersistentDecodeMoE(TritonMoE):
             "EVICT_FIRST": int(kc.evict_first),
             "TRACE": int(kc.trace),
             "POLL_NS": kc.poll_ns,
-            "SCALES_TMA": int(kc.scales == "copies"),
+            "GU_SCALES_TMA": int(SCALE_MODES[kc.scales][0]),
+            "DN_SCALES_TMA": int(SCALE_MODES[kc.scales][1]),
             "ACT_COPIES": kc.act_copies,
         }
         kernel = CudaKernel(SOURCE, "moe_decode", defines, self.device)

@@ -35,13 +35,20 @@
 #define NWARPS (PUBLISHER + 1)
 #define GU_WORD_BYTES (4 * H)           // 8 rows of H/2 bytes (gate, then up)
 #define DN_WORD_BYTES (4 * I)           // 8 rows of I/2 bytes
-#if SCALES_TMA                          // the tiles' scale rows copied after their words
+// Scale rows: copied after their tile's words (GU/DN_SCALES_TMA), or read by plain loads that the
+// compute warps issue before the producer starts the copies (loads issued later would wait behind
+// the whole weight stream).
+#if GU_SCALES_TMA
 #define GU_TILE_BYTES (2 * GU_WORD_BYTES + H / 2)
-#define DN_SLOT_BYTES (DN_WORD_BYTES + I / 4)
-#else                                   // scales read by plain loads issued before any copy
+#else
 #define GU_TILE_BYTES (2 * GU_WORD_BYTES)
+#endif
+#if DN_SCALES_TMA
+#define DN_SLOT_BYTES (DN_WORD_BYTES + I / 4)
+#else
 #define DN_SLOT_BYTES DN_WORD_BYTES
 #endif
+#define LOADERS (32 * ((GU_SCALES_TMA ? 0 : GU_WARPS) + (DN_SCALES_TMA ? 0 : DN_WARPS)))
 #define BAR_LOADS_ISSUED 6
 #define STAGE_PIECES (I / 2 / (DN_WARPS * 32))  // 16-byte pieces (4 tagged words) per lane per pair
 #define BAR_STAGED 8                    // a slot pair's activations are in shared memory (and all current)
@@ -276,8 +283,8 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         if (lane < TOPK) sm.experts[lane] = __ldcg(ids + lane);
         __syncwarp();
         const expert_id_t *e = sm.experts;
-#if !SCALES_TMA
-        asm volatile("bar.sync %0, %1;" ::"r"(BAR_LOADS_ISSUED), "r"(32 + 32 * (GU_WARPS + DN_WARPS)) : "memory");
+#if LOADERS
+        asm volatile("bar.sync %0, %1;" ::"r"(BAR_LOADS_ISSUED), "r"(32 + LOADERS) : "memory");
 #endif
         if (lane == 0) {
             u64 policy = 0;
@@ -297,7 +304,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     const u32 *src = gu_words + ((size_t)e[slot] * 2 * I + r0) * (H / 8);
                     bulk_copy(dst, src, GU_WORD_BYTES, bar, policy);
                     bulk_copy(dst + GU_WORD_BYTES, src + (size_t)I * (H / 8), GU_WORD_BYTES, bar, policy);
-#if SCALES_TMA
+#if GU_SCALES_TMA
                     const unsigned char *ssrc = gu_scale + ((size_t)e[slot] * 2 * I + r0) * (H / 32);
                     bulk_copy(dst + 2 * GU_WORD_BYTES, ssrc, H / 4, bar, policy);
                     bulk_copy(dst + 2 * GU_WORD_BYTES + H / 4, ssrc + (size_t)I * (H / 32), H / 4, bar, policy);
@@ -314,7 +321,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                         const u32 dst = smem_addr(tiles + dn_base + j * DN_TILE_BYTES + slot * DN_SLOT_BYTES);
                         bulk_copy(dst, dn_words + ((size_t)e[slot] * H + dn_tile[j]) * (I / 8), DN_WORD_BYTES, bar,
                                   policy);
-#if SCALES_TMA
+#if DN_SCALES_TMA
                         bulk_copy(dst + DN_WORD_BYTES, dn_scale + ((size_t)e[slot] * H + dn_tile[j]) * (I / 32), I / 4,
                                   bar, policy);
 #endif
@@ -339,7 +346,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 for (int j = 0; j < 4; ++j) xb[4 * k + j] = f16_pair(bf16_to_float(e8[j]), bf16_to_float(e8[j + 4]));
             }
         }
-#if !SCALES_TMA
+#if !GU_SCALES_TMA
         u32 fac[MAX_GU][2];
 #pragma unroll
         for (int i = 0; i < MAX_GU; ++i) {
@@ -350,12 +357,12 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 fac[i][1] = __ldg(sp + (size_t)I * (H / 32));
             }
         }
-        asm volatile("bar.arrive %0, %1;" ::"r"(BAR_LOADS_ISSUED), "r"(32 + 32 * (GU_WARPS + DN_WARPS)) : "memory");
+        asm volatile("bar.arrive %0, %1;" ::"r"(BAR_LOADS_ISSUED), "r"(32 + LOADERS) : "memory");
 #endif
 #pragma unroll
         for (int i = 0; i < MAX_GU; ++i) {
             if (i < n_gu) {
-#if TRACE && !SCALES_TMA
+#if TRACE && !GU_SCALES_TMA
                 if (i == 0 && warp == 0 && lane == 0) {
                     const u32 f = scale_factor(fac[0][0]) + scale_factor(fac[0][1]) + xb[0];
                     trace[blockIdx.x * 16 + 9] = globaltimer() + (f == 12345u);  // scales and x arrived
@@ -369,7 +376,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 const unsigned char *tile = tiles + i * GU_TILE_BYTES + c * 16 + g * (H / 2);
                 const uint4 lo = *reinterpret_cast<const uint4 *>(tile);
                 const uint4 hi = *reinterpret_cast<const uint4 *>(tile + GU_WORD_BYTES);
-#if SCALES_TMA
+#if GU_SCALES_TMA
                 const unsigned char *sc = tiles + i * GU_TILE_BYTES + 2 * GU_WORD_BYTES + g * (H / 32) + c;
                 const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[H / 4]);
 #else
@@ -427,7 +434,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         const int d = warp - GU_WARPS;
         const int c = 8 * (d >> 1) + t + 4 * ((g ^ d) & 1);
         const int bslot = (g >> 1) & 1;
-#if !SCALES_TMA
+#if !DN_SCALES_TMA
         u32 fac[MAX_DN][PAIRS];
 #pragma unroll
         for (int j = 0; j < MAX_DN; ++j) {
@@ -441,7 +448,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 }
             }
         }
-        asm volatile("bar.arrive %0, %1;" ::"r"(BAR_LOADS_ISSUED), "r"(32 + 32 * (GU_WARPS + DN_WARPS)) : "memory");
+        asm volatile("bar.arrive %0, %1;" ::"r"(BAR_LOADS_ISSUED), "r"(32 + LOADERS) : "memory");
 #endif
         const u32 tag = __ldcg(launches) / NBLOCKS;
         const u32 *copy = act + (blockIdx.x % ACT_COPIES) * TOPK * I;
@@ -454,6 +461,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         // pair ahead: the loads for pair p+1 are in flight while pair p's products run.
         uint4 ahead[STAGE_PIECES];
         stage_issue(ahead, copy, 0, d, lane);
+#pragma unroll
         for (int p = 0; p < PAIRS; ++p) {
             stage_finish(ahead, copy, p, d, lane, tag, sm.act_h);
 #if TRACE
@@ -470,7 +478,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                         tiles + dn_base + j * DN_TILE_BYTES + 2 * p * DN_SLOT_BYTES + c * 16 + g * (I / 2);
                     const uint4 lo = *reinterpret_cast<const uint4 *>(tile);
                     const uint4 hi = *reinterpret_cast<const uint4 *>(tile + DN_SLOT_BYTES);
-#if SCALES_TMA
+#if DN_SCALES_TMA
                     const unsigned char *sc = tile - c * 16 - g * (I / 2) + DN_WORD_BYTES + g * (I / 32) + c;
                     const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[DN_SLOT_BYTES]);
 #else
