@@ -191,9 +191,9 @@ def main() -> int:
         log("trace of the last op (us from the first block's start): min, median, max over blocks")
         names = ["start", "end", "first gate_up tile landed", "last gate_up tile published"]
         names += [f"act of slot pair {p} read" for p in range(4)]
-        names += ["producer issued all copies", "scales and x in registers", "last gate_up tile landed"]
+        names += ["producer issued all copies", "(unused)", "last gate_up tile landed"]
         names += ["down products done"]
-        for col in range(12):
+        for col in (0, 2, 10, 3, 4, 5, 6, 7, 8, 11, 1):
             c = rel_t[:, col]
             log(f"  {names[col]:30s}: {c.min():.2f} {c.median():.2f} {c.max():.2f}")
     return 0

@@ -140,10 +140,9 @@ def experts():
     "limit,id_dtype,top_k,kc",
     [
         (None, torch.int64, 8, DecodeKernelConfig()),
-        (7.0, torch.int32, 6, DecodeKernelConfig(order="gate_up_first", act_copies=1, evict_first=False)),
-        (0.5, torch.int64, 8, DecodeKernelConfig(scales="loads", cooperative=False)),
+        (7.0, torch.int32, 6, DecodeKernelConfig(order="need", act_copies=1, evict_first=False)),
+        (0.5, torch.int64, 8, DecodeKernelConfig(order="down_tail", cooperative=False)),
         (None, torch.int32, 2, DecodeKernelConfig(dependent_launch=False, poll_ns=0)),
-        (None, torch.int64, 8, DecodeKernelConfig(scales="gate_up_copies", order="gate_up_first")),
     ],
 )
 def test_gpu_persistent_matches_reference(experts, limit, id_dtype, top_k, kc):

@@ -12,9 +12,8 @@ an even top-k <= 8 and E8M0 scales <= 128 (the fp16 products; checked at load).
 
 Schedule: a gate_up tile is 8 gate + 8 up rows of one expert slot, a down tile 8 output rows of all
 slots. Down tiles go round robin over the blocks, then each gate_up tile (slot by slot) to the block
-with the fewest bytes so far. Each block copies its tiles in the order it needs them: its gate_up
-tiles by slot, each slot pair's down rows right after that pair's gate_up tiles ("need" order), or
-all gate_up tiles first ("gate_up_first").
+with the fewest bytes so far; each block copies its gate_up tiles first, then its down rows slot
+pair by slot pair (other orders: decode_schedule).
 """
 
 from __future__ import annotations
@@ -52,16 +51,13 @@ MAX_ACT_COPIES = 16
 class DecodeKernelConfig:
     """Variants of the persistent kernel (docs/kernels.md says which were measured)."""
 
-    order: str = "need"  # or "gate_up_first", "down_tail" (see decode_schedule)
+    order: str = "gate_up_first"  # or "need", "down_tail" (see decode_schedule)
     evict_first: bool = True  # L2 evict-first hint on the weight copies
     poll_ns: int = 200  # back-off between polls of the activations
     dependent_launch: bool = True  # programmatic dependent launch
     cooperative: bool = True  # ask the driver to guarantee all blocks resident
     trace: bool = False  # per-block globaltimer stamps (diagnostics)
     act_copies: int = 8  # copies of the activations in global memory (reads spread over more L2 slices)
-    # scale rows copied with their tiles ("copies"), read by plain loads issued before the copies
-    # ("loads"), or copied for gate_up tiles and loaded for down tiles ("gate_up_copies")
-    scales: str = "copies"
 
 
 @dataclass(frozen=True)
@@ -76,18 +72,12 @@ class DecodeSchedule:
         return max(self.block_bytes)
 
 
-SCALE_MODES = {"copies": (True, True), "loads": (False, False), "gate_up_copies": (True, False)}
+def tile_bytes(hidden: int, inter: int, top_k: int) -> tuple[int, int]:
+    """Shared-memory bytes of a gate_up tile and of a down tile, scale rows included (moe_decode.cu)."""
+    return 8 * hidden + hidden // 2, top_k * (4 * inter + inter // 4)
 
 
-def tile_bytes(hidden: int, inter: int, top_k: int, scales: str = "copies") -> tuple[int, int]:
-    """Shared-memory bytes of a gate_up tile and of a down tile (moe_decode.cu, GU/DN_TILE_BYTES)."""
-    gu_scales, dn_scales = SCALE_MODES[scales]
-    return 8 * hidden + (hidden // 2 if gu_scales else 0), top_k * (4 * inter + (inter // 4 if dn_scales else 0))
-
-
-def decode_schedule(
-    blocks: int, hidden: int, inter: int, top_k: int, order: str = "need", scales: str = "copies"
-) -> DecodeSchedule:
+def decode_schedule(blocks: int, hidden: int, inter: int, top_k: int, order: str = "gate_up_first") -> DecodeSchedule:
     """The tile-to-block table the kernel reads (layout: moe_decode.cu, ROW_WORDS).
 
     Copy order per block: "need": gate_up tiles by slot, each slot pair's down rows right after that
@@ -96,7 +86,7 @@ def decode_schedule(
     first, so every block ends with the same number of down bytes."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
-    gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k, scales)
+    gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k)
     pairs = top_k // 2
     down: list[list[int]] = [[] for _ in range(blocks)]
     load = [0] * blocks
@@ -206,9 +196,7 @@ class PersistentDecodeMoE(TritonMoE):
             raise ValueError(f"act_copies must be in 1..{MAX_ACT_COPIES}, got {kc.act_copies}")
         if top_k % 2 or top_k > 8:
             raise RuntimeError(f"the persistent decode kernel needs an even top-k <= 8, got {top_k}")
-        if kc.scales not in SCALE_MODES:
-            raise ValueError(f"scales must be one of {', '.join(SCALE_MODES)}, got {kc.scales!r}")
-        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order, kc.scales)
+        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order)
         defines = {
             "H": self.hidden,
             "I": self.inter,
@@ -221,8 +209,6 @@ class PersistentDecodeMoE(TritonMoE):
             "EVICT_FIRST": int(kc.evict_first),
             "TRACE": int(kc.trace),
             "POLL_NS": kc.poll_ns,
-            "GU_SCALES_TMA": int(SCALE_MODES[kc.scales][0]),
-            "DN_SCALES_TMA": int(SCALE_MODES[kc.scales][1]),
             "ACT_COPIES": kc.act_copies,
         }
         kernel = CudaKernel(SOURCE, "moe_decode", defines, self.device)

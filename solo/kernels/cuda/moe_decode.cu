@@ -35,21 +35,10 @@
 #define NWARPS (PUBLISHER + 1)
 #define GU_WORD_BYTES (4 * H)           // 8 rows of H/2 bytes (gate, then up)
 #define DN_WORD_BYTES (4 * I)           // 8 rows of I/2 bytes
-// Scale rows: copied after their tile's words (GU/DN_SCALES_TMA), or read by plain loads that the
-// compute warps issue before the producer starts the copies (loads issued later would wait behind
-// the whole weight stream).
-#if GU_SCALES_TMA
+// Scale rows are copied right after their tile's words (plain loads of them, issued before or after
+// the copies, were slower: docs/kernels.md).
 #define GU_TILE_BYTES (2 * GU_WORD_BYTES + H / 2)
-#else
-#define GU_TILE_BYTES (2 * GU_WORD_BYTES)
-#endif
-#if DN_SCALES_TMA
 #define DN_SLOT_BYTES (DN_WORD_BYTES + I / 4)
-#else
-#define DN_SLOT_BYTES DN_WORD_BYTES
-#endif
-#define LOADERS (32 * ((GU_SCALES_TMA ? 0 : GU_WARPS) + (DN_SCALES_TMA ? 0 : DN_WARPS)))
-#define BAR_LOADS_ISSUED 6
 #define STAGE_PIECES (I / 2 / (DN_WARPS * 32))  // 16-byte pieces (4 tagged words) per lane per pair
 #define BAR_STAGED 8                    // a slot pair's activations are in shared memory (and all current)
 #define DN_TILE_BYTES (TOPK * DN_SLOT_BYTES)
@@ -283,9 +272,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         if (lane < TOPK) sm.experts[lane] = __ldcg(ids + lane);
         __syncwarp();
         const expert_id_t *e = sm.experts;
-#if LOADERS
-        asm volatile("bar.sync %0, %1;" ::"r"(BAR_LOADS_ISSUED), "r"(32 + LOADERS) : "memory");
-#endif
         if (lane == 0) {
             u64 policy = 0;
 #if EVICT_FIRST
@@ -304,11 +290,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     const u32 *src = gu_words + ((size_t)e[slot] * 2 * I + r0) * (H / 8);
                     bulk_copy(dst, src, GU_WORD_BYTES, bar, policy);
                     bulk_copy(dst + GU_WORD_BYTES, src + (size_t)I * (H / 8), GU_WORD_BYTES, bar, policy);
-#if GU_SCALES_TMA
                     const unsigned char *ssrc = gu_scale + ((size_t)e[slot] * 2 * I + r0) * (H / 32);
                     bulk_copy(dst + 2 * GU_WORD_BYTES, ssrc, H / 4, bar, policy);
                     bulk_copy(dst + 2 * GU_WORD_BYTES + H / 4, ssrc + (size_t)I * (H / 32), H / 4, bar, policy);
-#endif
                 } else {
                     const int j = (code - MAX_GU) / PAIRS, p = (code - MAX_GU) % PAIRS;
                     const u32 bar = smem_addr(&sm.bars[MAX_GU + j * PAIRS + p]);
@@ -321,10 +305,8 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                         const u32 dst = smem_addr(tiles + dn_base + j * DN_TILE_BYTES + slot * DN_SLOT_BYTES);
                         bulk_copy(dst, dn_words + ((size_t)e[slot] * H + dn_tile[j]) * (I / 8), DN_WORD_BYTES, bar,
                                   policy);
-#if DN_SCALES_TMA
                         bulk_copy(dst + DN_WORD_BYTES, dn_scale + ((size_t)e[slot] * H + dn_tile[j]) * (I / 32), I / 4,
                                   bar, policy);
-#endif
                     }
                 }
             }
@@ -346,28 +328,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 for (int j = 0; j < 4; ++j) xb[4 * k + j] = f16_pair(bf16_to_float(e8[j]), bf16_to_float(e8[j + 4]));
             }
         }
-#if !GU_SCALES_TMA
-        u32 fac[MAX_GU][2];
 #pragma unroll
         for (int i = 0; i < MAX_GU; ++i) {
             if (i < n_gu) {
-                const int slot = gu_tile[i] >> 16, r0 = gu_tile[i] & 0xFFFF;
-                const unsigned char *sp = gu_scale + ((size_t)__ldcg(ids + slot) * 2 * I + r0 + g) * (H / 32) + c;
-                fac[i][0] = __ldg(sp);
-                fac[i][1] = __ldg(sp + (size_t)I * (H / 32));
-            }
-        }
-        asm volatile("bar.arrive %0, %1;" ::"r"(BAR_LOADS_ISSUED), "r"(32 + LOADERS) : "memory");
-#endif
-#pragma unroll
-        for (int i = 0; i < MAX_GU; ++i) {
-            if (i < n_gu) {
-#if TRACE && !GU_SCALES_TMA
-                if (i == 0 && warp == 0 && lane == 0) {
-                    const u32 f = scale_factor(fac[0][0]) + scale_factor(fac[0][1]) + xb[0];
-                    trace[blockIdx.x * 16 + 9] = globaltimer() + (f == 12345u);  // scales and x arrived
-                }
-#endif
                 bar_wait(smem_addr(&sm.bars[i]));
 #if TRACE
                 if (i == 0 && warp == 0 && lane == 0) trace[blockIdx.x * 16 + 2] = globaltimer();
@@ -376,12 +339,8 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 const unsigned char *tile = tiles + i * GU_TILE_BYTES + c * 16 + g * (H / 2);
                 const uint4 lo = *reinterpret_cast<const uint4 *>(tile);
                 const uint4 hi = *reinterpret_cast<const uint4 *>(tile + GU_WORD_BYTES);
-#if GU_SCALES_TMA
                 const unsigned char *sc = tiles + i * GU_TILE_BYTES + 2 * GU_WORD_BYTES + g * (H / 32) + c;
                 const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[H / 4]);
-#else
-                const u32 f_lo = scale_factor(fac[i][0]), f_hi = scale_factor(fac[i][1]);
-#endif
                 float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
                 chunk_products(acc, acc1, lo, hi, f_lo, f_hi, xb);
 #pragma unroll
@@ -434,22 +393,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         const int d = warp - GU_WARPS;
         const int c = 8 * (d >> 1) + t + 4 * ((g ^ d) & 1);
         const int bslot = (g >> 1) & 1;
-#if !DN_SCALES_TMA
-        u32 fac[MAX_DN][PAIRS];
-#pragma unroll
-        for (int j = 0; j < MAX_DN; ++j) {
-            if (j < n_dn) {
-#pragma unroll
-                for (int p = 0; p < PAIRS; ++p) {
-                    const size_t r = dn_tile[j] + g;
-                    const u32 a = __ldg(dn_scale + ((size_t)__ldcg(ids + 2 * p) * H + r) * (I / 32) + c);
-                    const u32 b = __ldg(dn_scale + ((size_t)__ldcg(ids + 2 * p + 1) * H + r) * (I / 32) + c);
-                    fac[j][p] = a | (b << 8);
-                }
-            }
-        }
-        asm volatile("bar.arrive %0, %1;" ::"r"(BAR_LOADS_ISSUED), "r"(32 + LOADERS) : "memory");
-#endif
         const u32 tag = __ldcg(launches) / NBLOCKS;
         const u32 *copy = act + (blockIdx.x % ACT_COPIES) * TOPK * I;
         float acc[MAX_DN][4];
@@ -478,12 +421,8 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                         tiles + dn_base + j * DN_TILE_BYTES + 2 * p * DN_SLOT_BYTES + c * 16 + g * (I / 2);
                     const uint4 lo = *reinterpret_cast<const uint4 *>(tile);
                     const uint4 hi = *reinterpret_cast<const uint4 *>(tile + DN_SLOT_BYTES);
-#if DN_SCALES_TMA
                     const unsigned char *sc = tile - c * 16 - g * (I / 2) + DN_WORD_BYTES + g * (I / 32) + c;
                     const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[DN_SLOT_BYTES]);
-#else
-                    const u32 f_lo = scale_factor(fac[j][p] & 0xFF), f_hi = scale_factor(fac[j][p] >> 8);
-#endif
                     chunk_products(acc[j], acc[j], lo, hi, f_lo, f_hi, xb);
                 }
             }
