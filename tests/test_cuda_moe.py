@@ -16,47 +16,41 @@ from solo.kernels.moe import MXFP4Experts, swiglu
 from solo.kernels.registry import BackendUnavailable, make_moe_backend
 from solo.quantization.formats import dequantize_mxfp4
 
-SHAPES = [(132, 2560, 768, 8), (114, 2560, 768, 8), (20, 512, 256, 6), (7, 256, 256, 2)]
+SHAPES = [(132, 2560, 768, 8), (114, 2560, 768, 8), (20, 512, 256, 6), (7, 256, 256, 2), (40, 256, 256, 4)]
 
 
 def decode_row(row: list[int], max_gu: int, max_dn: int, pairs: int):
     n_gu, n_dn = row[0], row[1]
     gu = [(c >> 16, c & 0xFFFF) for c in row[2 : 2 + n_gu]]
     dn = row[2 + max_gu : 2 + max_gu + n_dn]
-    order = row[2 + max_gu + max_dn :][: n_gu + n_dn * pairs]
+    order = row[2 + max_gu + max_dn :][: n_gu + (pairs if n_dn else 0)]
     return gu, dn, order
 
 
 @pytest.mark.parametrize("blocks,hidden,inter,top_k", SHAPES)
-@pytest.mark.parametrize("order", ["need", "gate_up_first", "down_tail"])
+@pytest.mark.parametrize("order", ["need", "gate_up_first"])
 def test_schedule_covers_every_tile_once_in_need_order(blocks, hidden, inter, top_k, order):
     sched = decode_schedule(blocks, hidden, inter, top_k, order)
     pairs = top_k // 2
     gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k)
     seen_gu, seen_dn = [], []
-    min_dn = min(int(n) for n in sched.table[:, 1])
     for b in range(blocks):
         gu, dn, groups = decode_row(sched.table[b].tolist(), sched.max_gate_up, sched.max_down, pairs)
         seen_gu += gu
         seen_dn += dn
         assert sched.block_bytes[b] == len(gu) * gu_bytes + len(dn) * dn_bytes
         assert gu == sorted(gu)  # a block's gate_up tiles by slot
-        # every copy group exactly once: gate_up tile i is code i, down tile j's pair p is max_gu + j*pairs + p
-        down_groups = {sched.max_gate_up + j * pairs + p for j in range(len(dn)) for p in range(pairs)}
-        expected = set(range(len(gu))) | down_groups
-        assert sorted(groups) == sorted(expected)
+        assert dn == list(range(dn[0], dn[0] + 8 * len(dn), 8)) if dn else True  # consecutive rows
+        # every copy group exactly once: gate_up tile i is code i, slot pair p's down rows max_gu + p
+        down_groups = [sched.max_gate_up + p for p in range(pairs)] if dn else []
+        assert sorted(groups) == sorted(list(range(len(gu))) + down_groups)
         position = {code: k for k, code in enumerate(groups)}
-        for j in range(len(dn)):
-            for p in range(pairs):
-                at = position[sched.max_gate_up + j * pairs + p]
-                if p:  # the pairs' down rows in pair order
-                    assert at > position[sched.max_gate_up + j * pairs + p - 1]
-                lead = order == "down_tail" and j >= min_dn  # copied before any gate_up tile
-                for i, (slot, _) in enumerate(gu):
-                    if lead:
-                        assert position[i] > at
-                    elif order != "need" or slot <= 2 * p + 1:
-                        assert position[i] < at  # the pair's own gate_up tiles (all of them) come first
+        for p, code in enumerate(down_groups):
+            if p:  # the pairs in order
+                assert position[code] > position[code - 1]
+            for i, (slot, _) in enumerate(gu):
+                if order == "gate_up_first" or slot <= 2 * p + 1:
+                    assert position[i] < position[code]  # the pair's own gate_up tiles (all of them) come first
     assert sorted(seen_gu) == [(s, 8 * r) for s in range(top_k) for r in range(inter // 8)]
     assert sorted(seen_dn) == [8 * j for j in range(hidden // 8)]
     # balanced by bytes: no block more than one gate_up tile above the lightest it could have been
@@ -141,7 +135,7 @@ def experts():
     [
         (None, torch.int64, 8, DecodeKernelConfig()),
         (7.0, torch.int32, 6, DecodeKernelConfig(order="need", act_copies=1, evict_first=False)),
-        (0.5, torch.int64, 8, DecodeKernelConfig(order="down_tail", cooperative=False)),
+        (0.5, torch.int64, 8, DecodeKernelConfig(cooperative=False)),
         (None, torch.int32, 2, DecodeKernelConfig(dependent_launch=False, poll_ns=0)),
     ],
 )

@@ -43,7 +43,7 @@ def persistent_compile_report() -> dict[str, Any]:
 
 
 SHARED_MEMORY_SLACK = 128
-ORDERS = ("need", "gate_up_first", "down_tail")
+ORDERS = ("gate_up_first", "need")
 MAX_ACT_COPIES = 16
 
 
@@ -51,7 +51,7 @@ MAX_ACT_COPIES = 16
 class DecodeKernelConfig:
     """Variants of the persistent kernel (docs/kernels.md says which were measured)."""
 
-    order: str = "gate_up_first"  # or "need", "down_tail" (see decode_schedule)
+    order: str = "gate_up_first"  # or "need" (see decode_schedule)
     evict_first: bool = True  # L2 evict-first hint on the weight copies
     poll_ns: int = 200  # back-off between polls of the activations
     dependent_launch: bool = True  # programmatic dependent launch
@@ -80,19 +80,22 @@ def tile_bytes(hidden: int, inter: int, top_k: int) -> tuple[int, int]:
 def decode_schedule(blocks: int, hidden: int, inter: int, top_k: int, order: str = "gate_up_first") -> DecodeSchedule:
     """The tile-to-block table the kernel reads (layout: moe_decode.cu, ROW_WORDS).
 
-    Copy order per block: "need": gate_up tiles by slot, each slot pair's down rows right after that
-    pair's gate_up tiles; "gate_up_first": all gate_up tiles, then the down rows pair by pair;
-    "down_tail": like gate_up_first, but the down tiles beyond the fewest any block has are copied
-    first, so every block ends with the same number of down bytes."""
+    A block's down tiles are consecutive output rows (one copy per slot moves them all). Copy order
+    per block: "gate_up_first": its gate_up tiles (by slot), then its down rows slot pair by slot
+    pair; "need": each slot pair's down rows right after the block's gate_up tiles of that pair."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
     gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k)
     pairs = top_k // 2
-    down: list[list[int]] = [[] for _ in range(blocks)]
-    load = [0] * blocks
-    for j in range(hidden // 8):
-        down[j % blocks].append(8 * j)
-        load[j % blocks] += dn_bytes
+    # each block's down tiles are consecutive rows, so one copy per slot moves all of them
+    tiles, extra = divmod(hidden // 8, blocks)
+    down: list[list[int]] = []
+    first = 0
+    for b in range(blocks):
+        n = tiles + (b < extra)
+        down.append([8 * (first + j) for j in range(n)])
+        first += n
+    load = [len(x) * dn_bytes for x in down]
     gate_up: list[list[tuple[int, int]]] = [[] for _ in range(blocks)]
     heap = [(load[b], b) for b in range(blocks)]
     heapq.heapify(heap)
@@ -103,30 +106,23 @@ def decode_schedule(blocks: int, hidden: int, inter: int, top_k: int, order: str
             heapq.heappush(heap, (nbytes + gu_bytes, b))
     max_gu = max(len(x) for x in gate_up)
     max_dn = max(len(x) for x in down)
-    min_dn = min(len(x) for x in down)
-    row_words = 2 + max_gu + max_dn + max_gu + max_dn * pairs
+    row_words = 2 + max_gu + max_dn + max_gu + pairs
     table = torch.zeros((blocks, row_words), dtype=torch.int32)
     block_bytes = []
     for b in range(blocks):
         gus, dns = gate_up[b], down[b]
         groups: list[int] = []
-        if order == "down_tail":  # down tiles beyond the fewest any block has go first
-            lead = range(min_dn, len(dns))
-            groups += [max_gu + j * pairs + p for j in lead for p in range(pairs)]
-            groups += list(range(len(gus)))
-            groups += [max_gu + j * pairs + p for p in range(pairs) for j in range(min_dn)]
-        done_pairs = pairs if order == "down_tail" else 0
-        for i, (slot, _) in enumerate(gus if order != "down_tail" else []):
+        done_pairs = 0 if dns else pairs  # a block without down rows copies none
+        for i, (slot, _) in enumerate(gus):
             while order == "need" and done_pairs < pairs and slot >= 2 * done_pairs + 2:
-                groups += [max_gu + j * pairs + done_pairs for j in range(len(dns))]
+                groups.append(max_gu + done_pairs)
                 done_pairs += 1
             groups.append(i)
-        for p in range(done_pairs, pairs):
-            groups += [max_gu + j * pairs + p for j in range(len(dns))]
+        groups += [max_gu + p for p in range(done_pairs, pairs)]
         row = [len(gus), len(dns)]
         row += [slot << 16 | r for slot, r in gus] + [0] * (max_gu - len(gus))
         row += dns + [0] * (max_dn - len(dns))
-        row += groups + [0] * (max_gu + max_dn * pairs - len(groups))
+        row += groups + [0] * (max_gu + pairs - len(groups))
         table[b] = torch.tensor(row, dtype=torch.int32)
         block_bytes.append(len(gus) * gu_bytes + len(dns) * dn_bytes)
     return DecodeSchedule(table, max_gu, max_dn, block_bytes)
@@ -135,7 +131,7 @@ def decode_schedule(blocks: int, hidden: int, inter: int, top_k: int, order: str
 def _shared_bytes(sched: DecodeSchedule, hidden: int, inter: int, top_k: int) -> int:
     """Dynamic shared memory of one block: the Smem struct of moe_decode.cu (rounded up), then the tiles."""
     gu_warps, dn_warps = hidden // 128, inter // 128
-    bars = sched.max_gate_up + sched.max_down * (top_k // 2)
+    bars = sched.max_gate_up + top_k // 2
     partials = sched.max_gate_up * gu_warps * 16 * 4 + sched.max_down * dn_warps * 8 * 4
     staged_act = top_k * inter * 2
     header = bars * 8 + 8 * 8 + 16 + staged_act + partials

@@ -38,12 +38,13 @@
 // Scale rows are copied right after their tile's words (plain loads of them, issued before or after
 // the copies, were slower: docs/kernels.md).
 #define GU_TILE_BYTES (2 * GU_WORD_BYTES + H / 2)
-#define DN_SLOT_BYTES (DN_WORD_BYTES + I / 4)
+#define DN_SLOT_BYTES (DN_WORD_BYTES + I / 4)  // per 8 rows; a block's down rows are contiguous, and
+                                                // each slot's words (then scales) for all of them are one copy
 #define STAGE_PIECES (I / 2 / (DN_WARPS * 32))  // 16-byte pieces (4 tagged words) per lane per pair
 #define BAR_STAGED 8                    // a slot pair's activations are in shared memory (and all current)
 #define DN_TILE_BYTES (TOPK * DN_SLOT_BYTES)
-#define ROW_WORDS (2 + MAX_GU + MAX_DN + MAX_GU + MAX_DN * PAIRS)
-#define NUM_BARS (MAX_GU + MAX_DN * PAIRS)
+#define ROW_WORDS (2 + MAX_GU + MAX_DN + MAX_GU + PAIRS)
+#define NUM_BARS (MAX_GU + PAIRS)
 #define BAR_FULL0 9                     // named barriers 9.. : gate_up tile i's partials ready (one buffer each)
 #if MAX_GU > 7
 #error "at most 7 gate_up tiles per block (named barriers 9..15)"
@@ -249,9 +250,10 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
     const int *row = schedule + blockIdx.x * ROW_WORDS;
     const int n_gu = row[0], n_dn = row[1];
     const int *gu_tile = row + 2;                  // slot << 16 | first row
-    const int *dn_tile = gu_tile + MAX_GU;          // first output row
+    const int *dn_tile = gu_tile + MAX_GU;          // first output row (consecutive tiles)
     const int *order = dn_tile + MAX_DN;            // copy groups in issue order
     const u32 dn_base = n_gu * GU_TILE_BYTES;
+    const u32 dn_rows = 8 * n_dn, dn_slot = n_dn * DN_SLOT_BYTES;  // one slot's words, then its scales
 #if TRACE
     u64 t0 = 0;
     if (threadIdx.x == 0) t0 = globaltimer();
@@ -294,19 +296,17 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     bulk_copy(dst + 2 * GU_WORD_BYTES, ssrc, H / 4, bar, policy);
                     bulk_copy(dst + 2 * GU_WORD_BYTES + H / 4, ssrc + (size_t)I * (H / 32), H / 4, bar, policy);
                 } else {
-                    const int j = (code - MAX_GU) / PAIRS, p = (code - MAX_GU) % PAIRS;
-                    const u32 bar = smem_addr(&sm.bars[MAX_GU + j * PAIRS + p]);
-                    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                                 "r"(2 * DN_SLOT_BYTES)
+                    const int p = code - MAX_GU;  // slot pair p's down rows, all of the block's tiles
+                    const u32 bar = smem_addr(&sm.bars[MAX_GU + p]);
+                    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(2 * dn_slot)
                                  : "memory");
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int slot = 2 * p + h;
-                        const u32 dst = smem_addr(tiles + dn_base + j * DN_TILE_BYTES + slot * DN_SLOT_BYTES);
-                        bulk_copy(dst, dn_words + ((size_t)e[slot] * H + dn_tile[j]) * (I / 8), DN_WORD_BYTES, bar,
-                                  policy);
-                        bulk_copy(dst + DN_WORD_BYTES, dn_scale + ((size_t)e[slot] * H + dn_tile[j]) * (I / 32), I / 4,
-                                  bar, policy);
+                        const u32 dst = smem_addr(tiles + dn_base + slot * dn_slot);
+                        const size_t first = (size_t)e[slot] * H + dn_tile[0];
+                        bulk_copy(dst, dn_words + first * (I / 8), dn_rows * (I / 2), bar, policy);
+                        bulk_copy(dst + dn_rows * (I / 2), dn_scale + first * (I / 32), dn_rows * (I / 32), bar, policy);
                     }
                 }
             }
@@ -403,9 +403,10 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         // Pair p's activations are read (by the down warps together, each 16-byte piece once) one
         // pair ahead: the loads for pair p+1 are in flight while pair p's products run.
         uint4 ahead[STAGE_PIECES];
-        stage_issue(ahead, copy, 0, d, lane);
+        if (n_dn) stage_issue(ahead, copy, 0, d, lane);
 #pragma unroll
         for (int p = 0; p < PAIRS; ++p) {
+            if (!n_dn) break;  // (more blocks than down tiles: this one has none)
             stage_finish(ahead, copy, p, d, lane, tag, sm.act_h);
 #if TRACE
             if (d == 0 && lane == 0) trace[blockIdx.x * 16 + 4 + p] = globaltimer();
@@ -413,16 +414,16 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             if (p + 1 < PAIRS) stage_issue(ahead, copy, p + 1, d, lane);
             u32 xb[16];
             load_b_fragments(xb, sm.act_h, (2 * p + bslot) * (I / 32) + c);
+            bar_wait(smem_addr(&sm.bars[MAX_GU + p]));
+            const unsigned char *slot_a = tiles + dn_base + 2 * p * dn_slot;  // slot 2p; slot 2p+1 follows
 #pragma unroll
             for (int j = 0; j < MAX_DN; ++j) {
                 if (j < n_dn) {
-                    bar_wait(smem_addr(&sm.bars[MAX_GU + j * PAIRS + p]));
-                    const unsigned char *tile =
-                        tiles + dn_base + j * DN_TILE_BYTES + 2 * p * DN_SLOT_BYTES + c * 16 + g * (I / 2);
-                    const uint4 lo = *reinterpret_cast<const uint4 *>(tile);
-                    const uint4 hi = *reinterpret_cast<const uint4 *>(tile + DN_SLOT_BYTES);
-                    const unsigned char *sc = tile - c * 16 - g * (I / 2) + DN_WORD_BYTES + g * (I / 32) + c;
-                    const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[DN_SLOT_BYTES]);
+                    const int r = 8 * j + g;  // row within the block's down rows
+                    const uint4 lo = *reinterpret_cast<const uint4 *>(slot_a + r * (I / 2) + c * 16);
+                    const uint4 hi = *reinterpret_cast<const uint4 *>(slot_a + dn_slot + r * (I / 2) + c * 16);
+                    const unsigned char *sc = slot_a + dn_rows * (I / 2) + r * (I / 32) + c;
+                    const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[dn_slot]);
                     chunk_products(acc[j], acc[j], lo, hi, f_lo, f_hi, xb);
                 }
             }
@@ -444,7 +445,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 float s = 0.f;
 #pragma unroll
                 for (int w = 0; w < DN_WARPS; ++w) s += sm.dn_part[j][w][lane];
-                out[dn_tile[j] + lane] = float_to_bf16(s);
+                out[dn_tile[0] + 8 * j + lane] = float_to_bf16(s);
             }
         }
     }
