@@ -279,7 +279,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #if EVICT_FIRST
             asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
 #endif
-            const int groups = n_gu + n_dn * PAIRS;
+            const int groups = n_gu + (n_dn ? PAIRS : 0);
             for (int q = 0; q < groups; ++q) {
                 const int code = order[q];
                 if (code < MAX_GU) {
