@@ -40,7 +40,13 @@
 #define GU_TILE_BYTES (2 * GU_WORD_BYTES + H / 2)
 #define DN_SLOT_BYTES (DN_WORD_BYTES + I / 4)  // per 8 rows; a block's down rows are contiguous, and
                                                 // each slot's words (then scales) for all of them are one copy
-#define STAGE_PIECES (I / 2 / (DN_WARPS * 32))  // 16-byte pieces (4 tagged words) per lane per pair
+#if DOWN_ALL
+#define DOWN_WORKERS (GU_WARPS + DN_WARPS)
+#else
+#define DOWN_WORKERS DN_WARPS
+#endif
+#define MAX_ITEMS ((MAX_DN * DN_WARPS + DOWN_WORKERS - 1) / DOWN_WORKERS)  // (down tile, K slice) items per warp
+#define STAGE_PIECES ((I / 2 + DOWN_WORKERS * 32 - 1) / (DOWN_WORKERS * 32))  // 16-byte pieces per lane per pair
 #define BAR_STAGED 8                    // a slot pair's activations are in shared memory (and all current)
 #define DN_TILE_BYTES (TOPK * DN_SLOT_BYTES)
 #define ROW_WORDS (2 + MAX_GU + MAX_DN + MAX_GU + PAIRS)
@@ -180,9 +186,12 @@ __device__ __forceinline__ unsigned short float_to_bf16(float f) {
 // makes the 8 lanes of a phase, which read 8 different chunks, hit 8 different 16-byte bank groups.
 __device__ __forceinline__ int act_unit(int ch, int k) { return 4 * ch + (k ^ ((ch >> 1) & 3)); }
 
+__device__ __forceinline__ int stage_piece(int d, int lane, int k) { return d * 32 + lane + k * DOWN_WORKERS * 32; }
+
 __device__ __forceinline__ void stage_issue(uint4 *ahead, const u32 *copy, int p, int d, int lane) {
 #pragma unroll
-    for (int k = 0; k < STAGE_PIECES; ++k) ahead[k] = ld_cg4(copy + 2 * p * I + 4 * (d * 32 + lane + k * DN_WARPS * 32));
+    for (int k = 0; k < STAGE_PIECES; ++k)
+        if (stage_piece(d, lane, k) < I / 2) ahead[k] = ld_cg4(copy + 2 * p * I + 4 * stage_piece(d, lane, k));
 }
 
 // Check the tags of the pieces loaded for pair p (every down warp at once); store their fp16 halves
@@ -193,14 +202,14 @@ __device__ __forceinline__ void stage_finish(uint4 *ahead, const u32 *copy, int 
         bool ok = true;
 #pragma unroll
         for (int k = 0; k < STAGE_PIECES; ++k)
-            ok = ok && (ahead[k].x >> 16) == tag && (ahead[k].y >> 16) == tag && (ahead[k].z >> 16) == tag &&
-                 (ahead[k].w >> 16) == tag;
+            ok = ok && (stage_piece(d, lane, k) >= I / 2 || (ahead[k].x >> 16) == tag && (ahead[k].y >> 16) == tag && (ahead[k].z >> 16) == tag &&
+                 (ahead[k].w >> 16) == tag);
         u32 all_ok;
         asm volatile(
             "{\n.reg .pred pi, po;\nsetp.ne.u32 pi, %1, 0;\nbar.red.and.pred po, %2, %3, pi;\n"
             "selp.u32 %0, 1, 0, po;\n}\n"
             : "=r"(all_ok)
-            : "r"((u32)ok), "r"(BAR_STAGED), "r"(DN_WARPS * 32)
+            : "r"((u32)ok), "r"(BAR_STAGED), "r"(DOWN_WORKERS * 32)
             : "memory");
         if (all_ok) break;
         __nanosleep(POLL_NS);
@@ -208,11 +217,12 @@ __device__ __forceinline__ void stage_finish(uint4 *ahead, const u32 *copy, int 
     }
 #pragma unroll
     for (int k = 0; k < STAGE_PIECES; ++k) {
-        const int e = 2 * p * I + 4 * (d * 32 + lane + k * DN_WARPS * 32);  // first element of the piece
+        if (stage_piece(d, lane, k) >= I / 2) continue;
+        const int e = 2 * p * I + 4 * stage_piece(d, lane, k);  // first element of the piece
         uint2 *dst = reinterpret_cast<uint2 *>(act_h + act_unit(e >> 5, (e & 31) >> 3)) + ((e >> 2) & 1);
         *dst = make_uint2(__byte_perm(ahead[k].x, ahead[k].y, 0x5410), __byte_perm(ahead[k].z, ahead[k].w, 0x5410));
     }
-    asm volatile("bar.sync %0, %1;" ::"r"(BAR_STAGED), "r"(DN_WARPS * 32) : "memory");
+    asm volatile("bar.sync %0, %1;" ::"r"(BAR_STAGED), "r"(DOWN_WORKERS * 32) : "memory");
 }
 
 // The 16 B-fragment pairs of chunk ch: word k's pair j is (element 8k+j, element 8k+j+4).
@@ -314,45 +324,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             trace[blockIdx.x * 16 + 8] = globaltimer();
 #endif
         }
-    } else if (warp < GU_WARPS) {
-        // ---- gate_up: this warp's K slice, rows of even MMA index on chunks c..c+3, odd on c+4..c+7
-        const int c = 8 * (warp >> 1) + t + 4 * ((g ^ warp) & 1);
-        u32 xb[16];
-        {
-            const uint4 *xp = reinterpret_cast<const uint4 *>(x + 32 * c);
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                uint4 v = __ldcg(xp + k);
-                const unsigned short *e8 = reinterpret_cast<const unsigned short *>(&v);
-#pragma unroll
-                for (int j = 0; j < 4; ++j) xb[4 * k + j] = f16_pair(bf16_to_float(e8[j]), bf16_to_float(e8[j + 4]));
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < MAX_GU; ++i) {
-            if (i < n_gu) {
-                bar_wait(smem_addr(&sm.bars[i]));
-#if TRACE
-                if (i == 0 && warp == 0 && lane == 0) trace[blockIdx.x * 16 + 2] = globaltimer();
-                if (i == n_gu - 1 && warp == 0 && lane == 0) trace[blockIdx.x * 16 + 10] = globaltimer();
-#endif
-                const unsigned char *tile = tiles + i * GU_TILE_BYTES + c * 16 + g * (H / 2);
-                const uint4 lo = *reinterpret_cast<const uint4 *>(tile);
-                const uint4 hi = *reinterpret_cast<const uint4 *>(tile + GU_WORD_BYTES);
-                const unsigned char *sc = tiles + i * GU_TILE_BYTES + 2 * GU_WORD_BYTES + g * (H / 32) + c;
-                const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[H / 4]);
-                float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
-                chunk_products(acc, acc1, lo, hi, f_lo, f_hi, xb);
-#pragma unroll
-                for (int q = 0; q < 4; ++q) acc[q] += acc1[q];
-                const int buf = i;
-                if (t == 0) {
-                    sm.gu_part[buf][warp][g] = (g & 1) ? acc[1] : acc[0];  // (no dynamic register index)
-                    sm.gu_part[buf][warp][g + 8] = (g & 1) ? acc[3] : acc[2];
-                }
-                asm volatile("bar.arrive %0, %1;" ::"r"(BAR_FULL0 + buf), "r"((GU_WARPS + 1) * 32) : "memory");
-            }
-        }
     } else if (warp == PUBLISHER) {
         const u32 tag = (__ldcg(launches) / NBLOCKS) << 16;  // launch counter read before any block bumps it twice
         const float my_wt = lane < TOPK ? __ldcg(wts + lane) : 0.f;  // no global load inside the tile loop
@@ -387,65 +358,109 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #if TRACE
         if (lane == 0) trace[blockIdx.x * 16 + 3] = globaltimer();
 #endif
-    } else {
-        // ---- down: warp d covers 4 chunks of every row; MMA rows 0-7 are slot 2p, rows 8-15 slot 2p+1,
-        // and B column n holds the activations of slot 2p + ((n >> 1) & 1).
-        const int d = warp - GU_WARPS;
-        const int c = 8 * (d >> 1) + t + 4 * ((g ^ d) & 1);
-        const int bslot = (g >> 1) & 1;
-        const u32 tag = __ldcg(launches) / NBLOCKS;
-        const u32 *copy = act + (blockIdx.x % ACT_COPIES) * TOPK * I;
-        float acc[MAX_DN][4];
-#pragma unroll
-        for (int j = 0; j < MAX_DN; ++j)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc[j][q] = 0.f;
-        // Pair p's activations are read (by the down warps together, each 16-byte piece once) one
-        // pair ahead: the loads for pair p+1 are in flight while pair p's products run.
-        uint4 ahead[STAGE_PIECES];
-        if (n_dn) stage_issue(ahead, copy, 0, d, lane);
-#pragma unroll
-        for (int p = 0; p < PAIRS; ++p) {
-            if (!n_dn) break;  // (more blocks than down tiles: this one has none)
-            stage_finish(ahead, copy, p, d, lane, tag, sm.act_h);
-#if TRACE
-            if (d == 0 && lane == 0) trace[blockIdx.x * 16 + 4 + p] = globaltimer();
-#endif
-            if (p + 1 < PAIRS) stage_issue(ahead, copy, p + 1, d, lane);
+    } else {  // compute warps
+        if (warp < GU_WARPS) {
+            // ---- gate_up: this warp's K slice, rows of even MMA index on chunks c..c+3, odd on c+4..c+7
+            const int c = 8 * (warp >> 1) + t + 4 * ((g ^ warp) & 1);
             u32 xb[16];
-            load_b_fragments(xb, sm.act_h, (2 * p + bslot) * (I / 32) + c);
-            bar_wait(smem_addr(&sm.bars[MAX_GU + p]));
-            const unsigned char *slot_a = tiles + dn_base + 2 * p * dn_slot;  // slot 2p; slot 2p+1 follows
+            {
+                const uint4 *xp = reinterpret_cast<const uint4 *>(x + 32 * c);
 #pragma unroll
-            for (int j = 0; j < MAX_DN; ++j) {
-                if (j < n_dn) {
-                    const int r = 8 * j + g;  // row within the block's down rows
-                    const uint4 lo = *reinterpret_cast<const uint4 *>(slot_a + r * (I / 2) + c * 16);
-                    const uint4 hi = *reinterpret_cast<const uint4 *>(slot_a + dn_slot + r * (I / 2) + c * 16);
-                    const unsigned char *sc = slot_a + dn_rows * (I / 2) + r * (I / 32) + c;
-                    const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[dn_slot]);
-                    chunk_products(acc[j], acc[j], lo, hi, f_lo, f_hi, xb);
+                for (int k = 0; k < 4; ++k) {
+                    uint4 v = __ldcg(xp + k);
+                    const unsigned short *e8 = reinterpret_cast<const unsigned short *>(&v);
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) xb[4 * k + j] = f16_pair(bf16_to_float(e8[j]), bf16_to_float(e8[j + 4]));
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < MAX_GU; ++i) {
+                if (i < n_gu) {
+                    bar_wait(smem_addr(&sm.bars[i]));
+#if TRACE
+                    if (i == 0 && warp == 0 && lane == 0) trace[blockIdx.x * 16 + 2] = globaltimer();
+                    if (i == n_gu - 1 && warp == 0 && lane == 0) trace[blockIdx.x * 16 + 10] = globaltimer();
+#endif
+                    const unsigned char *tile = tiles + i * GU_TILE_BYTES + c * 16 + g * (H / 2);
+                    const uint4 lo = *reinterpret_cast<const uint4 *>(tile);
+                    const uint4 hi = *reinterpret_cast<const uint4 *>(tile + GU_WORD_BYTES);
+                    const unsigned char *sc = tiles + i * GU_TILE_BYTES + 2 * GU_WORD_BYTES + g * (H / 32) + c;
+                    const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[H / 4]);
+                    float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
+                    chunk_products(acc, acc1, lo, hi, f_lo, f_hi, xb);
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) acc[q] += acc1[q];
+                    const int buf = i;
+                    if (t == 0) {
+                        sm.gu_part[buf][warp][g] = (g & 1) ? acc[1] : acc[0];  // (no dynamic register index)
+                        sm.gu_part[buf][warp][g + 8] = (g & 1) ? acc[3] : acc[2];
+                    }
+                    asm volatile("bar.arrive %0, %1;" ::"r"(BAR_FULL0 + buf), "r"((GU_WARPS + 1) * 32) : "memory");
                 }
             }
         }
+
+        // ---- down, by DOWN_WORKERS warps: the down warps, or (DOWN_ALL) every compute warp, the
+        // gate_up warps joining after their last tile. Item (j, d) = down tile j, K slice d: MMA rows
+        // 0-7 are slot 2p, rows 8-15 slot 2p+1, and B column n holds slot 2p + ((n >> 1) & 1).
+        const int dw = DOWN_ALL ? warp : warp - GU_WARPS;
+        if (dw >= 0) {
+            const int bslot = (g >> 1) & 1;
+            const u32 tag = __ldcg(launches) / NBLOCKS;
+            const u32 *copy = act + (blockIdx.x % ACT_COPIES) * TOPK * I;
+            float acc[MAX_ITEMS][4];
+#pragma unroll
+            for (int k = 0; k < MAX_ITEMS; ++k)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) acc[k][q] = 0.f;
+            // Pair p's activations are read (by the down workers together, each 16-byte piece once)
+            // one pair ahead: the loads for pair p+1 are in flight while pair p's products run.
+            uint4 ahead[STAGE_PIECES];
+            if (n_dn) stage_issue(ahead, copy, 0, dw, lane);
+#pragma unroll
+            for (int p = 0; p < PAIRS; ++p) {
+                if (!n_dn) break;  // (more blocks than down tiles: this one has none)
+                stage_finish(ahead, copy, p, dw, lane, tag, sm.act_h);
 #if TRACE
-        if (d == 0 && lane == 0) trace[blockIdx.x * 16 + 11] = globaltimer();
+                if (dw == 0 && lane == 0) trace[blockIdx.x * 16 + 4 + p] = globaltimer();
 #endif
-        // row g's sum: slot 2p parts in column g&1 (lane t=0), slot 2p+1 parts in column 2+(g&1) (t=1)
+                if (p + 1 < PAIRS) stage_issue(ahead, copy, p + 1, dw, lane);
+                bar_wait(smem_addr(&sm.bars[MAX_GU + p]));
+                const unsigned char *slot_a = tiles + dn_base + 2 * p * dn_slot;  // slot 2p; slot 2p+1 follows
 #pragma unroll
-        for (int j = 0; j < MAX_DN; ++j) {
-            if (j < n_dn) {
-                const float other = __shfl_down_sync(0xFFFFFFFFu, (g & 1) ? acc[j][3] : acc[j][2], 1);
-                if (t == 0) sm.dn_part[j][d][g] = ((g & 1) ? acc[j][1] : acc[j][0]) + other;
+                for (int k = 0; k < MAX_ITEMS; ++k) {
+                    const int item = dw + k * DOWN_WORKERS, j = item / DN_WARPS, d = item % DN_WARPS;
+                    if (j < n_dn) {
+                        const int c = 8 * (d >> 1) + t + 4 * ((g ^ d) & 1);
+                        u32 xb[16];
+                        load_b_fragments(xb, sm.act_h, (2 * p + bslot) * (I / 32) + c);
+                        const int r = 8 * j + g;  // row within the block's down rows
+                        const uint4 lo = *reinterpret_cast<const uint4 *>(slot_a + r * (I / 2) + c * 16);
+                        const uint4 hi = *reinterpret_cast<const uint4 *>(slot_a + dn_slot + r * (I / 2) + c * 16);
+                        const unsigned char *sc = slot_a + dn_rows * (I / 2) + r * (I / 32) + c;
+                        const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[dn_slot]);
+                        chunk_products(acc[k], acc[k], lo, hi, f_lo, f_hi, xb);
+                    }
+                }
             }
-        }
-        asm volatile("bar.sync %0, %1;" ::"r"(BAR_DOWN), "r"(DN_WARPS * 32) : "memory");
-        if (d == 0 && lane < 8) {
-            for (int j = 0; j < n_dn; ++j) {
-                float s = 0.f;
+#if TRACE
+            if (dw == 0 && lane == 0) trace[blockIdx.x * 16 + 11] = globaltimer();
+#endif
+            // row g's sum: slot 2p parts in column g&1 (lane t=0), slot 2p+1 parts in column 2+(g&1) (t=1)
 #pragma unroll
-                for (int w = 0; w < DN_WARPS; ++w) s += sm.dn_part[j][w][lane];
-                out[dn_tile[0] + 8 * j + lane] = float_to_bf16(s);
+            for (int k = 0; k < MAX_ITEMS; ++k) {
+                const int item = dw + k * DOWN_WORKERS, j = item / DN_WARPS, d = item % DN_WARPS;
+                const float other = __shfl_down_sync(0xFFFFFFFFu, (g & 1) ? acc[k][3] : acc[k][2], 1);
+                if (j < n_dn && t == 0) sm.dn_part[j][d][g] = ((g & 1) ? acc[k][1] : acc[k][0]) + other;
+            }
+            asm volatile("bar.sync %0, %1;" ::"r"(BAR_DOWN), "r"(DOWN_WORKERS * 32) : "memory");
+            if (dw == 0 && lane < 8) {
+                for (int j = 0; j < n_dn; ++j) {
+                    float s = 0.f;
+#pragma unroll
+                    for (int w = 0; w < DN_WARPS; ++w) s += sm.dn_part[j][w][lane];
+                    out[dn_tile[0] + 8 * j + lane] = float_to_bf16(s);
+                }
             }
         }
     }
