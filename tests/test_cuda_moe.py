@@ -136,7 +136,7 @@ def experts():
         (None, torch.int64, 8, DecodeKernelConfig()),
         (7.0, torch.int32, 6, DecodeKernelConfig(order="need", act_copies=1, evict_first=False)),
         (0.5, torch.int64, 8, DecodeKernelConfig(cooperative=False)),
-        (None, torch.int32, 2, DecodeKernelConfig(dependent_launch=False, poll_ns=0, all_warps_down=False)),
+        (None, torch.int32, 2, DecodeKernelConfig(dependent_launch=False, poll_ns=0)),
     ],
 )
 def test_gpu_persistent_matches_reference(experts, limit, id_dtype, top_k, kc):

@@ -57,7 +57,6 @@ class DecodeKernelConfig:
     dependent_launch: bool = True  # programmatic dependent launch
     cooperative: bool = True  # ask the driver to guarantee all blocks resident
     trace: bool = False  # per-block globaltimer stamps (diagnostics)
-    all_warps_down: bool = True  # the gate_up warps join the down products after their last tile
     act_copies: int = 8  # copies of the activations in global memory (reads spread over more L2 slices)
 
 
@@ -207,7 +206,6 @@ class PersistentDecodeMoE(TritonMoE):
             "TRACE": int(kc.trace),
             "POLL_NS": kc.poll_ns,
             "ACT_COPIES": kc.act_copies,
-            "DOWN_ALL": int(kc.all_warps_down),
         }
         kernel = CudaKernel(SOURCE, "moe_decode", defines, self.device)
         _BUILT.append({"seconds": kernel.compile.seconds, "cached": kernel.compile.cached, "path": kernel.compile.path})

@@ -40,11 +40,7 @@
 #define GU_TILE_BYTES (2 * GU_WORD_BYTES + H / 2)
 #define DN_SLOT_BYTES (DN_WORD_BYTES + I / 4)  // per 8 rows; a block's down rows are contiguous, and
                                                 // each slot's words (then scales) for all of them are one copy
-#if DOWN_ALL
-#define DOWN_WORKERS (GU_WARPS + DN_WARPS)
-#else
-#define DOWN_WORKERS DN_WARPS
-#endif
+#define DOWN_WORKERS (GU_WARPS + DN_WARPS)  // every compute warp, the gate_up warps after their last tile
 #define MAX_ITEMS ((MAX_DN * DN_WARPS + DOWN_WORKERS - 1) / DOWN_WORKERS)  // (down tile, K slice) items per warp
 #define STAGE_PIECES ((I / 2 + DOWN_WORKERS * 32 - 1) / (DOWN_WORKERS * 32))  // 16-byte pieces per lane per pair
 #define BAR_STAGED 8                    // a slot pair's activations are in shared memory (and all current)
@@ -400,11 +396,11 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             }
         }
 
-        // ---- down, by DOWN_WORKERS warps: the down warps, or (DOWN_ALL) every compute warp, the
-        // gate_up warps joining after their last tile. Item (j, d) = down tile j, K slice d: MMA rows
-        // 0-7 are slot 2p, rows 8-15 slot 2p+1, and B column n holds slot 2p + ((n >> 1) & 1).
-        const int dw = DOWN_ALL ? warp : warp - GU_WARPS;
-        if (dw >= 0) {
+        // ---- down, by every compute warp (the gate_up warps join after their last tile). Item (j, d) =
+        // down tile j, K slice d: MMA rows 0-7 are slot 2p, rows 8-15 slot 2p+1, and B column n holds
+        // slot 2p + ((n >> 1) & 1).
+        const int dw = warp;
+        {
             const int bslot = (g >> 1) & 1;
             const u32 tag = __ldcg(launches) / NBLOCKS;
             const u32 *copy = act + (blockIdx.x % ACT_COPIES) * TOPK * I;
@@ -413,18 +409,22 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             for (int k = 0; k < MAX_ITEMS; ++k)
 #pragma unroll
                 for (int q = 0; q < 4; ++q) acc[k][q] = 0.f;
-            // Pair p's activations are read (by the down workers together, each 16-byte piece once)
-            // one pair ahead: the loads for pair p+1 are in flight while pair p's products run.
-            uint4 ahead[STAGE_PIECES];
-            if (n_dn) stage_issue(ahead, copy, 0, dw, lane);
+            // The slot pairs' activations are read by the down workers together (each 16-byte piece
+            // once): pair 0 until it is complete, then every other pair at once (they complete at
+            // about the same time), each checked and, if a tag is stale, read again.
+            uint4 ahead[PAIRS][STAGE_PIECES];
+            if (n_dn) stage_issue(ahead[0], copy, 0, dw, lane);
 #pragma unroll
             for (int p = 0; p < PAIRS; ++p) {
                 if (!n_dn) break;  // (more blocks than down tiles: this one has none)
-                stage_finish(ahead, copy, p, dw, lane, tag, sm.act_h);
+                stage_finish(ahead[p], copy, p, dw, lane, tag, sm.act_h);
 #if TRACE
                 if (dw == 0 && lane == 0) trace[blockIdx.x * 16 + 4 + p] = globaltimer();
 #endif
-                if (p + 1 < PAIRS) stage_issue(ahead, copy, p + 1, dw, lane);
+                if (p == 0) {
+#pragma unroll
+                    for (int q = 1; q < PAIRS; ++q) stage_issue(ahead[q], copy, q, dw, lane);
+                }
                 bar_wait(smem_addr(&sm.bars[MAX_GU + p]));
                 const unsigned char *slot_a = tiles + dn_base + 2 * p * dn_slot;  // slot 2p; slot 2p+1 follows
 #pragma unroll
