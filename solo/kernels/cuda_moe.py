@@ -1,8 +1,8 @@
 """``--moe-backend cuda``: the Triton backend, with one-token calls (plain decode) in one persistent
 CUDA kernel (solo/kernels/cuda/moe_decode.cu) that does gate_up, SwiGLU, down and the combine.
 
-Measured on the H200 (docs/kernels.md): 15.2 us per layer against 16.2-16.5 for the Triton GEMV
-kernels and about 41 for Humming, in the same runs. The kernel runs one block per SM and its blocks
+Measured on the H200 (docs/kernels.md): 14.8 us per layer against 16.3 for the Triton GEMV kernels
+and 40.4 for Humming, in the same runs. The kernel runs one block per SM and its blocks
 exchange the SwiGLU activations through global memory, so every block must be resident at once:
 the launch is cooperative, which the driver refuses (an error, never a hang) where that cannot be
 had, e.g. on a GPU shared through MPS. Calls of more than one token (NEXTN verification, prompts)
@@ -11,8 +11,8 @@ Hopper GPU (TMA bulk copies), NVRTC (a CUDA build of PyTorch brings it), H and I
 an even top-k <= 8 and E8M0 scales <= 128 (the fp16 products; checked at load).
 
 Schedule: a gate_up tile is 8 gate + 8 up rows of one expert slot, a down tile 8 output rows of all
-slots. Down tiles go round robin over the blocks, then each gate_up tile (slot by slot) to the block
-with the fewest bytes so far; each block copies its gate_up tiles first, then its down rows slot
+slots. Each block gets a contiguous run of down tiles, then each gate_up tile (slot by slot) goes to
+the block with the fewest bytes so far; each block copies its gate_up tiles first, then its down rows slot
 pair by slot pair (other orders: decode_schedule).
 """
 

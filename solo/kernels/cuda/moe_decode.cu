@@ -8,14 +8,15 @@
 // activations they multiply exist.
 //
 // Work: a gate_up tile is 8 gate + 8 up rows of one expert slot (whole K); a down tile is 8
-// output rows of all top-k slots. A host schedule spreads the tiles over the blocks by bytes.
-// Warps: GU_WARPS compute gate_up (one 4-chunk K slice each, activations in registers),
-// DN_WARPS compute down, one producer warp issues the copies, one publisher warp reduces each
-// gate_up tile, applies SwiGLU and the routing weight, and stores the activations to global
-// memory (ACT_COPIES copies), each value tagged with the launch number, without fences. For each
-// slot pair the down warps read the pair's activations once per block (one pair ahead of their
-// products), check the tags together (a stale tag means "not yet": read again) and keep the fp16
-// values in shared memory.
+// output rows of all top-k slots, and a block's down tiles are consecutive rows (one copy per slot
+// moves them all). A host schedule spreads the tiles over the blocks by bytes.
+// Warps: GU_WARPS compute gate_up (one 4-chunk K slice each, activations in registers), one
+// producer warp issues the copies, one publisher warp reduces each gate_up tile, applies SwiGLU and
+// the routing weight, and stores the activations to global memory (ACT_COPIES copies), each value
+// tagged with the launch number, without fences. Then every compute warp (the gate_up warps and
+// DN_WARPS more) does down items (one down tile x one K slice): they read slot pair 0's activations
+// (each 16-byte piece once per block) until every tag is current, then the other pairs at once, and
+// keep the fp16 values in shared memory.
 //
 // Products on the tensor cores (mma.m16n8k16, fp16 in, fp32 sums): the packed E2M1 words
 // (pack_e2m1_words) unpack to fp16 pairs equal to value * 2^-14, times the group's factor
