@@ -23,7 +23,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from solo.bench.kernels import Shapes, Timer, random_experts, routing_sets  # noqa: E402
-from solo.kernels.cuda_moe import DecodeKernelConfig, PersistentDecodeMoE  # noqa: E402
+from solo.kernels.cuda_moe import PersistentDecodeMoE  # noqa: E402
+from solo.kernels.cuda_moe_plan import DecodeKernelConfig  # noqa: E402
 from solo.kernels.moe import MXFP4Experts  # noqa: E402
 from solo.quantization.formats import dequantize_mxfp4  # noqa: E402
 

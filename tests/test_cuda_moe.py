@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from solo.kernels.cuda_moe import DecodeKernelConfig, decode_schedule, tile_bytes
+from solo.kernels.cuda_moe_plan import DecodeKernelConfig, decode_schedule, tile_bytes
 from solo.kernels.moe import MXFP4Experts, swiglu
 from solo.kernels.registry import BackendUnavailable, make_moe_backend
 from solo.quantization.formats import dequantize_mxfp4

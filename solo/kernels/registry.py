@@ -33,7 +33,7 @@ def make_moe_backend(
             f"--moe-backend {name} runs MXFP4 experts, but this checkpoint's experts are not MXFP4. "
             "Convert it with `solo quantize IN_DIR OUT_DIR`, or use --moe-backend torch."
         )
-    if experts.gate_up.device.type != "cuda" and not _triton_interpreter():
+    if experts.gate_up.device.type != "cuda" and (name == "cuda" or not _triton_interpreter()):
         raise BackendUnavailable(
             f"--moe-backend {name} needs an NVIDIA GPU (CUDA) and the model on it (--device cuda); this run is "
             f"on '{experts.gate_up.device.type}'. Use --moe-backend torch on a CPU."

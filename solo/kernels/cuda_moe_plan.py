@@ -1,0 +1,93 @@
+"""The persistent decode kernel's plan, in plain Python: its variants and the tile-to-block schedule
+it reads (solo/kernels/cuda/moe_decode.cu; the backend is solo/kernels/cuda_moe.py). Kept apart from
+the backend so it can be built and tested without Triton or a GPU."""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import torch
+
+ORDERS = ("gate_up_first", "need")
+
+
+@dataclass(frozen=True)
+class DecodeKernelConfig:
+    """Variants of the persistent kernel (docs/kernels.md says which were measured)."""
+
+    order: str = "gate_up_first"  # or "need" (see decode_schedule)
+    evict_first: bool = True  # L2 evict-first hint on the weight copies
+    poll_ns: int = 200  # back-off between polls of the activations
+    dependent_launch: bool = True  # programmatic dependent launch
+    cooperative: bool = True  # ask the driver to guarantee all blocks resident
+    trace: bool = False  # per-block globaltimer stamps (diagnostics)
+    act_copies: int = 8  # copies of the activations in global memory (reads spread over more L2 slices)
+
+
+@dataclass(frozen=True)
+class DecodeSchedule:
+    table: torch.Tensor  # int32 [blocks, row_words]
+    max_gate_up: int
+    max_down: int
+    block_bytes: list[int]  # weight bytes each block copies
+
+    @property
+    def most_bytes(self) -> int:
+        return max(self.block_bytes)
+
+
+def tile_bytes(hidden: int, inter: int, top_k: int) -> tuple[int, int]:
+    """Shared-memory bytes of a gate_up tile and of a down tile, scale rows included (moe_decode.cu)."""
+    return 8 * hidden + hidden // 2, top_k * (4 * inter + inter // 4)
+
+
+def decode_schedule(blocks: int, hidden: int, inter: int, top_k: int, order: str = "gate_up_first") -> DecodeSchedule:
+    """The tile-to-block table the kernel reads (layout: moe_decode.cu, ROW_WORDS).
+
+    A block's down tiles are consecutive output rows (one copy per slot moves them all). Copy order
+    per block: "gate_up_first": its gate_up tiles (by slot), then its down rows slot pair by slot
+    pair; "need": each slot pair's down rows right after the block's gate_up tiles of that pair."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+    gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k)
+    pairs = top_k // 2
+    # each block's down tiles are consecutive rows, so one copy per slot moves all of them
+    tiles, extra = divmod(hidden // 8, blocks)
+    down: list[list[int]] = []
+    first = 0
+    for b in range(blocks):
+        n = tiles + (b < extra)
+        down.append([8 * (first + j) for j in range(n)])
+        first += n
+    load = [len(x) * dn_bytes for x in down]
+    gate_up: list[list[tuple[int, int]]] = [[] for _ in range(blocks)]
+    heap = [(load[b], b) for b in range(blocks)]
+    heapq.heapify(heap)
+    for slot in range(top_k):
+        for r in range(inter // 8):
+            nbytes, b = heapq.heappop(heap)
+            gate_up[b].append((slot, 8 * r))
+            heapq.heappush(heap, (nbytes + gu_bytes, b))
+    max_gu = max(len(x) for x in gate_up)
+    max_dn = max(len(x) for x in down)
+    row_words = 2 + max_gu + max_dn + max_gu + pairs
+    table = torch.zeros((blocks, row_words), dtype=torch.int32)
+    block_bytes = []
+    for b in range(blocks):
+        gus, dns = gate_up[b], down[b]
+        groups: list[int] = []
+        done_pairs = 0 if dns else pairs  # a block without down rows copies none
+        for i, (slot, _) in enumerate(gus):
+            while order == "need" and done_pairs < pairs and slot >= 2 * done_pairs + 2:
+                groups.append(max_gu + done_pairs)
+                done_pairs += 1
+            groups.append(i)
+        groups += [max_gu + p for p in range(done_pairs, pairs)]
+        row = [len(gus), len(dns)]
+        row += [slot << 16 | r for slot, r in gus] + [0] * (max_gu - len(gus))
+        row += dns + [0] * (max_dn - len(dns))
+        row += groups + [0] * (max_gu + pairs - len(groups))
+        table[b] = torch.tensor(row, dtype=torch.int32)
+        block_bytes.append(len(gus) * gu_bytes + len(dns) * dn_bytes)
+    return DecodeSchedule(table, max_gu, max_dn, block_bytes)
