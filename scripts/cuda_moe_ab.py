@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -26,23 +25,7 @@ from solo.bench.kernels import Shapes, Timer, random_experts, routing_sets  # no
 from solo.kernels.cuda_moe import PersistentDecodeMoE  # noqa: E402
 from solo.kernels.cuda_moe_plan import DecodeKernelConfig  # noqa: E402
 from solo.kernels.moe import MXFP4Experts  # noqa: E402
-from solo.quantization.formats import dequantize_mxfp4  # noqa: E402
-
-
-def reference(experts: MXFP4Experts, x, ids, w, limit=None) -> torch.Tensor:
-    """fp32 reference of sum_k w_k * down_k(swiglu(gate_up_k x)) for one token."""
-    flat = ids.reshape(-1)
-    gu = dequantize_mxfp4(experts.gate_up[flat], experts.gate_up_scale[flat])
-    dn = dequantize_mxfp4(experts.down[flat], experts.down_scale[flat])
-    h = torch.einsum("h,aoh->ao", x[0].float(), gu)
-    inter = gu.shape[1] // 2
-    g, u = h[:, :inter], h[:, inter:]
-    a = F.silu(g)
-    if limit is not None:
-        a = a.clamp(max=limit)
-        u = u.clamp(-limit, limit)
-    y = torch.einsum("ai,ahi->ah", a * u, dn)
-    return (y * w.reshape(-1, 1).float()).sum(0, keepdim=True)
+from solo.testing.moe import moe_reference_fp32  # noqa: E402
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -70,7 +53,7 @@ def check(moe: PersistentDecodeMoE, experts: MXFP4Experts, dev, log, top_k=8, li
         out = torch.full((1, moe.hidden), float("nan"), dtype=torch.bfloat16, device=dev)  # poisoned
         moe.forward(x, ids, w, out)
         tri = TritonOnly.forward(moe, x, ids, w)
-        ref = reference(experts, x, ids, w, limit)
+        ref = moe_reference_fp32(experts, x, ids, w, limit)
         e_p, e_t = rel(out, ref), rel(tri, ref)
         log(f"  check {trial}: rel err persistent {e_p:.2e}, triton {e_t:.2e}, nan={bool(out.isnan().any())}")
         assert not out.isnan().any() and e_p < 1e-2, "persistent kernel disagrees with the reference"

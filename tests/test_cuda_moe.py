@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from solo.kernels.cuda_moe_plan import DecodeKernelConfig, decode_schedule, tile_bytes
-from solo.kernels.moe import MXFP4Experts, swiglu
+from solo.kernels.moe import MXFP4Experts
 from solo.kernels.registry import BackendUnavailable, make_moe_backend
-from solo.quantization.formats import dequantize_mxfp4
+from solo.testing.moe import moe_reference_fp32, random_mxfp4_experts
 
 SHAPES = [(132, 2560, 768, 8), (114, 2560, 768, 8), (20, 512, 256, 6), (7, 256, 256, 2), (40, 256, 256, 4)]
 
@@ -92,25 +92,6 @@ needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs a Hopper (or newe
 H, I = 2560, 768
 
 
-def random_experts(e: int) -> MXFP4Experts:
-    dev = "cuda"
-    return MXFP4Experts(
-        gate_up=torch.randint(0, 256, (e, 2 * I, H // 2), dtype=torch.uint8, device=dev),
-        gate_up_scale=torch.randint(116, 126, (e, 2 * I, H // 32), dtype=torch.uint8, device=dev),
-        down=torch.randint(0, 256, (e, H, I // 2), dtype=torch.uint8, device=dev),
-        down_scale=torch.randint(116, 126, (e, H, I // 32), dtype=torch.uint8, device=dev),
-    )
-
-
-def reference(experts: MXFP4Experts, x, ids, w, limit=None) -> torch.Tensor:
-    flat = ids.reshape(-1)
-    gu = dequantize_mxfp4(experts.gate_up[flat], experts.gate_up_scale[flat])
-    dn = dequantize_mxfp4(experts.down[flat], experts.down_scale[flat])
-    h = torch.einsum("h,aoh->ao", x[0].float(), gu)
-    act = swiglu(h[:, :I], h[:, I:], limit)
-    return (torch.einsum("ai,ahi->ah", act, dn) * w.reshape(-1, 1).float()).sum(0, keepdim=True)
-
-
 def routing(e: int, top_k: int, dtype: torch.dtype):
     ids = torch.randperm(e, device="cuda")[:top_k].view(1, top_k).to(dtype)
     w = torch.rand((1, top_k), device="cuda") + 0.05
@@ -125,7 +106,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def experts():
     if not _hopper():
         pytest.skip("needs a Hopper GPU")
-    return random_experts(64)
+    return random_mxfp4_experts(64, H, I, scales=(116, 126))
 
 
 @pytest.mark.gpu
@@ -151,7 +132,7 @@ def test_gpu_persistent_matches_reference(experts, limit, id_dtype, top_k, kc):
         moe.forward(x, ids, w, out=out)
         torch.cuda.synchronize()
         assert not out.isnan().any()
-        ref = reference(experts, x, ids, w, limit)
+        ref = moe_reference_fp32(experts, x, ids, w, limit)
         assert rel_err(out, ref) <= 1e-2
         gemv = TritonMoE.forward(moe, x, ids, w)  # the Triton GEMV kernels on the same weights
         assert rel_err(out, gemv.float()) <= 1e-2

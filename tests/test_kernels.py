@@ -50,6 +50,7 @@ from solo.quantization.formats import (  # noqa: E402
     quantize_fp8_rowwise,
     quantize_mxfp4,
 )
+from solo.testing.moe import moe_reference_fp32, random_mxfp4_experts  # noqa: E402
 
 cpu_only = pytest.mark.skipif(not INTERPRET, reason="interpreter tests run in a TRITON_INTERPRET=1 subprocess here")
 gpu = pytest.mark.gpu
@@ -408,35 +409,11 @@ def test_interpreter_suite_in_subprocess():
 H, I, E, TOPK = 2560, 768, 512, 8
 
 
-def random_mxfp4_experts_cuda(e: int = E, h: int = H, i: int = I) -> MXFP4Experts:
-    """Random codes and a spread of scales, generated on the device (fresh every call)."""
-    dev = "cuda"
-    return MXFP4Experts(
-        gate_up=torch.randint(0, 256, (e, 2 * i, h // 2), dtype=torch.uint8, device=dev),
-        gate_up_scale=torch.randint(118, 124, (e, 2 * i, h // 32), dtype=torch.uint8, device=dev),
-        down=torch.randint(0, 256, (e, h, i // 2), dtype=torch.uint8, device=dev),
-        down_scale=torch.randint(118, 124, (e, h, i // 32), dtype=torch.uint8, device=dev),
-    )
-
-
-def moe_reference_fp32(experts: MXFP4Experts, x, ids, w, limit=None) -> torch.Tensor:
-    """fp32 reference from the selected experts only (no full-size dequantization)."""
-    flat = ids.reshape(-1)
-    gu = dequantize_mxfp4(experts.gate_up[flat], experts.gate_up_scale[flat])  # [a, 2I, H]
-    dn = dequantize_mxfp4(experts.down[flat], experts.down_scale[flat])  # [a, H, I]
-    k = ids.shape[1]
-    i = gu.shape[1] // 2
-    h = torch.einsum("ah,aoh->ao", x.float().repeat_interleave(k, 0), gu)
-    act = swiglu(h[:, :i], h[:, i:], limit)
-    y = torch.einsum("ai,ahi->ah", act, dn).view(ids.shape[0], k, -1)
-    return (y * w[..., None].float()).sum(1)
-
-
 @pytest.fixture(scope="module")
 def cuda_experts():
     if INTERPRET or not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    return random_mxfp4_experts_cuda()
+    return random_mxfp4_experts(E, H, I)
 
 
 @gpu

@@ -45,7 +45,6 @@
 #define MAX_ITEMS ((MAX_DN * DN_WARPS + DOWN_WORKERS - 1) / DOWN_WORKERS)  // (down tile, K slice) items per warp
 #define STAGE_PIECES ((I / 2 + DOWN_WORKERS * 32 - 1) / (DOWN_WORKERS * 32))  // 16-byte pieces per lane per pair
 #define BAR_STAGED 8                    // a slot pair's activations are in shared memory (and all current)
-#define DN_TILE_BYTES (TOPK * DN_SLOT_BYTES)
 #define ROW_WORDS (2 + MAX_GU + MAX_DN + MAX_GU + PAIRS)
 #define NUM_BARS (MAX_GU + PAIRS)
 #define BAR_FULL0 9                     // named barriers 9.. : gate_up tile i's partials ready (one buffer each)
@@ -95,12 +94,6 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void *src, u32 bytes, u
                  "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 #endif
-}
-
-__device__ __forceinline__ u32 ld_cg(const u32 *p) {
-    u32 v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
 }
 
 __device__ __forceinline__ uint4 ld_cg4(const u32 *p) {
