@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from solo.engine.engine import Engine, GenerationParams
+from solo.kernels.moe import TorchMoE
+from solo.model.moe import SparseMoE
 from solo.preflight.checks import ACTIVE, FAILED, UnknownEnvironment, check_environment, run_preflight
 from solo.quantization.convert import quantize_checkpoint
 from solo.quantization.lm_head import DenseHead
@@ -124,7 +126,7 @@ def test_check_fails_when_speculation_does_not_pay(tiny_checkpoints):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
-@pytest.mark.parametrize("backend", ["triton", "humming"])
+@pytest.mark.parametrize("backend", ["triton", "humming", "cuda"])
 def test_gpu_backend_on_cpu_fails_loudly(fp4_tiny, backend):
     proc = solo("generate", "--model", str(fp4_tiny), "--moe-backend", backend, "--max-tokens", "2", "hi")
     assert proc.returncode != 0 and f"--moe-backend {backend}" in proc.stderr and "Traceback" not in proc.stderr
@@ -153,6 +155,46 @@ def test_check_reports_backend_that_actually_ran(tiny_checkpoints):
     assert asked_other["moe_backend"].status == FAILED  # the experts ran on torch, not triton
     wrong_head = by_name(run_preflight(engine, "torch", "fp8", speculative=False))
     assert wrong_head["lm_head"].status == FAILED
+
+
+class _DecodeKernelBackend(TorchMoE):
+    """The torch reference dressed as a backend with a dedicated one-token kernel (like --moe-backend
+    cuda); ``falls_back`` makes its one-token calls take the multi-token path instead."""
+
+    name = "cuda"
+
+    def __init__(self, inner: TorchMoE, falls_back: bool) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.falls_back = falls_back
+        self.path_calls = {"gemv": 0, "tensor_core": 0, "persistent": 0}
+
+    def decode_path(self) -> str:
+        return "persistent"
+
+    def uses_gemv(self, tokens: int) -> bool:
+        return tokens <= 8
+
+    def uses_f16_prefill(self) -> bool:
+        return True
+
+    def forward(self, x, topk_ids, topk_weights):
+        t = topk_ids.shape[0]
+        one_token_kernel = t == 1 and not self.falls_back
+        self.path_calls["persistent" if one_token_kernel else "gemv" if self.uses_gemv(t) else "tensor_core"] += 1
+        return super().forward(x, topk_ids, topk_weights)
+
+
+@pytest.mark.parametrize("falls_back", [False, True])
+def test_check_catches_a_decode_step_that_skipped_its_kernel(tiny_checkpoints, falls_back):
+    engine = Engine.from_pretrained(tiny_checkpoints["b"][0], lm_head="fp32")
+    for module in engine.model.modules():
+        if isinstance(module, SparseMoE):
+            module.experts = _DecodeKernelBackend(module.experts, falls_back)
+    check = by_name(run_preflight(engine, "cuda", "fp32", speculative=False))["moe_backend"]
+    if falls_back:
+        assert check.status == FAILED and "did not run the persistent kernels" in check.reason
+    else:
+        assert check.status == ACTIVE and check.evidence["persistent_calls"] >= 1
 
 
 def test_watchdog_warns_when_accept_length_stays_low(tiny_checkpoints, caplog):
