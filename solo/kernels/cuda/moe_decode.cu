@@ -184,7 +184,7 @@ __device__ __forceinline__ void stage_issue(uint4 *ahead, const u32 *copy, int p
         if (stage_piece(d, lane, k) < I / 2) ahead[k] = ld_cg4(copy + 2 * p * I + 4 * stage_piece(d, lane, k));
 }
 
-// Check the tags of the pieces loaded for pair p (every down warp at once); store their fp16 halves
+// Check the tags of the pieces loaded for pair p (all DOWN_WORKERS warps at once); store their fp16 halves
 // to shared memory, or load again until this launch's values are all there.
 __device__ __forceinline__ void stage_finish(uint4 *ahead, const u32 *copy, int p, int d, int lane, u32 tag,
                                              uint4 *act_h) {
