@@ -25,6 +25,7 @@ from solo.bench.kernels import Shapes, Timer, random_experts, routing_sets  # no
 from solo.kernels.cuda_moe import PersistentDecodeMoE  # noqa: E402
 from solo.kernels.cuda_moe_plan import DecodeKernelConfig  # noqa: E402
 from solo.kernels.moe import MXFP4Experts  # noqa: E402
+from solo.kernels.triton_moe import TritonMoE  # noqa: E402
 from solo.testing.moe import moe_reference_fp32  # noqa: E402
 
 
@@ -52,7 +53,7 @@ def check(moe: PersistentDecodeMoE, experts: MXFP4Experts, dev, log, top_k=8, li
         x = torch.randn((1, moe.hidden), device=dev).to(torch.bfloat16)
         out = torch.full((1, moe.hidden), float("nan"), dtype=torch.bfloat16, device=dev)  # poisoned
         moe.forward(x, ids, w, out)
-        tri = TritonOnly.forward(moe, x, ids, w)
+        tri = triton_forward(moe, x, ids, w)
         ref = moe_reference_fp32(experts, x, ids, w, limit)
         e_p, e_t = rel(out, ref), rel(tri, ref)
         log(f"  check {trial}: rel err persistent {e_p:.2e}, triton {e_t:.2e}, nan={bool(out.isnan().any())}")
@@ -71,12 +72,9 @@ def check(moe: PersistentDecodeMoE, experts: MXFP4Experts, dev, log, top_k=8, li
     log("  graph replays equal eager")
 
 
-class TritonOnly:
-    @staticmethod
-    def forward(moe, x, ids, w):
-        from solo.kernels.triton_moe import TritonMoE
-
-        return TritonMoE.forward(moe, x, ids, w)
+def triton_forward(moe: PersistentDecodeMoE, x, ids, w) -> torch.Tensor:
+    """The same call on the Triton GEMV kernels (the backend's base class), same weights."""
+    return TritonMoE.forward(moe, x, ids, w)
 
 
 def main() -> int:
@@ -143,7 +141,7 @@ def main() -> int:
     data = routing_sets(s, 1, 16, dev)
     results: dict[str, list[float]] = {}
     for r in range(args.rounds):
-        results.setdefault("triton GEMV", []).append(timer([lambda d=d: TritonOnly.forward(moe, *d) for d in data]))
+        results.setdefault("triton GEMV", []).append(timer([lambda d=d: triton_forward(moe, *d) for d in data]))
         for name, kc in variants:
             moe.set_kernel_config(kc)
             results.setdefault(name, []).append(timer([lambda d=d: moe.forward(*d) for d in data]))

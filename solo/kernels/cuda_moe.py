@@ -152,17 +152,10 @@ class PersistentDecodeMoE(TritonMoE):
     ) -> torch.Tensor:
         if topk_ids.shape[0] != 1:
             return super().forward(x, topk_ids, topk_weights, out)
-        if x.shape != (1, self.hidden):
-            raise ValueError(f"x must be [1, {self.hidden}], got {tuple(x.shape)}")
-        if out is None:
-            out = torch.empty((1, self.hidden), dtype=x.dtype, device=x.device)
-        xb = x if x.dtype == torch.bfloat16 and x.is_contiguous() else x.to(torch.bfloat16).contiguous()
-        ids = topk_ids.reshape(-1)
-        if ids.dtype not in (torch.int32, torch.int64) or not ids.is_contiguous():
-            ids = ids.to(torch.int32).contiguous()
-        wts = topk_weights.reshape(-1)
-        if wts.dtype != torch.float32 or not wts.is_contiguous():
-            wts = wts.float().contiguous()
+        out = self._output(x, 1, out)
+        xb, ids, wts = self._operands(x, topk_ids, topk_weights)
+        if xb.data_ptr() % 16:  # the kernel reads x in 16-byte pieces
+            xb = xb.clone()
         target = out if out.dtype == torch.bfloat16 else torch.empty_like(out, dtype=torch.bfloat16)
         self.path_calls["persistent"] += 1
         self.launch_persistent(xb, ids, wts, target)

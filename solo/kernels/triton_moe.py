@@ -182,23 +182,10 @@ class TritonMoE(MoEBackend):
     ) -> torch.Tensor:
         """See MoEBackend.forward; ``out`` ([T, H], x.dtype) may be given to reuse a buffer."""
         t, top_k = topk_ids.shape
-        if x.shape != (t, self.hidden):
-            raise ValueError(f"x must be [{t}, {self.hidden}], got {tuple(x.shape)}")
-        if out is None:
-            out = torch.empty((t, self.hidden), dtype=x.dtype, device=x.device)
-        elif out.shape != (t, self.hidden) or out.stride(-1) != 1:
-            raise ValueError(f"out must be a row-major [{t}, {self.hidden}] tensor")
+        out = self._output(x, t, out)
         if t == 0:
             return out
-        xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
-        if xb.stride(-1) != 1:
-            xb = xb.contiguous()
-        ids = topk_ids.reshape(-1)
-        if ids.dtype not in (torch.int32, torch.int64) or not ids.is_contiguous():
-            ids = ids.to(torch.int32).contiguous()
-        wts = topk_weights.reshape(-1)
-        if wts.dtype != torch.float32 or not wts.is_contiguous():
-            wts = wts.float().contiguous()
+        xb, ids, wts = self._operands(x, topk_ids, topk_weights)
         act = torch.empty((t * top_k, self.inter), dtype=torch.bfloat16, device=x.device)
         if self.uses_gemv(t):
             self.path_calls["gemv"] += 1
@@ -208,6 +195,32 @@ class TritonMoE(MoEBackend):
             self.path_calls["tensor_core"] += 1
             self.launch_grouped(xb, ids, wts, act, out, top_k)
         return out
+
+    def _output(self, x: torch.Tensor, tokens: int, out: torch.Tensor | None) -> torch.Tensor:
+        """Check x against T tokens; the given ``out`` checked, or a new one in x.dtype."""
+        if x.shape != (tokens, self.hidden):
+            raise ValueError(f"x must be [{tokens}, {self.hidden}], got {tuple(x.shape)}")
+        if out is None:
+            return torch.empty((tokens, self.hidden), dtype=x.dtype, device=x.device)
+        if out.shape != (tokens, self.hidden) or out.stride(-1) != 1:
+            raise ValueError(f"out must be a row-major [{tokens}, {self.hidden}] tensor")
+        return out
+
+    @staticmethod
+    def _operands(
+        x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x as bf16 rows, the ids flat (int32 or int64) and the weights flat fp32, copied only if needed."""
+        xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+        if xb.stride(-1) != 1:
+            xb = xb.contiguous()
+        ids = topk_ids.reshape(-1)
+        if ids.dtype not in (torch.int32, torch.int64) or not ids.is_contiguous():
+            ids = ids.to(torch.int32).contiguous()
+        wts = topk_weights.reshape(-1)
+        if wts.dtype != torch.float32 or not wts.is_contiguous():
+            wts = wts.float().contiguous()
+        return xb, ids, wts
 
     def down_split(self, tokens: int, top_k: int) -> int:
         """Programs sharing one token's experts in the GEMV down kernel (static per T; 1 off that path)."""

@@ -192,8 +192,8 @@ __device__ __forceinline__ void stage_finish(uint4 *ahead, const u32 *copy, int 
         bool ok = true;
 #pragma unroll
         for (int k = 0; k < STAGE_PIECES; ++k)
-            ok = ok && (stage_piece(d, lane, k) >= I / 2 || (ahead[k].x >> 16) == tag && (ahead[k].y >> 16) == tag && (ahead[k].z >> 16) == tag &&
-                 (ahead[k].w >> 16) == tag);
+            ok = ok && (stage_piece(d, lane, k) >= I / 2 || ((ahead[k].x >> 16) == tag && (ahead[k].y >> 16) == tag &&
+                                                             (ahead[k].z >> 16) == tag && (ahead[k].w >> 16) == tag));
         u32 all_ok;
         asm volatile(
             "{\n.reg .pred pi, po;\nsetp.ne.u32 pi, %1, 0;\nbar.red.and.pred po, %2, %3, pi;\n"
@@ -236,7 +236,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
            const u32 *__restrict__ dn_words,         // [E, H, I/8]
            const unsigned char *__restrict__ dn_scale,  // [E, H, I/32]
            unsigned short *__restrict__ out,         // [H] bf16
-           u32 *act,                                 // [TOPK, I] tagged fp16 (tag << 16 | bits)
+           u32 *act,                                 // [ACT_COPIES, TOPK, I] tagged fp16 (tag << 16 | bits)
            u32 *launches,                            // launch counter, wraps at NBLOCKS * 65536
            const int *__restrict__ schedule,         // [NBLOCKS, ROW_WORDS]
            float limit,
@@ -318,12 +318,11 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         const u32 tag = (__ldcg(launches) / NBLOCKS) << 16;  // launch counter read before any block bumps it twice
         const float my_wt = lane < TOPK ? __ldcg(wts + lane) : 0.f;  // no global load inside the tile loop
         for (int i = 0; i < n_gu; ++i) {
-            const int buf = i;
-            asm volatile("bar.sync %0, %1;" ::"r"(BAR_FULL0 + buf), "r"((GU_WARPS + 1) * 32) : "memory");
+            asm volatile("bar.sync %0, %1;" ::"r"(BAR_FULL0 + i), "r"((GU_WARPS + 1) * 32) : "memory");
             float v = 0.f;
             if (lane < 16) {
 #pragma unroll
-                for (int w = 0; w < GU_WARPS; ++w) v += sm.gu_part[buf][w][lane];
+                for (int w = 0; w < GU_WARPS; ++w) v += sm.gu_part[i][w][lane];
             }
             const float up = __shfl_down_sync(0xFFFFFFFFu, v, 8);
             const int slot = gu_tile[i] >> 16, r0 = gu_tile[i] & 0xFFFF;
@@ -380,12 +379,11 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     chunk_products(acc, acc1, lo, hi, f_lo, f_hi, xb);
 #pragma unroll
                     for (int q = 0; q < 4; ++q) acc[q] += acc1[q];
-                    const int buf = i;
                     if (t == 0) {
-                        sm.gu_part[buf][warp][g] = (g & 1) ? acc[1] : acc[0];  // (no dynamic register index)
-                        sm.gu_part[buf][warp][g + 8] = (g & 1) ? acc[3] : acc[2];
+                        sm.gu_part[i][warp][g] = (g & 1) ? acc[1] : acc[0];  // (no dynamic register index)
+                        sm.gu_part[i][warp][g + 8] = (g & 1) ? acc[3] : acc[2];
                     }
-                    asm volatile("bar.arrive %0, %1;" ::"r"(BAR_FULL0 + buf), "r"((GU_WARPS + 1) * 32) : "memory");
+                    asm volatile("bar.arrive %0, %1;" ::"r"(BAR_FULL0 + i), "r"((GU_WARPS + 1) * 32) : "memory");
                 }
             }
         }
@@ -393,68 +391,65 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         // ---- down, by every compute warp (the gate_up warps join after their last tile). Item (j, d) =
         // down tile j, K slice d: MMA rows 0-7 are slot 2p, rows 8-15 slot 2p+1, and B column n holds
         // slot 2p + ((n >> 1) & 1).
-        const int dw = warp;
-        {
-            const int bslot = (g >> 1) & 1;
-            const u32 tag = __ldcg(launches) / NBLOCKS;
-            const u32 *copy = act + (blockIdx.x % ACT_COPIES) * TOPK * I;
-            float acc[MAX_ITEMS][4];
+        const int bslot = (g >> 1) & 1;
+        const u32 tag = __ldcg(launches) / NBLOCKS;
+        const u32 *copy = act + (blockIdx.x % ACT_COPIES) * TOPK * I;
+        float acc[MAX_ITEMS][4];
 #pragma unroll
-            for (int k = 0; k < MAX_ITEMS; ++k)
+        for (int k = 0; k < MAX_ITEMS; ++k)
 #pragma unroll
-                for (int q = 0; q < 4; ++q) acc[k][q] = 0.f;
-            // The slot pairs' activations are read by the down workers together (each 16-byte piece
-            // once): pair 0 until it is complete, then every other pair at once (they complete at
-            // about the same time), each checked and, if a tag is stale, read again.
-            uint4 ahead[PAIRS][STAGE_PIECES];
-            if (n_dn) stage_issue(ahead[0], copy, 0, dw, lane);
+            for (int q = 0; q < 4; ++q) acc[k][q] = 0.f;
+        // The slot pairs' activations are read by the down workers together (each 16-byte piece
+        // once): pair 0 until it is complete, then every other pair at once (they complete at
+        // about the same time), each checked and, if a tag is stale, read again.
+        uint4 ahead[PAIRS][STAGE_PIECES];
+        if (n_dn) stage_issue(ahead[0], copy, 0, warp, lane);
 #pragma unroll
-            for (int p = 0; p < PAIRS; ++p) {
-                if (!n_dn) break;  // (more blocks than down tiles: this one has none)
-                stage_finish(ahead[p], copy, p, dw, lane, tag, sm.act_h);
+        for (int p = 0; p < PAIRS; ++p) {
+            if (!n_dn) break;  // (more blocks than down tiles: this one has none)
+            stage_finish(ahead[p], copy, p, warp, lane, tag, sm.act_h);
 #if TRACE
-                if (dw == 0 && lane == 0) trace[blockIdx.x * 16 + 4 + p] = globaltimer();
+            if (warp == 0 && lane == 0) trace[blockIdx.x * 16 + 4 + p] = globaltimer();
 #endif
-                if (p == 0) {
+            if (p == 0) {
 #pragma unroll
-                    for (int q = 1; q < PAIRS; ++q) stage_issue(ahead[q], copy, q, dw, lane);
-                }
-                bar_wait(smem_addr(&sm.bars[MAX_GU + p]));
-                const unsigned char *slot_a = tiles + dn_base + 2 * p * dn_slot;  // slot 2p; slot 2p+1 follows
-#pragma unroll
-                for (int k = 0; k < MAX_ITEMS; ++k) {
-                    const int item = dw + k * DOWN_WORKERS, j = item / DN_WARPS, d = item % DN_WARPS;
-                    if (j < n_dn) {
-                        const int c = 8 * (d >> 1) + t + 4 * ((g ^ d) & 1);
-                        u32 xb[16];
-                        load_b_fragments(xb, sm.act_h, (2 * p + bslot) * (I / 32) + c);
-                        const int r = 8 * j + g;  // row within the block's down rows
-                        const uint4 lo = *reinterpret_cast<const uint4 *>(slot_a + r * (I / 2) + c * 16);
-                        const uint4 hi = *reinterpret_cast<const uint4 *>(slot_a + dn_slot + r * (I / 2) + c * 16);
-                        const unsigned char *sc = slot_a + dn_rows * (I / 2) + r * (I / 32) + c;
-                        const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[dn_slot]);
-                        chunk_products(acc[k], acc[k], lo, hi, f_lo, f_hi, xb);
-                    }
-                }
+                for (int q = 1; q < PAIRS; ++q) stage_issue(ahead[q], copy, q, warp, lane);
             }
-#if TRACE
-            if (dw == 0 && lane == 0) trace[blockIdx.x * 16 + 11] = globaltimer();
-#endif
-            // row g's sum: slot 2p parts in column g&1 (lane t=0), slot 2p+1 parts in column 2+(g&1) (t=1)
+            bar_wait(smem_addr(&sm.bars[MAX_GU + p]));
+            const unsigned char *slot_a = tiles + dn_base + 2 * p * dn_slot;  // slot 2p; slot 2p+1 follows
 #pragma unroll
             for (int k = 0; k < MAX_ITEMS; ++k) {
-                const int item = dw + k * DOWN_WORKERS, j = item / DN_WARPS, d = item % DN_WARPS;
-                const float other = __shfl_down_sync(0xFFFFFFFFu, (g & 1) ? acc[k][3] : acc[k][2], 1);
-                if (j < n_dn && t == 0) sm.dn_part[j][d][g] = ((g & 1) ? acc[k][1] : acc[k][0]) + other;
-            }
-            asm volatile("bar.sync %0, %1;" ::"r"(BAR_DOWN), "r"(DOWN_WORKERS * 32) : "memory");
-            if (dw == 0 && lane < 8) {
-                for (int j = 0; j < n_dn; ++j) {
-                    float s = 0.f;
-#pragma unroll
-                    for (int w = 0; w < DN_WARPS; ++w) s += sm.dn_part[j][w][lane];
-                    out[dn_tile[0] + 8 * j + lane] = float_to_bf16(s);
+                const int item = warp + k * DOWN_WORKERS, j = item / DN_WARPS, d = item % DN_WARPS;
+                if (j < n_dn) {
+                    const int c = 8 * (d >> 1) + t + 4 * ((g ^ d) & 1);
+                    u32 xb[16];
+                    load_b_fragments(xb, sm.act_h, (2 * p + bslot) * (I / 32) + c);
+                    const int r = 8 * j + g;  // row within the block's down rows
+                    const uint4 lo = *reinterpret_cast<const uint4 *>(slot_a + r * (I / 2) + c * 16);
+                    const uint4 hi = *reinterpret_cast<const uint4 *>(slot_a + dn_slot + r * (I / 2) + c * 16);
+                    const unsigned char *sc = slot_a + dn_rows * (I / 2) + r * (I / 32) + c;
+                    const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[dn_slot]);
+                    chunk_products(acc[k], acc[k], lo, hi, f_lo, f_hi, xb);
                 }
+            }
+        }
+#if TRACE
+        if (warp == 0 && lane == 0) trace[blockIdx.x * 16 + 11] = globaltimer();
+#endif
+        // row g's sum: slot 2p parts in column g&1 (lane t=0), slot 2p+1 parts in column 2+(g&1) (t=1)
+#pragma unroll
+        for (int k = 0; k < MAX_ITEMS; ++k) {
+            const int item = warp + k * DOWN_WORKERS, j = item / DN_WARPS, d = item % DN_WARPS;
+            const float other = __shfl_down_sync(0xFFFFFFFFu, (g & 1) ? acc[k][3] : acc[k][2], 1);
+            if (j < n_dn && t == 0) sm.dn_part[j][d][g] = ((g & 1) ? acc[k][1] : acc[k][0]) + other;
+        }
+        asm volatile("bar.sync %0, %1;" ::"r"(BAR_DOWN), "r"(DOWN_WORKERS * 32) : "memory");
+        if (warp == 0 && lane < 8) {
+            for (int j = 0; j < n_dn; ++j) {
+                float s = 0.f;
+#pragma unroll
+                for (int w = 0; w < DN_WARPS; ++w) s += sm.dn_part[j][w][lane];
+                out[dn_tile[0] + 8 * j + lane] = float_to_bf16(s);
             }
         }
     }
