@@ -1,7 +1,10 @@
 """A/B of the one-token MoE on the GPU: the persistent CUDA kernel (--moe-backend cuda) and its
 variants against the Triton GEMV path and Humming, timed in the same run, with correctness checks.
 
-    python3 scripts/cuda_moe_ab.py [--rounds 3] [--variants "order=gate_up_first;evict_first=1"] [--trace]
+    python3 scripts/cuda_moe_ab.py [--rounds 3] [--variants "order=gate_up_first;evict_first=1"]
+        [--trace "spec;probe=copy_only"] [--trace-out prefix]
+
+Probes (DecodeKernelConfig.probe) time parts of the kernel and give wrong results by design.
 
 Timing is the kernel benchmark's (solo.bench.kernels.Timer): 16 routings over disjoint experts
 captured in one CUDA graph (400 MB of experts per replay, so L2 cannot hold them), median replay / 16.
@@ -81,8 +84,8 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--variants", default="")
-    p.add_argument("--trace", nargs="?", const="", default=None, help="variant spec to trace (default: base)")
-    p.add_argument("--trace-out", default="", help="save the raw per-block stamps and the schedule here")
+    p.add_argument("--trace", nargs="?", const="", default=None, help="';'-separated variants to trace")
+    p.add_argument("--trace-out", default="", help="save raw stamps to PREFIX.i.pt")
     p.add_argument("--no-humming", action="store_true")
     p.add_argument("--checks-only", action="store_true")
     args = p.parse_args()
@@ -126,6 +129,9 @@ def main() -> int:
     variants = parse_variants(args.variants)
     for name, kc in variants[1:]:
         moe.set_kernel_config(kc)
+        if kc.probe:
+            log(f"{name}: a probe (wrong results by design), timing only")
+            continue
         log(f"checks {name}:")
         check(moe, experts, dev, log)
     hum = None
@@ -153,32 +159,76 @@ def main() -> int:
         log(f"  {k:48s} {statistics.median(v):7.2f}   [{', '.join(f'{t:.2f}' for t in v)}]")
 
     if args.trace is not None:
-        traced = parse_variants(args.trace)[-1][1]
-        moe.set_kernel_config(dataclasses.replace(traced, trace=True))
-        log(f"trace of {traced}")
-        moe.forward(*data[0])  # compile before capture
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for d in data:
-                moe.forward(*d)
-        g.replay()
-        g.replay()
-        torch.cuda.synchronize()
-        tr = moe.trace.cpu()
-        if args.trace_out:
-            sched = moe.kernel_for(8, True)[1]
-            torch.save({"trace": tr, "table": sched.table, "block_bytes": sched.block_bytes}, args.trace_out)
-        start = tr[:, 0].min()
-        rel_t = (tr - start).float() / 1000.0
-        log("trace of the last op (us from the first block's start): min, median, max over blocks")
-        names = ["start", "end", "first gate_up tile landed", "last gate_up tile published"]
-        names += [f"act of slot pair {p} read" for p in range(4)]
-        names += ["producer issued all copies", "(unused)", "last gate_up tile landed"]
-        names += ["down products done"]
-        for col in (0, 2, 10, 3, 4, 5, 6, 7, 8, 11, 1):
-            c = rel_t[:, col]
-            log(f"  {names[col]:30s}: {c.min():.2f} {c.median():.2f} {c.max():.2f}")
+        specs = [v.strip() for v in args.trace.split(";")] if args.trace else [""]
+        for i, spec in enumerate(specs):
+            traced = parse_variants(spec)[-1][1]
+            out = f"{args.trace_out}.{i}.pt" if args.trace_out else ""
+            trace_report(moe, dataclasses.replace(traced, trace=True), data, log, out)
     return 0
+
+
+TRACE_ROWS = [  # (slot in moe_decode.cu's trace rows, what it stamps)
+    (0, "block start"),
+    (13, "previous launch complete (griddepcontrol.wait)"),
+    (9, "expert ids read"),
+    (2, "first gate_up tile landed"),
+    (8, "producer issued all copies"),
+    (10, "last gate_up tile landed"),
+    (3, "last gate_up tile published"),
+    (4, "act of slot pair 0 staged"),
+    (5, "act of slot pair 1 staged"),
+    (6, "act of slot pair 2 staged"),
+    (7, "act of slot pair 3 staged"),
+    (11, "down products done"),
+    (1, "block end"),
+]
+
+
+def trace_report(moe: PersistentDecodeMoE, kc: DecodeKernelConfig, data, log, out: str) -> None:
+    """Per-block globaltimer stamps of the last of 16 graph-captured calls (and the gap after the one before)."""
+    moe.set_kernel_config(kc)
+    moe.trace.zero_()
+    moe.forward(*data[0])  # compile before capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for d in data:
+            moe.forward(*d)
+    g.replay()
+    g.replay()
+    torch.cuda.synchronize()
+    tr = moe.trace.cpu()
+    last = int(tr[1, :, 1].max() > tr[0, :, 1].max())
+    cur, prev = tr[last], tr[1 - last]
+    sched = moe.kernel_for(8, True)[1]
+    if out:
+        torch.save({"trace": tr, "last": last, "table": sched.table, "block_bytes": sched.block_bytes}, out)
+    start = cur[:, 0].min()
+    rel_t = (cur - start).double() / 1000.0
+    log(f"trace of {kc}")
+    log(f"  previous launch's last block ended {(prev[:, 1].max() - start) / 1000.0:+.2f} us from this one's start")
+    log("  us from the first block's start: min, median, max over blocks")
+    for col, name in TRACE_ROWS:
+        c = rel_t[:, col]
+        if bool((cur[:, col] == 0).all()):
+            continue
+        log(f"  {name:48s}: {c.min():6.2f} {c.median():6.2f} {c.max():6.2f}")
+    groups = sched.table[:, 0] + (sched.table[:, 1] > 0) * 4
+    for q in range(int(groups.max())):
+        have = groups > q
+        c = rel_t[have, 16 + q]
+        name = f"copy group {q} complete ({int(have.sum())} blocks)"
+        log(f"  {name:48s}: {c.min():6.2f} {c.median():6.2f} {c.max():6.2f}")
+    nb = torch.tensor(sched.block_bytes, dtype=torch.float64)
+    end = rel_t[:, 1]
+    for n_dn in sorted(set(sched.table[:, 1].tolist())):
+        m = sched.table[:, 1] == n_dn
+        log(
+            f"  blocks with {n_dn} down tiles: {int(m.sum())}, bytes {int(nb[m].min())}..{int(nb[m].max())}, "
+            f"end median {end[m].median():.2f} max {end[m].max():.2f}"
+        )
+    land = rel_t[:, 16 : 16 + int(groups.max())].max(dim=1).values
+    corr = torch.corrcoef(torch.stack([land, nb]))[0, 1]
+    log(f"  correlation of the last copy's landing with block bytes: {corr:.2f}")
 
 
 if __name__ == "__main__":

@@ -69,6 +69,12 @@ def test_schedule_rejects_an_unknown_order():
         decode_schedule(4, 256, 256, 2, order="random")
 
 
+def test_kernel_probes_are_named():
+    assert DecodeKernelConfig().probe_code == 0 and DecodeKernelConfig(probe="copy_only").probe_code == 1
+    with pytest.raises(ValueError, match="probe must be one of"):
+        _ = DecodeKernelConfig(probe="fast").probe_code
+
+
 def test_cuda_backend_on_cpu_is_a_clear_error():
     e, h, i = 4, 256, 256
     experts = MXFP4Experts(
@@ -114,7 +120,7 @@ def experts():  # (only GPU tests, all marked needs_hopper, use it)
     [
         (None, torch.int64, 8, DecodeKernelConfig()),
         (7.0, torch.int32, 6, DecodeKernelConfig(order="need", act_copies=1, evict_first=False)),
-        (0.5, torch.int64, 8, DecodeKernelConfig(cooperative=False)),
+        (0.5, torch.int64, 8, DecodeKernelConfig(cooperative=False, trace=True)),  # the trace build: same results
         (None, torch.int32, 2, DecodeKernelConfig(dependent_launch=False, poll_ns=0)),
     ],
 )
@@ -134,6 +140,9 @@ def test_gpu_persistent_matches_reference(experts, limit, id_dtype, top_k, kc):
         assert rel_err(out, ref) <= 1e-2
         gemv = TritonMoE.forward(moe, x, ids, w)  # the Triton GEMV kernels on the same weights
         assert rel_err(out, gemv.float()) <= 1e-2
+    if kc.trace:  # both launch parities stamped, each block's end after its start
+        tr = moe.trace.cpu()
+        assert bool((tr[:, :, 1] > tr[:, :, 0]).all()) and bool((tr[:, :, 0] > 0).all())
 
 
 @pytest.mark.gpu

@@ -89,7 +89,8 @@ class PersistentDecodeMoE(TritonMoE):
         self._act = torch.full((MAX_ACT_COPIES * 8 * self.inter,), -1, dtype=torch.int32, device=self.device)
         self._launches = torch.zeros(1, dtype=torch.int32, device=self.device)
         self.blocks = torch.cuda.get_device_properties(self.device).multi_processor_count
-        self.trace = torch.zeros((self.blocks, 16), dtype=torch.int64, device=self.device)
+        # per-block globaltimer stamps of the last two launches (DecodeKernelConfig.trace; moe_decode.cu T_*)
+        self.trace = torch.zeros((2, self.blocks, 32), dtype=torch.int64, device=self.device)
 
     def decode_path(self) -> str:
         return "persistent"
@@ -125,6 +126,7 @@ class PersistentDecodeMoE(TritonMoE):
             "TRACE": int(kc.trace),
             "POLL_NS": kc.poll_ns,
             "ACT_COPIES": kc.act_copies,
+            "PROBE": kc.probe_code,
         }
         kernel = CudaKernel(SOURCE, "moe_decode", defines, self.device)
         _BUILT.append({"seconds": kernel.compile.seconds, "cached": kernel.compile.cached, "path": kernel.compile.path})
@@ -136,7 +138,7 @@ class PersistentDecodeMoE(TritonMoE):
                 f"({self.blocks} SMs); this GPU allows {limit}. Use --moe-backend triton."
             )
         kernel.set_shared_bytes(shared)
-        threads = 32 * (self.hidden // 128 + self.inter // 128 + 2)
+        threads = 32 * (self.hidden // 128 + self.inter // 128 + 2 + int(kc.trace))  # + observer warp
         if kernel.max_blocks_per_sm(threads, shared) < 1:
             raise RuntimeError("the persistent decode kernel does not fit on an SM here; use --moe-backend triton")
         entry = (kernel, sched, sched.table.to(self.device), threads)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 
 ORDERS = ("gate_up_first", "need")
+# kernel probes (moe_decode.cu PROBE): "" none, then copies only, no scale copies, no activation exchange
+PROBES = ("", "copy_only", "no_scales", "no_exchange")
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,13 @@ class DecodeKernelConfig:
     cooperative: bool = True  # ask the driver to guarantee all blocks resident
     trace: bool = False  # per-block globaltimer stamps (diagnostics)
     act_copies: int = 8  # copies of the activations in global memory (reads spread over more L2 slices)
+    probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
+
+    @property
+    def probe_code(self) -> int:
+        if self.probe not in PROBES:
+            raise ValueError(f"probe must be one of {', '.join(map(repr, PROBES))}, got {self.probe!r}")
+        return PROBES.index(self.probe)
 
 
 @dataclass(frozen=True)

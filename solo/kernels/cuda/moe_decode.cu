@@ -33,7 +33,27 @@
 #define PAIRS (TOPK / 2)
 #define PRODUCER (GU_WARPS + DN_WARPS)
 #define PUBLISHER (PRODUCER + 1)
-#define NWARPS (PUBLISHER + 1)
+#define OBSERVER (PUBLISHER + 1)        // TRACE only: stamps each copy group's arrival
+#define NWARPS (PUBLISHER + 1 + (TRACE ? 1 : 0))
+// PROBE (diagnostics, wrong results, timing only): 1 copies only (no products), 2 no scale copies,
+// 3 no activation exchange (each block reads the activations once, whatever their tags)
+#ifndef PROBE
+#define PROBE 0
+#endif
+// trace row slots (TRACE): [launch parity][block][TRACE_SLOTS] globaltimer stamps
+#define TRACE_SLOTS 32
+#define T_START 0
+#define T_END 1
+#define T_FIRST_GU 2
+#define T_PUBLISHED 3
+#define T_PAIR0 4                       // 4..7: slot pair p's activations staged
+#define T_ISSUED 8
+#define T_IDS 9
+#define T_LAST_GU 10
+#define T_DOWN_DONE 11
+#define T_SMID 12
+#define T_WAITED 13
+#define T_GROUP0 16                     // 16.. : copy group q (issue order) complete
 #define GU_WORD_BYTES (4 * H)           // 8 rows of H/2 bytes (gate, then up)
 #define DN_WORD_BYTES (4 * I)           // 8 rows of I/2 bytes
 // Scale rows are copied right after their tile's words (plain loads of them, issued before or after
@@ -194,6 +214,9 @@ __device__ __forceinline__ void stage_finish(uint4 *ahead, const u32 *copy, int 
         for (int k = 0; k < STAGE_PIECES; ++k)
             ok = ok && (stage_piece(d, lane, k) >= I / 2 || ((ahead[k].x >> 16) == tag && (ahead[k].y >> 16) == tag &&
                                                              (ahead[k].z >> 16) == tag && (ahead[k].w >> 16) == tag));
+#if PROBE == 3
+        ok = true;
+#endif
         u32 all_ok;
         asm volatile(
             "{\n.reg .pred pi, po;\nsetp.ne.u32 pi, %1, 0;\nbar.red.and.pred po, %2, %3, pi;\n"
@@ -240,7 +263,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
            u32 *launches,                            // launch counter, wraps at NBLOCKS * 65536
            const int *__restrict__ schedule,         // [NBLOCKS, ROW_WORDS]
            float limit,
-           u64 *trace)                               // [NBLOCKS, 16] globaltimer stamps (TRACE only)
+           u64 *trace)                               // [2, NBLOCKS, TRACE_SLOTS] globaltimer stamps (TRACE only)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Smem &sm = *reinterpret_cast<Smem *>(smem_raw);
@@ -269,10 +292,17 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
     // Everything above is independent of the previous kernel; the routing, x and the
     // activation buffer are not.
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#if TRACE
+    u64 *trow = trace + ((__ldcg(launches) / NBLOCKS & 1) * NBLOCKS + blockIdx.x) * TRACE_SLOTS;
+    if (threadIdx.x == 0) trow[T_WAITED] = globaltimer();
+#endif
 
     if (warp == PRODUCER) {
         if (lane < TOPK) sm.experts[lane] = __ldcg(ids + lane);
         __syncwarp();
+#if TRACE
+        if (lane == 0) trow[T_IDS] = globaltimer();
+#endif
         const expert_id_t *e = sm.experts;
         if (lane == 0) {
             u64 policy = 0;
@@ -287,18 +317,21 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     const u32 bar = smem_addr(&sm.bars[i]);
                     const u32 dst = smem_addr(tiles + i * GU_TILE_BYTES);
                     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                                 "r"(GU_TILE_BYTES)
+                                 "r"(PROBE == 2 ? 2 * GU_WORD_BYTES : GU_TILE_BYTES)
                                  : "memory");
                     const u32 *src = gu_words + ((size_t)e[slot] * 2 * I + r0) * (H / 8);
                     bulk_copy(dst, src, GU_WORD_BYTES, bar, policy);
                     bulk_copy(dst + GU_WORD_BYTES, src + (size_t)I * (H / 8), GU_WORD_BYTES, bar, policy);
+#if PROBE != 2
                     const unsigned char *ssrc = gu_scale + ((size_t)e[slot] * 2 * I + r0) * (H / 32);
                     bulk_copy(dst + 2 * GU_WORD_BYTES, ssrc, H / 4, bar, policy);
                     bulk_copy(dst + 2 * GU_WORD_BYTES + H / 4, ssrc + (size_t)I * (H / 32), H / 4, bar, policy);
+#endif
                 } else {
                     const int p = code - MAX_GU;  // slot pair p's down rows, all of the block's tiles
                     const u32 bar = smem_addr(&sm.bars[MAX_GU + p]);
-                    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(2 * dn_slot)
+                    const u32 dn_bytes = PROBE == 2 ? 2 * dn_rows * (I / 2) : 2 * dn_slot;
+                    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(dn_bytes)
                                  : "memory");
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
@@ -306,14 +339,38 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                         const u32 dst = smem_addr(tiles + dn_base + slot * dn_slot);
                         const size_t first = (size_t)e[slot] * H + dn_tile[0];
                         bulk_copy(dst, dn_words + first * (I / 8), dn_rows * (I / 2), bar, policy);
+#if PROBE != 2
                         bulk_copy(dst + dn_rows * (I / 2), dn_scale + first * (I / 32), dn_rows * (I / 32), bar, policy);
+#endif
                     }
                 }
             }
 #if TRACE
-            trace[blockIdx.x * 16 + 8] = globaltimer();
+            trow[T_ISSUED] = globaltimer();
 #endif
         }
+#if TRACE
+    } else if (warp == OBSERVER) {
+        if (lane == 0) {
+            const int groups = n_gu + (n_dn ? PAIRS : 0);
+            for (int q = 0; q < groups; ++q) {
+                bar_wait(smem_addr(&sm.bars[order[q]]));  // (group code = barrier index)
+                trow[T_GROUP0 + q] = globaltimer();
+            }
+        }
+#endif
+#if PROBE == 1
+    } else {  // copies only: wait for every group, compute nothing
+        if (warp == 0 && lane == 0) {
+            for (int i = 0; i < n_gu; ++i) bar_wait(smem_addr(&sm.bars[i]));
+            for (int p = 0; p < PAIRS; ++p)
+                if (n_dn) bar_wait(smem_addr(&sm.bars[MAX_GU + p]));
+#if TRACE
+            trow[T_DOWN_DONE] = globaltimer();
+#endif
+        }
+    }
+#else
     } else if (warp == PUBLISHER) {
         const u32 tag = (__ldcg(launches) / NBLOCKS) << 16;  // launch counter read before any block bumps it twice
         const float my_wt = lane < TOPK ? __ldcg(wts + lane) : 0.f;  // no global load inside the tile loop
@@ -345,7 +402,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                              : "memory");
         }
 #if TRACE
-        if (lane == 0) trace[blockIdx.x * 16 + 3] = globaltimer();
+        if (lane == 0) trow[T_PUBLISHED] = globaltimer();
 #endif
     } else {  // compute warps
         if (warp < GU_WARPS) {
@@ -367,8 +424,8 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 if (i < n_gu) {
                     bar_wait(smem_addr(&sm.bars[i]));
 #if TRACE
-                    if (i == 0 && warp == 0 && lane == 0) trace[blockIdx.x * 16 + 2] = globaltimer();
-                    if (i == n_gu - 1 && warp == 0 && lane == 0) trace[blockIdx.x * 16 + 10] = globaltimer();
+                    if (i == 0 && warp == 0 && lane == 0) trow[T_FIRST_GU] = globaltimer();
+                    if (i == n_gu - 1 && warp == 0 && lane == 0) trow[T_LAST_GU] = globaltimer();
 #endif
                     const unsigned char *tile = tiles + i * GU_TILE_BYTES + c * 16 + g * (H / 2);
                     const uint4 lo = *reinterpret_cast<const uint4 *>(tile);
@@ -409,7 +466,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             if (!n_dn) break;  // (more blocks than down tiles: this one has none)
             stage_finish(ahead[p], copy, p, warp, lane, tag, sm.act_h);
 #if TRACE
-            if (warp == 0 && lane == 0) trace[blockIdx.x * 16 + 4 + p] = globaltimer();
+            if (warp == 0 && lane == 0) trow[T_PAIR0 + p] = globaltimer();
 #endif
             if (p == 0) {
 #pragma unroll
@@ -434,7 +491,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             }
         }
 #if TRACE
-        if (warp == 0 && lane == 0) trace[blockIdx.x * 16 + 11] = globaltimer();
+        if (warp == 0 && lane == 0) trow[T_DOWN_DONE] = globaltimer();
 #endif
         // row g's sum: slot 2p parts in column g&1 (lane t=0), slot 2p+1 parts in column 2+(g&1) (t=1)
 #pragma unroll
@@ -453,15 +510,16 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             }
         }
     }
+#endif  // PROBE == 1
     __syncthreads();
     if (threadIdx.x == 0) {
         atomicInc(launches, NBLOCKS * 65536u - 1u);
 #if TRACE
         u32 smid;
         asm("mov.u32 %0, %%smid;" : "=r"(smid));
-        trace[blockIdx.x * 16 + 12] = smid;
-        trace[blockIdx.x * 16 + 0] = t0;
-        trace[blockIdx.x * 16 + 1] = globaltimer();
+        trow[T_SMID] = smid;
+        trow[T_START] = t0;
+        trow[T_END] = globaltimer();
 #endif
     }
 }
