@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from solo.bench.kernels import Shapes, Timer, random_experts, routing_sets  # noqa: E402
+from solo.kernels import cuda_moe  # noqa: E402
 from solo.kernels.cuda_moe import PersistentDecodeMoE  # noqa: E402
 from solo.kernels.cuda_moe_plan import DecodeKernelConfig  # noqa: E402
 from solo.kernels.moe import MXFP4Experts  # noqa: E402
@@ -86,6 +87,7 @@ def main() -> int:
     p.add_argument("--variants", default="")
     p.add_argument("--trace", nargs="?", const="", default=None, help="';'-separated variants to trace")
     p.add_argument("--trace-out", default="", help="save raw stamps to PREFIX.i.pt")
+    p.add_argument("--baseline-source", default="", help="also time this moe_decode.cu (an earlier build, same ABI)")
     p.add_argument("--no-humming", action="store_true")
     p.add_argument("--checks-only", action="store_true")
     args = p.parse_args()
@@ -145,9 +147,21 @@ def main() -> int:
             log(f"humming unavailable: {type(exc).__name__}: {exc}")
     timer = Timer(dev)
     data = routing_sets(s, 1, 16, dev)
+    source = cuda_moe.SOURCE
+    if args.baseline_source:
+        cuda_moe.SOURCE = Path(args.baseline_source)
+        moe.set_kernel_config(DecodeKernelConfig())
+        log("checks (baseline source):")
+        check(moe, experts, dev, log)
+        cuda_moe.SOURCE = source
     results: dict[str, list[float]] = {}
     for r in range(args.rounds):
         results.setdefault("triton GEMV", []).append(timer([lambda d=d: triton_forward(moe, *d) for d in data]))
+        if args.baseline_source:
+            cuda_moe.SOURCE = Path(args.baseline_source)
+            moe.set_kernel_config(DecodeKernelConfig())
+            results.setdefault("baseline source", []).append(timer([lambda d=d: moe.forward(*d) for d in data]))
+            cuda_moe.SOURCE = source
         for name, kc in variants:
             moe.set_kernel_config(kc)
             results.setdefault(name, []).append(timer([lambda d=d: moe.forward(*d) for d in data]))

@@ -51,7 +51,7 @@ def _shared_bytes(sched: DecodeSchedule, hidden: int, inter: int, top_k: int) ->
     bars = sched.max_gate_up + top_k // 2
     partials = sched.max_gate_up * gu_warps * 16 * 4 + sched.max_down * dn_warps * 8 * 4
     staged_act = top_k * inter * 2
-    header = bars * 8 + 8 * 8 + 16 + staged_act + partials
+    header = bars * 8 + 8 * 8 + 16 + 2 * hidden + staged_act + partials  # (+ launch number and padding, x)
     return (header + 127) // 128 * 128 + sched.most_bytes + SHARED_MEMORY_SLACK
 
 
@@ -127,6 +127,7 @@ class PersistentDecodeMoE(TritonMoE):
             "POLL_NS": kc.poll_ns,
             "ACT_COPIES": kc.act_copies,
             "PROBE": kc.probe_code,
+            "REFRESH_PENDING": int(kc.refresh_pending),
         }
         kernel = CudaKernel(SOURCE, "moe_decode", defines, self.device)
         _BUILT.append({"seconds": kernel.compile.seconds, "cached": kernel.compile.cached, "path": kernel.compile.path})

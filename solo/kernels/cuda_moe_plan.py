@@ -25,6 +25,7 @@ class DecodeKernelConfig:
     cooperative: bool = True  # ask the driver to guarantee all blocks resident
     trace: bool = False  # per-block globaltimer stamps (diagnostics)
     act_copies: int = 8  # copies of the activations in global memory (reads spread over more L2 slices)
+    refresh_pending: bool = True  # each poll round reloads the stale activations of every pair not yet staged
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property

@@ -72,6 +72,11 @@
 #error "at most 7 gate_up tiles per block (named barriers 9..15)"
 #endif
 #define BAR_DOWN 5                      // down partials ready
+#define BAR_INPUTS 6                    // x and the launch number are in shared memory
+#define INPUT_THREADS ((GU_WARPS + DN_WARPS + 1) * 32)  // the compute warps and the publisher
+#ifndef REFRESH_PENDING
+#define REFRESH_PENDING 1
+#endif
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -85,6 +90,8 @@ typedef int expert_id_t;
 struct __align__(16) Smem {
     u64 bars[NUM_BARS];
     expert_id_t experts[8];
+    u32 launch;                 // the launch number (read once per block: every warp reading it was an L2 hot spot)
+    uint4 x[H / 8];             // the token's activations, bf16 (read once per block, not once per warp)
     uint4 act_h[TOPK * I / 8];  // all slots' activations in fp16, 16-byte units swizzled (act_unit)
     float gu_part[MAX_GU][GU_WARPS][16];
     float dn_part[MAX_DN][DN_WARPS][8];
@@ -204,16 +211,36 @@ __device__ __forceinline__ void stage_issue(uint4 *ahead, const u32 *copy, int p
         if (stage_piece(d, lane, k) < I / 2) ahead[k] = ld_cg4(copy + 2 * p * I + 4 * stage_piece(d, lane, k));
 }
 
+__device__ __forceinline__ bool piece_current(uint4 v, u32 tag) {
+    return (v.x >> 16) == tag && (v.y >> 16) == tag && (v.z >> 16) == tag && (v.w >> 16) == tag;
+}
+
+// Load again the pieces of pair p whose tags are stale (a current value stays current).
+__device__ __forceinline__ void stage_refresh(uint4 *ahead, const u32 *copy, int p, int d, int lane, u32 tag) {
+#pragma unroll
+    for (int k = 0; k < STAGE_PIECES; ++k)
+        if (stage_piece(d, lane, k) < I / 2 && !piece_current(ahead[k], tag))
+            ahead[k] = ld_cg4(copy + 2 * p * I + 4 * stage_piece(d, lane, k));
+}
+
+// The stale pieces of every pair after p, so that each poll round brings all of them up to date
+// (REFRESH_PENDING; otherwise only pair p is polled and the later pairs wait their turn).
+__device__ __forceinline__ void refresh_later(uint4 (*ahead)[STAGE_PIECES], const u32 *copy, int p, int d, int lane,
+                                              u32 tag) {
+#pragma unroll
+    for (int q = 0; q < PAIRS; ++q)
+        if (q > p) stage_refresh(ahead[q], copy, q, d, lane, tag);
+}
+
 // Check the tags of the pieces loaded for pair p (all DOWN_WORKERS warps at once); store their fp16 halves
 // to shared memory, or load again until this launch's values are all there.
-__device__ __forceinline__ void stage_finish(uint4 *ahead, const u32 *copy, int p, int d, int lane, u32 tag,
-                                             uint4 *act_h) {
+__device__ __forceinline__ void stage_finish(uint4 (*pending)[STAGE_PIECES], const u32 *copy, int p, int d, int lane,
+                                             u32 tag, uint4 *act_h) {
+    uint4 *ahead = pending[p];
     for (;;) {
         bool ok = true;
 #pragma unroll
-        for (int k = 0; k < STAGE_PIECES; ++k)
-            ok = ok && (stage_piece(d, lane, k) >= I / 2 || ((ahead[k].x >> 16) == tag && (ahead[k].y >> 16) == tag &&
-                                                             (ahead[k].z >> 16) == tag && (ahead[k].w >> 16) == tag));
+        for (int k = 0; k < STAGE_PIECES; ++k) ok = ok && (stage_piece(d, lane, k) >= I / 2 || piece_current(ahead[k], tag));
 #if PROBE == 3
         ok = true;
 #endif
@@ -226,7 +253,10 @@ __device__ __forceinline__ void stage_finish(uint4 *ahead, const u32 *copy, int 
             : "memory");
         if (all_ok) break;
         __nanosleep(POLL_NS);
-        stage_issue(ahead, copy, p, d, lane);
+        stage_refresh(ahead, copy, p, d, lane, tag);
+#if REFRESH_PENDING
+        refresh_later(pending, copy, p, d, lane, tag);
+#endif
     }
 #pragma unroll
     for (int k = 0; k < STAGE_PIECES; ++k) {
@@ -293,7 +323,8 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
     // activation buffer are not.
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #if TRACE
-    u64 *trow = trace + ((__ldcg(launches) / NBLOCKS & 1) * NBLOCKS + blockIdx.x) * TRACE_SLOTS;
+    u64 *trow = trace + ((__shfl_sync(0xFFFFFFFFu, lane == 0 ? __ldcg(launches) : 0u, 0) / NBLOCKS & 1) * NBLOCKS +
+                         blockIdx.x) * TRACE_SLOTS;
     if (threadIdx.x == 0) trow[T_WAITED] = globaltimer();
 #endif
 
@@ -372,8 +403,13 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
     }
 #else
     } else if (warp == PUBLISHER) {
-        const u32 tag = (__ldcg(launches) / NBLOCKS) << 16;  // launch counter read before any block bumps it twice
+        // the block's inputs, once: x and the launch number (read before any block bumps it twice)
+        const u32 launch = __shfl_sync(0xFFFFFFFFu, lane == 0 ? __ldcg(launches) / NBLOCKS : 0u, 0);
         const float my_wt = lane < TOPK ? __ldcg(wts + lane) : 0.f;  // no global load inside the tile loop
+        for (int k = lane; k < H / 8; k += 32) sm.x[k] = __ldcg(reinterpret_cast<const uint4 *>(x) + k);
+        if (lane == 0) sm.launch = launch;
+        asm volatile("bar.arrive %0, %1;" ::"r"(BAR_INPUTS), "r"(INPUT_THREADS) : "memory");
+        const u32 tag = launch << 16;
         for (int i = 0; i < n_gu; ++i) {
             asm volatile("bar.sync %0, %1;" ::"r"(BAR_FULL0 + i), "r"((GU_WARPS + 1) * 32) : "memory");
             float v = 0.f;
@@ -405,15 +441,15 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         if (lane == 0) trow[T_PUBLISHED] = globaltimer();
 #endif
     } else {  // compute warps
+        asm volatile("bar.sync %0, %1;" ::"r"(BAR_INPUTS), "r"(INPUT_THREADS) : "memory");
         if (warp < GU_WARPS) {
             // ---- gate_up: this warp's K slice, rows of even MMA index on chunks c..c+3, odd on c+4..c+7
             const int c = 8 * (warp >> 1) + t + 4 * ((g ^ warp) & 1);
             u32 xb[16];
             {
-                const uint4 *xp = reinterpret_cast<const uint4 *>(x + 32 * c);
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
-                    uint4 v = __ldcg(xp + k);
+                    uint4 v = sm.x[4 * c + k];
                     const unsigned short *e8 = reinterpret_cast<const unsigned short *>(&v);
 #pragma unroll
                     for (int j = 0; j < 4; ++j) xb[4 * k + j] = f16_pair(bf16_to_float(e8[j]), bf16_to_float(e8[j + 4]));
@@ -449,7 +485,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         // down tile j, K slice d: MMA rows 0-7 are slot 2p, rows 8-15 slot 2p+1, and B column n holds
         // slot 2p + ((n >> 1) & 1).
         const int bslot = (g >> 1) & 1;
-        const u32 tag = __ldcg(launches) / NBLOCKS;
+        const u32 tag = sm.launch;
         const u32 *copy = act + (blockIdx.x % ACT_COPIES) * TOPK * I;
         float acc[MAX_ITEMS][4];
 #pragma unroll
@@ -464,7 +500,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #pragma unroll
         for (int p = 0; p < PAIRS; ++p) {
             if (!n_dn) break;  // (more blocks than down tiles: this one has none)
-            stage_finish(ahead[p], copy, p, warp, lane, tag, sm.act_h);
+            stage_finish(ahead, copy, p, warp, lane, tag, sm.act_h);
 #if TRACE
             if (warp == 0 && lane == 0) trow[T_PAIR0 + p] = globaltimer();
 #endif
@@ -472,6 +508,10 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #pragma unroll
                 for (int q = 1; q < PAIRS; ++q) stage_issue(ahead[q], copy, q, warp, lane);
             }
+#if REFRESH_PENDING
+            else
+                refresh_later(ahead, copy, p, warp, lane, tag);  // their loads fly during this pair's products
+#endif
             bar_wait(smem_addr(&sm.bars[MAX_GU + p]));
             const unsigned char *slot_a = tiles + dn_base + 2 * p * dn_slot;  // slot 2p; slot 2p+1 follows
 #pragma unroll
