@@ -243,6 +243,21 @@ def trace_report(moe: PersistentDecodeMoE, kc: DecodeKernelConfig, data, log, ou
     land = rel_t[:, 16 : 16 + int(groups.max())].max(dim=1).values
     corr = torch.corrcoef(torch.stack([land, nb]))[0, 1]
     log(f"  correlation of the last copy's landing with block bytes: {corr:.2f}")
+    # warp 0's down steps per slot pair, in clock cycles (moe_decode.cu C_PAIR0, N_POLLS0)
+    ghz = ((cur[:, 57] - cur[:, 56]).double() / (cur[:, 1] - cur[:, 0]).double()).median()
+    log(f"  SM clock {ghz:.2f} GHz; warp 0's down steps per slot pair, us (median, max over blocks):")
+    have = cur[:, 1] > 0
+    for p in range(4):
+        c = [cur[:, 32 + 4 * p + k].double() for k in range(4)]
+        nxt = cur[:, 32 + 4 * (p + 1)].double() if p < 3 else None
+        steps = {"stage wait": c[1] - c[0], "rows wait": c[2] - c[1], "products": c[3] - c[2]}
+        if nxt is not None:
+            steps["to next pair"] = nxt - c[3]
+        text = ", ".join(
+            f"{k} {(v[have] / ghz / 1000).median():.2f}/{(v[have] / ghz / 1000).max():.2f}" for k, v in steps.items()
+        )
+        polls = cur[have, 48 + p].double()
+        log(f"    pair {p}: {text}; poll rounds {polls.median():.0f}/{polls.max():.0f}")
 
 
 if __name__ == "__main__":

@@ -90,7 +90,7 @@ class PersistentDecodeMoE(TritonMoE):
         self._launches = torch.zeros(1, dtype=torch.int32, device=self.device)
         self.blocks = torch.cuda.get_device_properties(self.device).multi_processor_count
         # per-block globaltimer stamps of the last two launches (DecodeKernelConfig.trace; moe_decode.cu T_*)
-        self.trace = torch.zeros((2, self.blocks, 32), dtype=torch.int64, device=self.device)
+        self.trace = torch.zeros((2, self.blocks, 64), dtype=torch.int64, device=self.device)
 
     def decode_path(self) -> str:
         return "persistent"
@@ -128,6 +128,7 @@ class PersistentDecodeMoE(TritonMoE):
             "ACT_COPIES": kc.act_copies,
             "PROBE": kc.probe_code,
             "REFRESH_PENDING": int(kc.refresh_pending),
+            "UNROLL_PAIRS": int(kc.unroll_pairs),
         }
         kernel = CudaKernel(SOURCE, "moe_decode", defines, self.device)
         _BUILT.append({"seconds": kernel.compile.seconds, "cached": kernel.compile.cached, "path": kernel.compile.path})

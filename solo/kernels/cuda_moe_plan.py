@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import torch
 
 ORDERS = ("gate_up_first", "need")
-# kernel probes (moe_decode.cu PROBE): "" none, then copies only, no scale copies, no activation exchange
-PROBES = ("", "copy_only", "no_scales", "no_exchange")
+# kernel probes (moe_decode.cu PROBE): "" none, then copies only, no scale copies, no activation exchange,
+# no down products
+PROBES = ("", "copy_only", "no_scales", "no_exchange", "no_down_products")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class DecodeKernelConfig:
     trace: bool = False  # per-block globaltimer stamps (diagnostics)
     act_copies: int = 8  # copies of the activations in global memory (reads spread over more L2 slices)
     refresh_pending: bool = True  # each poll round reloads the stale activations of every pair not yet staged
+    unroll_pairs: bool = True  # the down loop over slot pairs unrolled (False: one copy of its code)
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property

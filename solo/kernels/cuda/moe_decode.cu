@@ -36,12 +36,12 @@
 #define OBSERVER (PUBLISHER + 1)        // TRACE only: stamps each copy group's arrival
 #define NWARPS (PUBLISHER + 1 + (TRACE ? 1 : 0))
 // PROBE (diagnostics, wrong results, timing only): 1 copies only (no products), 2 no scale copies,
-// 3 no activation exchange (each block reads the activations once, whatever their tags)
+// 3 no activation exchange (each block reads the activations once, whatever their tags), 4 no down products
 #ifndef PROBE
 #define PROBE 0
 #endif
 // trace row slots (TRACE): [launch parity][block][TRACE_SLOTS] globaltimer stamps
-#define TRACE_SLOTS 32
+#define TRACE_SLOTS 64
 #define T_START 0
 #define T_END 1
 #define T_FIRST_GU 2
@@ -54,6 +54,11 @@
 #define T_SMID 12
 #define T_WAITED 13
 #define T_GROUP0 16                     // 16.. : copy group q (issue order) complete
+#define C_PAIR0 32                      // 32 + 4 * p + s: clock64 of warp 0 in pair p's down step s: 0 enter,
+                                        // 1 staged, 2 its down rows there, 3 products done
+#define N_POLLS0 48                     // 48 + p: poll rounds of pair p (block-wide)
+#define C_START 56                      // clock64 at the block's start and end (with T_START, T_END: the clock rate)
+#define C_END 57
 #define GU_WORD_BYTES (4 * H)           // 8 rows of H/2 bytes (gate, then up)
 #define DN_WORD_BYTES (4 * I)           // 8 rows of I/2 bytes
 // Scale rows are copied right after their tile's words (plain loads of them, issued before or after
@@ -74,6 +79,9 @@
 #define BAR_DOWN 5                      // down partials ready
 #define BAR_INPUTS 6                    // x and the launch number are in shared memory
 #define INPUT_THREADS ((GU_WARPS + DN_WARPS + 1) * 32)  // the compute warps and the publisher
+#ifndef UNROLL_PAIRS
+#define UNROLL_PAIRS 1
+#endif
 #ifndef REFRESH_PENDING
 #define REFRESH_PENDING 1
 #endif
@@ -234,13 +242,17 @@ __device__ __forceinline__ void refresh_later(uint4 (*ahead)[STAGE_PIECES], cons
 
 // Check the tags of the pieces loaded for pair p (all DOWN_WORKERS warps at once); store their fp16 halves
 // to shared memory, or load again until this launch's values are all there.
-__device__ __forceinline__ void stage_finish(uint4 (*pending)[STAGE_PIECES], const u32 *copy, int p, int d, int lane,
-                                             u32 tag, uint4 *act_h) {
-    uint4 *ahead = pending[p];
-    for (;;) {
+// (pending[q] is only indexed by constants, so it stays in registers also where p is not a constant)
+__device__ __forceinline__ int stage_finish(uint4 (*pending)[STAGE_PIECES], const u32 *copy, int p, int d, int lane,
+                                            u32 tag, uint4 *act_h) {
+    int rounds = 0;
+    for (;; ++rounds) {
         bool ok = true;
 #pragma unroll
-        for (int k = 0; k < STAGE_PIECES; ++k) ok = ok && (stage_piece(d, lane, k) >= I / 2 || piece_current(ahead[k], tag));
+        for (int q = 0; q < PAIRS; ++q)
+#pragma unroll
+            for (int k = 0; k < STAGE_PIECES; ++k)
+                if (q == p) ok = ok && (stage_piece(d, lane, k) >= I / 2 || piece_current(pending[q][k], tag));
 #if PROBE == 3
         ok = true;
 #endif
@@ -253,19 +265,28 @@ __device__ __forceinline__ void stage_finish(uint4 (*pending)[STAGE_PIECES], con
             : "memory");
         if (all_ok) break;
         __nanosleep(POLL_NS);
-        stage_refresh(ahead, copy, p, d, lane, tag);
+#pragma unroll
+        for (int q = 0; q < PAIRS; ++q)
+            if (q == p) stage_refresh(pending[q], copy, q, d, lane, tag);
 #if REFRESH_PENDING
         refresh_later(pending, copy, p, d, lane, tag);
 #endif
     }
 #pragma unroll
-    for (int k = 0; k < STAGE_PIECES; ++k) {
-        if (stage_piece(d, lane, k) >= I / 2) continue;
-        const int e = 2 * p * I + 4 * stage_piece(d, lane, k);  // first element of the piece
-        uint2 *dst = reinterpret_cast<uint2 *>(act_h + act_unit(e >> 5, (e & 31) >> 3)) + ((e >> 2) & 1);
-        *dst = make_uint2(__byte_perm(ahead[k].x, ahead[k].y, 0x5410), __byte_perm(ahead[k].z, ahead[k].w, 0x5410));
+    for (int q = 0; q < PAIRS; ++q) {
+        if (q != p) continue;
+        const uint4 *ahead = pending[q];
+#pragma unroll
+        for (int k = 0; k < STAGE_PIECES; ++k) {
+            if (stage_piece(d, lane, k) >= I / 2) continue;
+            const int e = 2 * p * I + 4 * stage_piece(d, lane, k);  // first element of the piece
+            uint2 *dst = reinterpret_cast<uint2 *>(act_h + act_unit(e >> 5, (e & 31) >> 3)) + ((e >> 2) & 1);
+            *dst =
+                make_uint2(__byte_perm(ahead[k].x, ahead[k].y, 0x5410), __byte_perm(ahead[k].z, ahead[k].w, 0x5410));
+        }
     }
     asm volatile("bar.sync %0, %1;" ::"r"(BAR_STAGED), "r"(DOWN_WORKERS * 32) : "memory");
+    return rounds;
 }
 
 // The 16 B-fragment pairs of chunk ch: word k's pair j is (element 8k+j, element 8k+j+4).
@@ -308,8 +329,8 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
     const u32 dn_base = n_gu * GU_TILE_BYTES;
     const u32 dn_rows = 8 * n_dn, dn_slot = n_dn * DN_SLOT_BYTES;  // one slot's words, then its scales
 #if TRACE
-    u64 t0 = 0;
-    if (threadIdx.x == 0) t0 = globaltimer();
+    u64 t0 = 0, c0 = 0;
+    if (threadIdx.x == 0) t0 = globaltimer(), c0 = clock64();
 #endif
 
     if (threadIdx.x == 0) {
@@ -497,12 +518,22 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         // about the same time), each checked and, if a tag is stale, read again.
         uint4 ahead[PAIRS][STAGE_PIECES];
         if (n_dn) stage_issue(ahead[0], copy, 0, warp, lane);
+#if UNROLL_PAIRS
 #pragma unroll
+#else
+#pragma unroll 1  // one copy of the loop's code (instruction cache)
+#endif
         for (int p = 0; p < PAIRS; ++p) {
             if (!n_dn) break;  // (more blocks than down tiles: this one has none)
-            stage_finish(ahead, copy, p, warp, lane, tag, sm.act_h);
 #if TRACE
+            const u64 c_enter = clock64();
+#endif
+            const int rounds = stage_finish(ahead, copy, p, warp, lane, tag, sm.act_h);
+#if TRACE
+            const u64 c_staged = clock64();
             if (warp == 0 && lane == 0) trow[T_PAIR0 + p] = globaltimer();
+#else
+            (void)rounds;
 #endif
             if (p == 0) {
 #pragma unroll
@@ -513,6 +544,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 refresh_later(ahead, copy, p, warp, lane, tag);  // their loads fly during this pair's products
 #endif
             bar_wait(smem_addr(&sm.bars[MAX_GU + p]));
+#if TRACE
+            const u64 c_rows = clock64();
+#endif
             const unsigned char *slot_a = tiles + dn_base + 2 * p * dn_slot;  // slot 2p; slot 2p+1 follows
 #pragma unroll
             for (int k = 0; k < MAX_ITEMS; ++k) {
@@ -526,9 +560,23 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     const uint4 hi = *reinterpret_cast<const uint4 *>(slot_a + dn_slot + r * (I / 2) + c * 16);
                     const unsigned char *sc = slot_a + dn_rows * (I / 2) + r * (I / 32) + c;
                     const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[dn_slot]);
+#if PROBE == 4
+                    acc[k][0] += __uint_as_float(lo.x ^ hi.y ^ f_lo ^ f_hi ^ xb[0]);
+#else
                     chunk_products(acc[k], acc[k], lo, hi, f_lo, f_hi, xb);
+#endif
                 }
             }
+#if TRACE
+            if (warp == 0 && lane == 0) {
+                const u64 c_done = clock64();
+                trow[C_PAIR0 + 4 * p + 0] = c_enter;
+                trow[C_PAIR0 + 4 * p + 1] = c_staged;
+                trow[C_PAIR0 + 4 * p + 2] = c_rows;
+                trow[C_PAIR0 + 4 * p + 3] = c_done;
+                trow[N_POLLS0 + p] = rounds;
+            }
+#endif
         }
 #if TRACE
         if (warp == 0 && lane == 0) trow[T_DOWN_DONE] = globaltimer();
@@ -560,6 +608,8 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         trow[T_SMID] = smid;
         trow[T_START] = t0;
         trow[T_END] = globaltimer();
+        trow[C_START] = c0;
+        trow[C_END] = clock64();
 #endif
     }
 }
