@@ -240,8 +240,9 @@ __device__ __forceinline__ void refresh_later(uint4 (*ahead)[STAGE_PIECES], cons
         if (q > p) stage_refresh(ahead[q], copy, q, d, lane, tag);
 }
 
-// Check the tags of the pieces loaded for pair p (all DOWN_WORKERS warps at once); store their fp16 halves
-// to shared memory, or load again until this launch's values are all there.
+// Store the fp16 halves of the pieces loaded for pair p to shared memory and check their tags (all
+// DOWN_WORKERS warps at once, one barrier: bar.red orders the stores like bar.sync); if any is stale,
+// load the stale ones again and repeat (stale values in shared memory are overwritten then).
 // (pending[q] is only indexed by constants, so it stays in registers also where p is not a constant)
 __device__ __forceinline__ int stage_finish(uint4 (*pending)[STAGE_PIECES], const u32 *copy, int p, int d, int lane,
                                             u32 tag, uint4 *act_h) {
@@ -249,10 +250,19 @@ __device__ __forceinline__ int stage_finish(uint4 (*pending)[STAGE_PIECES], cons
     for (;; ++rounds) {
         bool ok = true;
 #pragma unroll
-        for (int q = 0; q < PAIRS; ++q)
+        for (int q = 0; q < PAIRS; ++q) {
+            if (q != p) continue;
+            const uint4 *ahead = pending[q];
 #pragma unroll
-            for (int k = 0; k < STAGE_PIECES; ++k)
-                if (q == p) ok = ok && (stage_piece(d, lane, k) >= I / 2 || piece_current(pending[q][k], tag));
+            for (int k = 0; k < STAGE_PIECES; ++k) {
+                if (stage_piece(d, lane, k) >= I / 2) continue;
+                ok = ok && piece_current(ahead[k], tag);
+                const int e = 2 * p * I + 4 * stage_piece(d, lane, k);  // first element of the piece
+                uint2 *dst = reinterpret_cast<uint2 *>(act_h + act_unit(e >> 5, (e & 31) >> 3)) + ((e >> 2) & 1);
+                *dst = make_uint2(__byte_perm(ahead[k].x, ahead[k].y, 0x5410),
+                                  __byte_perm(ahead[k].z, ahead[k].w, 0x5410));
+            }
+        }
 #if PROBE == 3
         ok = true;
 #endif
@@ -263,7 +273,7 @@ __device__ __forceinline__ int stage_finish(uint4 (*pending)[STAGE_PIECES], cons
             : "=r"(all_ok)
             : "r"((u32)ok), "r"(BAR_STAGED), "r"(DOWN_WORKERS * 32)
             : "memory");
-        if (all_ok) break;
+        if (all_ok) return rounds;
         __nanosleep(POLL_NS);
 #pragma unroll
         for (int q = 0; q < PAIRS; ++q)
@@ -272,21 +282,6 @@ __device__ __forceinline__ int stage_finish(uint4 (*pending)[STAGE_PIECES], cons
         refresh_later(pending, copy, p, d, lane, tag);
 #endif
     }
-#pragma unroll
-    for (int q = 0; q < PAIRS; ++q) {
-        if (q != p) continue;
-        const uint4 *ahead = pending[q];
-#pragma unroll
-        for (int k = 0; k < STAGE_PIECES; ++k) {
-            if (stage_piece(d, lane, k) >= I / 2) continue;
-            const int e = 2 * p * I + 4 * stage_piece(d, lane, k);  // first element of the piece
-            uint2 *dst = reinterpret_cast<uint2 *>(act_h + act_unit(e >> 5, (e & 31) >> 3)) + ((e >> 2) & 1);
-            *dst =
-                make_uint2(__byte_perm(ahead[k].x, ahead[k].y, 0x5410), __byte_perm(ahead[k].z, ahead[k].w, 0x5410));
-        }
-    }
-    asm volatile("bar.sync %0, %1;" ::"r"(BAR_STAGED), "r"(DOWN_WORKERS * 32) : "memory");
-    return rounds;
 }
 
 // The 16 B-fragment pairs of chunk ch: word k's pair j is (element 8k+j, element 8k+j+4).
@@ -508,11 +503,11 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         const int bslot = (g >> 1) & 1;
         const u32 tag = sm.launch;
         const u32 *copy = act + (blockIdx.x % ACT_COPIES) * TOPK * I;
-        float acc[MAX_ITEMS][4];
+        float acc[MAX_ITEMS][4], acc_b[MAX_ITEMS][4];  // two chains of dependent MMAs per item
 #pragma unroll
         for (int k = 0; k < MAX_ITEMS; ++k)
 #pragma unroll
-            for (int q = 0; q < 4; ++q) acc[k][q] = 0.f;
+            for (int q = 0; q < 4; ++q) acc[k][q] = acc_b[k][q] = 0.f;
         // The slot pairs' activations are read by the down workers together (each 16-byte piece
         // once): pair 0 until it is complete, then every other pair at once (they complete at
         // about the same time), each checked and, if a tag is stale, read again.
@@ -563,7 +558,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #if PROBE == 4
                     acc[k][0] += __uint_as_float(lo.x ^ hi.y ^ f_lo ^ f_hi ^ xb[0]);
 #else
-                    chunk_products(acc[k], acc[k], lo, hi, f_lo, f_hi, xb);
+                    chunk_products(acc[k], acc_b[k], lo, hi, f_lo, f_hi, xb);
 #endif
                 }
             }
@@ -583,18 +578,22 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif
         // row g's sum: slot 2p parts in column g&1 (lane t=0), slot 2p+1 parts in column 2+(g&1) (t=1)
 #pragma unroll
+        for (int k = 0; k < MAX_ITEMS; ++k)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[k][q] += acc_b[k][q];
+#pragma unroll
         for (int k = 0; k < MAX_ITEMS; ++k) {
             const int item = warp + k * DOWN_WORKERS, j = item / DN_WARPS, d = item % DN_WARPS;
             const float other = __shfl_down_sync(0xFFFFFFFFu, (g & 1) ? acc[k][3] : acc[k][2], 1);
             if (j < n_dn && t == 0) sm.dn_part[j][d][g] = ((g & 1) ? acc[k][1] : acc[k][0]) + other;
         }
         asm volatile("bar.sync %0, %1;" ::"r"(BAR_DOWN), "r"(DOWN_WORKERS * 32) : "memory");
-        if (warp == 0 && lane < 8) {
-            for (int j = 0; j < n_dn; ++j) {
+        if (warp == 0) {
+            for (int o = lane; o < 8 * n_dn; o += 32) {  // o = 8 j + output row
                 float s = 0.f;
 #pragma unroll
-                for (int w = 0; w < DN_WARPS; ++w) s += sm.dn_part[j][w][lane];
-                out[dn_tile[0] + 8 * j + lane] = float_to_bf16(s);
+                for (int w = 0; w < DN_WARPS; ++w) s += sm.dn_part[o >> 3][w][o & 7];
+                out[dn_tile[0] + o] = float_to_bf16(s);
             }
         }
     }
