@@ -45,7 +45,7 @@ def fp4_kernel_sized(tmp_path_factory):
         bf16, preset="a", seed=int(torch.randint(0, 2**20, ())), max_shard_size="20MB", **KERNEL_SIZED
     )
     out = tmp_path_factory.mktemp("kernel_sized_fp4")
-    assert not quantize_checkpoint(bf16, out, verbose=False)
+    quantize_checkpoint(bf16, out, verbose=False)  # (returns each tensor's quantization error)
     return out
 
 
