@@ -76,6 +76,18 @@ def check(moe: PersistentDecodeMoE, experts: MXFP4Experts, dev, log, top_k=8, li
     log("  graph replays equal eager")
 
 
+_CURRENT = (cuda_moe.SOURCE, cuda_moe.SHARED_MEMORY_SLACK)
+
+
+def use_baseline(args) -> None:
+    """Compile the next kernels from --baseline-source (args) or from the package's source again (None)."""
+    if args is None:
+        cuda_moe.SOURCE, cuda_moe.SHARED_MEMORY_SLACK = _CURRENT
+    else:
+        cuda_moe.SOURCE = Path(args.baseline_source)
+        cuda_moe.SHARED_MEMORY_SLACK = _CURRENT[1] + args.baseline_extra_smem
+
+
 def triton_forward(moe: PersistentDecodeMoE, x, ids, w) -> torch.Tensor:
     """The same call on the Triton GEMV kernels (the backend's base class), same weights."""
     return TritonMoE.forward(moe, x, ids, w)
@@ -88,6 +100,7 @@ def main() -> int:
     p.add_argument("--trace", nargs="?", const="", default=None, help="';'-separated variants to trace")
     p.add_argument("--trace-out", default="", help="save raw stamps to PREFIX.i.pt")
     p.add_argument("--baseline-source", default="", help="also time this moe_decode.cu (an earlier build, same ABI)")
+    p.add_argument("--baseline-extra-smem", type=int, default=0, help="bytes of shared memory its layout needs more")
     p.add_argument("--no-humming", action="store_true")
     p.add_argument("--checks-only", action="store_true")
     args = p.parse_args()
@@ -147,21 +160,20 @@ def main() -> int:
             log(f"humming unavailable: {type(exc).__name__}: {exc}")
     timer = Timer(dev)
     data = routing_sets(s, 1, 16, dev)
-    source = cuda_moe.SOURCE
     if args.baseline_source:
-        cuda_moe.SOURCE = Path(args.baseline_source)
+        use_baseline(args)
         moe.set_kernel_config(DecodeKernelConfig())
         log("checks (baseline source):")
         check(moe, experts, dev, log)
-        cuda_moe.SOURCE = source
+        use_baseline(None)
     results: dict[str, list[float]] = {}
     for r in range(args.rounds):
         results.setdefault("triton GEMV", []).append(timer([lambda d=d: triton_forward(moe, *d) for d in data]))
         if args.baseline_source:
-            cuda_moe.SOURCE = Path(args.baseline_source)
+            use_baseline(args)
             moe.set_kernel_config(DecodeKernelConfig())
             results.setdefault("baseline source", []).append(timer([lambda d=d: moe.forward(*d) for d in data]))
-            cuda_moe.SOURCE = source
+            use_baseline(None)
         for name, kc in variants:
             moe.set_kernel_config(kc)
             results.setdefault(name, []).append(timer([lambda d=d: moe.forward(*d) for d in data]))
