@@ -29,9 +29,8 @@ def decode_row(row: list[int], max_gu: int, max_dn: int, pairs: int):
 
 @pytest.mark.parametrize("blocks,hidden,inter,top_k", SHAPES)
 @pytest.mark.parametrize("order", ["need", "gate_up_first"])
-@pytest.mark.parametrize("balance", ["bytes", "gate_up"])
-def test_schedule_covers_every_tile_once_in_need_order(blocks, hidden, inter, top_k, order, balance):
-    sched = decode_schedule(blocks, hidden, inter, top_k, order, balance)
+def test_schedule_covers_every_tile_once_in_need_order(blocks, hidden, inter, top_k, order):
+    sched = decode_schedule(blocks, hidden, inter, top_k, order)
     pairs = top_k // 2
     gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k)
     seen_gu, seen_dn = [], []
@@ -54,29 +53,20 @@ def test_schedule_covers_every_tile_once_in_need_order(blocks, hidden, inter, to
                     assert position[i] < position[code]  # the pair's own gate_up tiles (all of them) come first
     assert sorted(seen_gu) == [(s, 8 * r) for s in range(top_k) for r in range(inter // 8)]
     assert sorted(seen_dn) == [8 * j for j in range(hidden // 8)]
-    counts = sched.table[:, 0]
-    if balance == "bytes":  # no block more than one gate_up tile above the lightest it could have been
-        assert sched.most_bytes - min(sched.block_bytes) <= gu_bytes + dn_bytes
-    else:  # gate_up tiles spread as evenly as they go: counts differ by at most one
-        assert int(counts.max() - counts.min()) <= 1
-        assert int(counts.max()) == -(-top_k * (inter // 8) // blocks)
+    # balanced by bytes: no block more than one gate_up tile above the lightest it could have been
+    assert sched.most_bytes - min(sched.block_bytes) <= gu_bytes + dn_bytes
 
 
-@pytest.mark.parametrize("balance,max_gu", [("bytes", 7), ("gate_up", 6)])
-def test_schedule_at_ling_shapes_fits_an_h200(balance, max_gu):
-    from solo.kernels.cuda_moe import _shared_bytes
-
-    sched = decode_schedule(132, 2560, 768, 8, balance=balance)
-    assert (sched.max_gate_up, sched.max_down) == (max_gu, 3)
-    assert _shared_bytes(sched, 2560, 768, 8) <= 232448  # the H200's shared memory per block (opt-in)
+def test_schedule_at_ling_shapes_fits_an_h200():
+    sched = decode_schedule(132, 2560, 768, 8)
+    assert (sched.max_gate_up, sched.max_down) == (7, 3)
+    assert sched.most_bytes <= 227 * 1024 - 24 * 1024  # room left for the staged activations
     assert sum(sched.block_bytes) == 8 * (1536 * 1280 + 1536 * 80) + 8 * (2560 * 384 + 2560 * 24)
 
 
-def test_schedule_rejects_an_unknown_order_or_balance():
+def test_schedule_rejects_an_unknown_order():
     with pytest.raises(ValueError, match="order"):
         decode_schedule(4, 256, 256, 2, order="random")
-    with pytest.raises(ValueError, match="balance"):
-        decode_schedule(4, 256, 256, 2, balance="random")
 
 
 def test_kernel_probes_are_named():

@@ -48,10 +48,10 @@ MAX_ACT_COPIES = 16
 def _shared_bytes(sched: DecodeSchedule, hidden: int, inter: int, top_k: int) -> int:
     """Dynamic shared memory of one block: the Smem struct of moe_decode.cu (rounded up), then the tiles."""
     gu_warps, dn_warps = hidden // 128, inter // 128
-    bars = sched.max_gate_up + top_k // 2 + 1  # (+ x's copy)
+    bars = sched.max_gate_up + top_k // 2
     partials = sched.max_gate_up * gu_warps * 16 * 4 + sched.max_down * dn_warps * 8 * 4
     staged_act = top_k * inter * 2
-    header = bars * 8 + 8 * 8 + 16 + max(2 * hidden, staged_act) + partials  # (launch number, padding; x shares act_h)
+    header = bars * 8 + 8 * 8 + 16 + 2 * hidden + staged_act + partials  # (+ launch number and padding, x)
     return (header + 127) // 128 * 128 + sched.most_bytes + SHARED_MEMORY_SLACK
 
 
@@ -112,7 +112,7 @@ class PersistentDecodeMoE(TritonMoE):
             raise ValueError(f"act_copies must be in 1..{MAX_ACT_COPIES}, got {kc.act_copies}")
         if top_k % 2 or top_k > 8:
             raise RuntimeError(f"the persistent decode kernel needs an even top-k <= 8, got {top_k}")
-        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order, kc.balance)
+        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order)
         defines = {
             "H": self.hidden,
             "I": self.inter,

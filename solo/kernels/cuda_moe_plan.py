@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import torch
 
 ORDERS = ("gate_up_first", "need")
-BALANCES = ("bytes", "gate_up")
 # kernel probes (moe_decode.cu PROBE): "" none, then copies only, no scale copies, no activation exchange,
 # no down products
 PROBES = ("", "copy_only", "no_scales", "no_exchange", "no_down_products")
@@ -21,7 +20,6 @@ class DecodeKernelConfig:
     """Variants of the persistent kernel (docs/kernels.md says which were measured)."""
 
     order: str = "gate_up_first"  # or "need" (see decode_schedule)
-    balance: str = "bytes"  # or "gate_up" (see decode_schedule)
     evict_first: bool = True  # L2 evict-first hint on the weight copies
     poll_ns: int = 64  # back-off between polls of the activations
     dependent_launch: bool = True  # programmatic dependent launch
@@ -56,21 +54,14 @@ def tile_bytes(hidden: int, inter: int, top_k: int) -> tuple[int, int]:
     return 8 * hidden + hidden // 2, top_k * (4 * inter + inter // 4)
 
 
-def decode_schedule(
-    blocks: int, hidden: int, inter: int, top_k: int, order: str = "gate_up_first", balance: str = "bytes"
-) -> DecodeSchedule:
+def decode_schedule(blocks: int, hidden: int, inter: int, top_k: int, order: str = "gate_up_first") -> DecodeSchedule:
     """The tile-to-block table the kernel reads (layout: moe_decode.cu, ROW_WORDS).
 
-    A block's down tiles are consecutive output rows (one copy per slot moves them all). Gate_up
-    tiles go, slot by slot, to the block with the fewest bytes ("bytes") or with the fewest gate_up
-    tiles, then the fewest bytes ("gate_up": the gate_up products of a block are serial, and the
-    blocks with the most of them publish last, which every block waits for). Copy order per block:
-    "gate_up_first": its gate_up tiles (by slot), then its down rows slot pair by slot pair; "need":
-    each slot pair's down rows right after the block's gate_up tiles of that pair."""
+    A block's down tiles are consecutive output rows (one copy per slot moves them all). Copy order
+    per block: "gate_up_first": its gate_up tiles (by slot), then its down rows slot pair by slot
+    pair; "need": each slot pair's down rows right after the block's gate_up tiles of that pair."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
-    if balance not in BALANCES:
-        raise ValueError(f"balance must be one of {', '.join(BALANCES)}, got {balance!r}")
     gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k)
     pairs = top_k // 2
     # each block's down tiles are consecutive rows, so one copy per slot moves all of them
@@ -83,14 +74,13 @@ def decode_schedule(
         first += n
     load = [len(x) * dn_bytes for x in down]
     gate_up: list[list[tuple[int, int]]] = [[] for _ in range(blocks)]
-    by_count = balance == "gate_up"
-    heap = [(0 if by_count else load[b], load[b], b) for b in range(blocks)]
+    heap = [(load[b], b) for b in range(blocks)]
     heapq.heapify(heap)
     for slot in range(top_k):
         for r in range(inter // 8):
-            key, nbytes, b = heapq.heappop(heap)
+            nbytes, b = heapq.heappop(heap)
             gate_up[b].append((slot, 8 * r))
-            heapq.heappush(heap, (key + 1 if by_count else nbytes + gu_bytes, nbytes + gu_bytes, b))
+            heapq.heappush(heap, (nbytes + gu_bytes, b))
     max_gu = max(len(x) for x in gate_up)
     max_dn = max(len(x) for x in down)
     row_words = 2 + max_gu + max_dn + max_gu + pairs

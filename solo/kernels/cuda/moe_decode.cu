@@ -72,13 +72,12 @@
 #define BAR_STAGED 8                    // a slot pair's activations are in shared memory (and all current)
 #define ROW_WORDS (2 + MAX_GU + MAX_DN + MAX_GU + PAIRS)
 #define NUM_BARS (MAX_GU + PAIRS)
-#define X_BAR NUM_BARS                  // the mbarrier of x's copy (after the tiles' and the pairs')
 #define BAR_FULL0 9                     // named barriers 9.. : gate_up tile i's partials ready (one buffer each)
 #if MAX_GU > 7
 #error "at most 7 gate_up tiles per block (named barriers 9..15)"
 #endif
 #define BAR_DOWN 5                      // down partials ready
-#define BAR_INPUTS 6                    // the launch number is in shared memory
+#define BAR_INPUTS 6                    // x and the launch number are in shared memory
 #define INPUT_THREADS ((GU_WARPS + DN_WARPS + 1) * 32)  // the compute warps and the publisher
 #ifndef UNROLL_PAIRS
 #define UNROLL_PAIRS 1
@@ -97,16 +96,11 @@ typedef int expert_id_t;
 #endif
 
 struct __align__(16) Smem {
-    u64 bars[NUM_BARS + 1];
+    u64 bars[NUM_BARS];
     expert_id_t experts[8];
     u32 launch;                 // the launch number (read once per block: every warp reading it was an L2 hot spot)
-    union {
-        // the token's activations, bf16: the producer's first copy (every warp reading x from global memory
-        // was an L2 hot spot; the publisher's loads of it queued behind the copies). Read by the gate_up
-        // warps before their first tile; act_h is written only after every compute warp is past gate_up.
-        uint4 x[H / 8];
-        uint4 act_h[TOPK * I / 8];  // all slots' activations in fp16, 16-byte units swizzled (act_unit)
-    };
+    uint4 x[H / 8];             // the token's activations, bf16 (read once per block, not once per warp)
+    uint4 act_h[TOPK * I / 8];  // all slots' activations in fp16, 16-byte units swizzled (act_unit)
     float gu_part[MAX_GU][GU_WARPS][16];
     float dn_part[MAX_DN][DN_WARPS][8];
 };
@@ -335,7 +329,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif
 
     if (threadIdx.x == 0) {
-        for (int b = 0; b < NUM_BARS + 1; ++b)
+        for (int b = 0; b < NUM_BARS; ++b)
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sm.bars[b])));
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -351,18 +345,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif
 
     if (warp == PRODUCER) {
-        u64 policy = 0;
-#if EVICT_FIRST
-        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-#endif
-        if (lane == 0) {  // x first: it does not depend on the routing, and the gate_up warps need it at once
-            const u32 bar = smem_addr(&sm.bars[X_BAR]);
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(2 * H) : "memory");
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                             smem_addr(sm.x)),
-                         "l"(x), "r"(2 * H), "r"(bar)
-                         : "memory");
-        }
         if (lane < TOPK) sm.experts[lane] = __ldcg(ids + lane);
         __syncwarp();
 #if TRACE
@@ -370,6 +352,10 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif
         const expert_id_t *e = sm.experts;
         if (lane == 0) {
+            u64 policy = 0;
+#if EVICT_FIRST
+            asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
             const int groups = n_gu + (n_dn ? PAIRS : 0);
             for (int q = 0; q < groups; ++q) {
                 const int code = order[q];
@@ -423,7 +409,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #if PROBE == 1
     } else {  // copies only: wait for every group, compute nothing
         if (warp == 0 && lane == 0) {
-            bar_wait(smem_addr(&sm.bars[X_BAR]));
             for (int i = 0; i < n_gu; ++i) bar_wait(smem_addr(&sm.bars[i]));
             for (int p = 0; p < PAIRS; ++p)
                 if (n_dn) bar_wait(smem_addr(&sm.bars[MAX_GU + p]));
@@ -434,9 +419,10 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
     }
 #else
     } else if (warp == PUBLISHER) {
-        // the launch number, once per block (read before any block bumps it twice)
+        // the block's inputs, once: x and the launch number (read before any block bumps it twice)
         const u32 launch = __shfl_sync(0xFFFFFFFFu, lane == 0 ? __ldcg(launches) / NBLOCKS : 0u, 0);
         const float my_wt = lane < TOPK ? __ldcg(wts + lane) : 0.f;  // no global load inside the tile loop
+        for (int k = lane; k < H / 8; k += 32) sm.x[k] = __ldcg(reinterpret_cast<const uint4 *>(x) + k);
         if (lane == 0) sm.launch = launch;
         asm volatile("bar.arrive %0, %1;" ::"r"(BAR_INPUTS), "r"(INPUT_THREADS) : "memory");
         const u32 tag = launch << 16;
@@ -471,11 +457,11 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         if (lane == 0) trow[T_PUBLISHED] = globaltimer();
 #endif
     } else {  // compute warps
+        asm volatile("bar.sync %0, %1;" ::"r"(BAR_INPUTS), "r"(INPUT_THREADS) : "memory");
         if (warp < GU_WARPS) {
             // ---- gate_up: this warp's K slice, rows of even MMA index on chunks c..c+3, odd on c+4..c+7
             const int c = 8 * (warp >> 1) + t + 4 * ((g ^ warp) & 1);
             u32 xb[16];
-            bar_wait(smem_addr(&sm.bars[X_BAR]));
             {
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
@@ -515,7 +501,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         // down tile j, K slice d: MMA rows 0-7 are slot 2p, rows 8-15 slot 2p+1, and B column n holds
         // slot 2p + ((n >> 1) & 1).
         const int bslot = (g >> 1) & 1;
-        asm volatile("bar.sync %0, %1;" ::"r"(BAR_INPUTS), "r"(INPUT_THREADS) : "memory");
         const u32 tag = sm.launch;
         const u32 *copy = act + (blockIdx.x % ACT_COPIES) * TOPK * I;
         float acc[MAX_ITEMS][4], acc_b[MAX_ITEMS][4];  // two chains of dependent MMAs per item
