@@ -419,15 +419,10 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
     }
 #else
     } else if (warp == PUBLISHER) {
-        // the block's inputs, once: x and the launch number (read before any block bumps it twice). x's
-        // loads go out first, all at once, ahead of the weight copies the producer is about to issue
-        uint4 xv[H / 256];
-#pragma unroll
-        for (int k = 0; k < H / 256; ++k) xv[k] = __ldcg(reinterpret_cast<const uint4 *>(x) + lane + 32 * k);
+        // the block's inputs, once: x and the launch number (read before any block bumps it twice)
         const u32 launch = __shfl_sync(0xFFFFFFFFu, lane == 0 ? __ldcg(launches) / NBLOCKS : 0u, 0);
         const float my_wt = lane < TOPK ? __ldcg(wts + lane) : 0.f;  // no global load inside the tile loop
-#pragma unroll
-        for (int k = 0; k < H / 256; ++k) sm.x[lane + 32 * k] = xv[k];
+        for (int k = lane; k < H / 8; k += 32) sm.x[k] = __ldcg(reinterpret_cast<const uint4 *>(x) + k);
         if (lane == 0) sm.launch = launch;
         asm volatile("bar.arrive %0, %1;" ::"r"(BAR_INPUTS), "r"(INPUT_THREADS) : "memory");
         const u32 tag = launch << 16;
