@@ -1,8 +1,8 @@
 """``--moe-backend cuda``: the Triton backend, with one-token calls (plain decode) in one persistent
 CUDA kernel (solo/kernels/cuda/moe_decode.cu) that does gate_up, SwiGLU, down and the combine.
 
-Measured on the H200 (docs/kernels.md): 14.8 us per layer against 16.3 for the Triton GEMV kernels
-and 40.4 for Humming, in the same runs. The kernel runs one block per SM and its blocks
+Measured on the H200 (docs/kernels.md): 12.0-12.1 us per layer against 16.2-17.2 for the Triton GEMV kernels
+and 40.2-40.7 for Humming, in the same runs. The kernel runs one block per SM and its blocks
 exchange the SwiGLU activations through global memory, so every block must be resident at once:
 the launch is cooperative, which the driver refuses (an error, never a hang) where that cannot be
 had, e.g. on a GPU shared through MPS. Calls of more than one token (NEXTN verification, prompts)
