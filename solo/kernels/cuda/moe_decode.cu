@@ -14,9 +14,12 @@
 // producer warp issues the copies, one publisher warp reduces each gate_up tile, applies SwiGLU and
 // the routing weight, and stores the activations to global memory (ACT_COPIES copies), each value
 // tagged with the launch number, without fences. Then every compute warp (the gate_up warps and
-// DN_WARPS more) does down items (one down tile x one K slice): they read slot pair 0's activations
-// (each 16-byte piece once per block) until every tag is current, then the other pairs at once, and
-// keep the fp16 values in shared memory.
+// DN_WARPS more) does down items (one down tile x one K slice), slot pair by slot pair: they read
+// the pair's activations (each 16-byte piece once per block), store them to shared memory as fp16
+// and check the tags at one barrier; each poll round reloads the stale pieces of this pair and of
+// every later one (REFRESH_PENDING), so a pair whose values all arrived meanwhile costs no round.
+// x and the launch number are read once per block, by the publisher (every warp reading them was
+// an L2 hot spot at the start).
 //
 // Products on the tensor cores (mma.m16n8k16, fp16 in, fp32 sums): the packed E2M1 words
 // (pack_e2m1_words) unpack to fp16 pairs equal to value * 2^-14, times the group's factor
