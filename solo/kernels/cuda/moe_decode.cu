@@ -234,19 +234,20 @@ __device__ __forceinline__ void stage_refresh(uint4 *ahead, const u32 *copy, int
             ahead[k] = ld_cg4(copy + 2 * p * I + 4 * stage_piece(d, lane, k));
 }
 
-// The stale pieces of every pair after p, so that each poll round brings all of them up to date
-// (REFRESH_PENDING; otherwise only pair p is polled and the later pairs wait their turn).
-__device__ __forceinline__ void refresh_later(uint4 (*ahead)[STAGE_PIECES], const u32 *copy, int p, int d, int lane,
-                                              u32 tag) {
+// The stale pieces of pairs first..last (pending[q] is only indexed by constants, so it stays in
+// registers also where first and last are not constants).
+__device__ __forceinline__ void refresh_pairs(uint4 (*pending)[STAGE_PIECES], const u32 *copy, int first, int last,
+                                              int d, int lane, u32 tag) {
 #pragma unroll
     for (int q = 0; q < PAIRS; ++q)
-        if (q > p) stage_refresh(ahead[q], copy, q, d, lane, tag);
+        if (q >= first && q <= last) stage_refresh(pending[q], copy, q, d, lane, tag);
 }
 
 // Store the fp16 halves of the pieces loaded for pair p to shared memory and check their tags (all
 // DOWN_WORKERS warps at once, one barrier: bar.red orders the stores like bar.sync); if any is stale,
-// load the stale ones again and repeat (stale values in shared memory are overwritten then).
-// (pending[q] is only indexed by constants, so it stays in registers also where p is not a constant)
+// load the stale ones again and repeat (stale values in shared memory are overwritten then). Each
+// poll round also reloads the stale pieces of every later pair (REFRESH_PENDING), so that a round
+// brings all of them up to date instead of the later pairs waiting their turn.
 __device__ __forceinline__ int stage_finish(uint4 (*pending)[STAGE_PIECES], const u32 *copy, int p, int d, int lane,
                                             u32 tag, uint4 *act_h) {
     int rounds = 0;
@@ -278,12 +279,7 @@ __device__ __forceinline__ int stage_finish(uint4 (*pending)[STAGE_PIECES], cons
             : "memory");
         if (all_ok) return rounds;
         __nanosleep(POLL_NS);
-#pragma unroll
-        for (int q = 0; q < PAIRS; ++q)
-            if (q == p) stage_refresh(pending[q], copy, q, d, lane, tag);
-#if REFRESH_PENDING
-        refresh_later(pending, copy, p, d, lane, tag);
-#endif
+        refresh_pairs(pending, copy, p, REFRESH_PENDING ? PAIRS - 1 : p, d, lane, tag);
     }
 }
 
@@ -539,7 +535,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             }
 #if REFRESH_PENDING
             else
-                refresh_later(ahead, copy, p, warp, lane, tag);  // their loads fly during this pair's products
+                refresh_pairs(ahead, copy, p + 1, PAIRS - 1, warp, lane, tag);  // loads fly during this pair's products
 #endif
             bar_wait(smem_addr(&sm.bars[MAX_GU + p]));
 #if TRACE
