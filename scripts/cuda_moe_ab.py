@@ -14,6 +14,7 @@ Rounds alternate the implementations so clock drift hits all of them alike.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import statistics
 import sys
@@ -76,16 +77,18 @@ def check(moe: PersistentDecodeMoE, experts: MXFP4Experts, dev, log, top_k=8, li
     log("  graph replays equal eager")
 
 
-_CURRENT = (cuda_moe.SOURCE, cuda_moe.SHARED_MEMORY_SLACK)
-
-
-def use_baseline(args) -> None:
-    """Compile the next kernels from --baseline-source (args) or from the package's source again (None)."""
-    if args is None:
-        cuda_moe.SOURCE, cuda_moe.SHARED_MEMORY_SLACK = _CURRENT
-    else:
-        cuda_moe.SOURCE = Path(args.baseline_source)
-        cuda_moe.SHARED_MEMORY_SLACK = _CURRENT[1] + args.baseline_extra_smem
+@contextlib.contextmanager
+def baseline_kernel(moe: PersistentDecodeMoE, args):
+    """Inside: moe's kernels are compiled from --baseline-source (with its extra shared memory)."""
+    current, config = (cuda_moe.SOURCE, cuda_moe.SHARED_MEMORY_SLACK), moe.kernel_config
+    cuda_moe.SOURCE = Path(args.baseline_source)
+    cuda_moe.SHARED_MEMORY_SLACK = current[1] + args.baseline_extra_smem
+    moe.set_kernel_config(DecodeKernelConfig())
+    try:
+        yield
+    finally:
+        cuda_moe.SOURCE, cuda_moe.SHARED_MEMORY_SLACK = current
+        moe.set_kernel_config(config)  # (drops the baseline's compiled kernels)
 
 
 def triton_forward(moe: PersistentDecodeMoE, x, ids, w) -> torch.Tensor:
@@ -161,19 +164,15 @@ def main() -> int:
     timer = Timer(dev)
     data = routing_sets(s, 1, 16, dev)
     if args.baseline_source:
-        use_baseline(args)
-        moe.set_kernel_config(DecodeKernelConfig())
-        log("checks (baseline source):")
-        check(moe, experts, dev, log)
-        use_baseline(None)
+        with baseline_kernel(moe, args):
+            log("checks (baseline source):")
+            check(moe, experts, dev, log)
     results: dict[str, list[float]] = {}
     for r in range(args.rounds):
         results.setdefault("triton GEMV", []).append(timer([lambda d=d: triton_forward(moe, *d) for d in data]))
         if args.baseline_source:
-            use_baseline(args)
-            moe.set_kernel_config(DecodeKernelConfig())
-            results.setdefault("baseline source", []).append(timer([lambda d=d: moe.forward(*d) for d in data]))
-            use_baseline(None)
+            with baseline_kernel(moe, args):
+                results.setdefault("baseline source", []).append(timer([lambda d=d: moe.forward(*d) for d in data]))
         for name, kc in variants:
             moe.set_kernel_config(kc)
             results.setdefault(name, []).append(timer([lambda d=d: moe.forward(*d) for d in data]))
@@ -193,7 +192,9 @@ def main() -> int:
     return 0
 
 
-TRACE_ROWS = [  # (slot in moe_decode.cu's trace rows, what it stamps)
+# trace row slots, as moe_decode.cu defines them (T_*, C_*, N_POLLS0)
+T_START, T_END, T_GROUP0, C_PAIR0, N_POLLS0, C_START, C_END = 0, 1, 16, 32, 48, 56, 57
+TRACE_ROWS = [  # (slot, what it stamps)
     (0, "block start"),
     (13, "previous launch complete (griddepcontrol.wait)"),
     (9, "expert ids read"),
@@ -223,15 +224,15 @@ def trace_report(moe: PersistentDecodeMoE, kc: DecodeKernelConfig, data, log, ou
     g.replay()
     torch.cuda.synchronize()
     tr = moe.trace.cpu()
-    last = int(tr[1, :, 1].max() > tr[0, :, 1].max())
+    last = int(tr[1, :, T_END].max() > tr[0, :, T_END].max())
     cur, prev = tr[last], tr[1 - last]
     sched = moe.kernel_for(8, True)[1]
     if out:
         torch.save({"trace": tr, "last": last, "table": sched.table, "block_bytes": sched.block_bytes}, out)
-    start = cur[:, 0].min()
+    start = cur[:, T_START].min()
     rel_t = (cur - start).double() / 1000.0
     log(f"trace of {kc}")
-    log(f"  previous launch's last block ended {(prev[:, 1].max() - start) / 1000.0:+.2f} us from this one's start")
+    log(f"  previous launch's last block ended {(prev[:, T_END].max() - start) / 1000.0:+.2f} us from this one's start")
     log("  us from the first block's start: min, median, max over blocks")
     for col, name in TRACE_ROWS:
         c = rel_t[:, col]
@@ -241,34 +242,34 @@ def trace_report(moe: PersistentDecodeMoE, kc: DecodeKernelConfig, data, log, ou
     groups = sched.table[:, 0] + (sched.table[:, 1] > 0) * 4
     for q in range(int(groups.max())):
         have = groups > q
-        c = rel_t[have, 16 + q]
+        c = rel_t[have, T_GROUP0 + q]
         name = f"copy group {q} complete ({int(have.sum())} blocks)"
         log(f"  {name:48s}: {c.min():6.2f} {c.median():6.2f} {c.max():6.2f}")
     nb = torch.tensor(sched.block_bytes, dtype=torch.float64)
-    end = rel_t[:, 1]
+    end = rel_t[:, T_END]
     for n_dn in sorted(set(sched.table[:, 1].tolist())):
         m = sched.table[:, 1] == n_dn
         log(
             f"  blocks with {n_dn} down tiles: {int(m.sum())}, bytes {int(nb[m].min())}..{int(nb[m].max())}, "
             f"end median {end[m].median():.2f} max {end[m].max():.2f}"
         )
-    land = rel_t[:, 16 : 16 + int(groups.max())].max(dim=1).values
+    land = rel_t[:, T_GROUP0 : T_GROUP0 + int(groups.max())].max(dim=1).values
     corr = torch.corrcoef(torch.stack([land, nb]))[0, 1]
     log(f"  correlation of the last copy's landing with block bytes: {corr:.2f}")
-    # warp 0's down steps per slot pair, in clock cycles (moe_decode.cu C_PAIR0, N_POLLS0)
-    ghz = ((cur[:, 57] - cur[:, 56]).double() / (cur[:, 1] - cur[:, 0]).double()).median()
+    # warp 0's down steps per slot pair, in clock cycles
+    ghz = ((cur[:, C_END] - cur[:, C_START]).double() / (cur[:, T_END] - cur[:, T_START]).double()).median()
     log(f"  SM clock {ghz:.2f} GHz; warp 0's down steps per slot pair, us (median, max over blocks):")
-    have = cur[:, 1] > 0
+    have = cur[:, T_END] > 0
     for p in range(4):
-        c = [cur[:, 32 + 4 * p + k].double() for k in range(4)]
-        nxt = cur[:, 32 + 4 * (p + 1)].double() if p < 3 else None
+        c = [cur[:, C_PAIR0 + 4 * p + k].double() for k in range(4)]
+        nxt = cur[:, C_PAIR0 + 4 * (p + 1)].double() if p < 3 else None
         steps = {"stage wait": c[1] - c[0], "rows wait": c[2] - c[1], "products": c[3] - c[2]}
         if nxt is not None:
             steps["to next pair"] = nxt - c[3]
         text = ", ".join(
             f"{k} {(v[have] / ghz / 1000).median():.2f}/{(v[have] / ghz / 1000).max():.2f}" for k, v in steps.items()
         )
-        polls = cur[have, 48 + p].double()
+        polls = cur[have, N_POLLS0 + p].double()
         log(f"    pair {p}: {text}; poll rounds {polls.median():.0f}/{polls.max():.0f}")
 
 
