@@ -77,6 +77,14 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "layers with K >= 1536, where it is faster than BF16; off dequantizes them all at load",
     )
 
+    p.add_argument(
+        "--decode-step",
+        choices=("auto", "fused", "reference"),
+        default="auto",
+        action=OnceOnly,
+        help="decode and verification forwards: fused (a few fused GPU kernels per layer; GPU, bf16), reference "
+        "(the model's modules), auto (default: fused where it can run, else reference, with the reason)",
+    )
     add_graph_options(p)
     p.add_argument(
         "--speculative-algorithm",
@@ -130,6 +138,7 @@ def run_checks(engine, args: argparse.Namespace):
         args.min_accept_length,
         cuda_graphs=engine.graphs_max_len is not None,
         block_fp8=args.block_fp8,
+        decode_step=args.decode_step,
     )
 
 
@@ -182,6 +191,8 @@ def load_options(args: argparse.Namespace) -> dict:
         moe_backend=args.moe_backend,
         lm_head=args.lm_head,
         block_fp8=args.block_fp8,
+        decode_step=args.decode_step,
+        verify_tokens=args.speculative_num_draft_tokens,
         speculative=speculative_config(args),
     )
 
@@ -207,16 +218,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
         }
         print(json.dumps(report))
         return 0
-    for event in engine.stream(prompt, params, chat=args.chat):
+    generation = engine.stream(prompt, params, chat=args.chat)
+    for event in generation:
         sys.stdout.write(event.text)
         sys.stdout.flush()
-    s = engine.last_result.stats
+    result = generation.result
+    assert result is not None
+    s = result.stats
     rate = f"{s.decode_tok_per_s:.1f} tok/s" if s.decode_tok_per_s else "n/a"
+    if s.decode_gb_per_s:
+        rate += f" ({s.decode_gb_per_s:.2f} GB/s)"
     line = f"\n[{s.completion_tokens} tokens, TTFT {s.ttft_s * 1e3:.1f} ms, decode {rate}"
     if s.accept_length is not None:
         line += f", accept length {s.accept_length:.2f}"
     used = engine.describe()
-    line += f", finish: {engine.last_result.finish_reason}; lm head {used['lm_head']['mode']}"
+    line += f", finish: {result.finish_reason}; lm head {used['lm_head']['mode']}"
     print(line + f", moe {used['moe_backend']}]", file=sys.stderr)
     return 0
 
@@ -271,16 +287,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return harness.main(args, engine)
 
 
+def cmd_bench_decode(args: argparse.Namespace) -> int:
+    from solo.bench.decode import run
+
+    return run(args)
+
+
 def add_bench(sub) -> None:
-    from solo.bench.harness import add_arguments
+    from solo.bench import decode
+    from solo.bench.harness import WORKLOADS, add_arguments
 
     p = sub.add_parser(
-        "bench", help="benchmark a workload (gsm8k, synthetic, repeat), optionally against plain decoding"
+        "bench",
+        help="benchmark a workload (gsm8k, synthetic, repeat), optionally against plain decoding, or the "
+        "decode step itself (decode)",
     )
-    add_model_options(p)
-    add_preflight_options(p)
-    add_arguments(p)
-    p.set_defaults(func=cmd_bench)
+    workloads = p.add_subparsers(dest="workload", required=True)
+    for name, summary in WORKLOADS.items():
+        w = workloads.add_parser(name, help=summary)
+        add_model_options(w)
+        add_preflight_options(w)
+        add_arguments(w)
+        w.set_defaults(func=cmd_bench)
+    d = workloads.add_parser("decode", help="the whole decode step at full shape in CUDA graphs, against the roofline")
+    decode.add_arguments(d)
+    d.set_defaults(func=cmd_bench_decode)
 
 
 # --------------------------------------------------------------------------- serve
@@ -359,6 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from solo.checkpoint.reader import CheckpointError
     from solo.config import ConfigError
+    from solo.fastpath.availability import DecodeStepUnavailable
     from solo.kernels.registry import BackendUnavailable
     from solo.preflight.checks import PreflightFailed, UnknownEnvironment, check_environment
 
@@ -373,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         CheckpointError,
         ConfigError,
         BackendUnavailable,
+        DecodeStepUnavailable,
         PreflightFailed,
         UnknownEnvironment,
         ValueError,

@@ -101,3 +101,13 @@ def write_byte_tokenizer(path: str | Path) -> None:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     tok.save(str(path))
+
+
+def synthetic_tokenizer(vocab_size: int) -> HFTokenizer:
+    """A word-level tokenizer with one token per id ("t0", "t1", ...), for random-weight models that
+    ship none: the engine decodes and streams their ids as text like any other model's."""
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    tok = HFTokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return tok

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from solo.checkpoint.loader import LoadOptions, load_model
+from solo.checkpoint.loader import load_model
 from solo.model.cache import HybridCache
 from solo.model.kda import kda_recurrent
 from solo.testing.tiny import write_byte_tokenizer
@@ -113,7 +113,7 @@ def test_export_names_and_dtypes(exported: Path) -> None:
 @torch.no_grad()
 def test_solo_matches_training_model(exported: Path) -> None:
     ref = T.load_checkpoint(exported)  # the BF16-rounded weights, in fp32
-    solo = load_model(exported, LoadOptions(lm_head="fp32"))
+    solo = load_model(exported)
     gen = torch.Generator().manual_seed(1)
     for length in (1, 9, 40):
         ids = torch.randint(0, SMALL["vocab_size"], (1, length), generator=gen)
@@ -199,7 +199,7 @@ def _bundled_prompt() -> str:
 @torch.no_grad()
 def test_bundled_bf16_model_matches_training_model() -> None:
     ref = T.load_checkpoint(BUNDLED_BF16)
-    solo = load_model(BUNDLED_BF16, LoadOptions(lm_head="fp32"))
+    solo = load_model(BUNDLED_BF16)
     from solo.tokenizer import Tokenizer
 
     ids = torch.tensor([Tokenizer.from_dir(BUNDLED_BF16).encode(_bundled_prompt())])

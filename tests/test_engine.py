@@ -18,8 +18,9 @@ def engine(tiny_checkpoints):
 
 def test_max_tokens_and_streaming_text_equals_result(engine, fresh_ids):
     prompt = fresh_ids(7).tolist()
-    events = list(engine.stream(prompt, GenerationParams(max_tokens=25, ignore_eos=True)))
-    result = engine.last_result
+    generation = engine.stream(prompt, GenerationParams(max_tokens=25, ignore_eos=True))
+    events = list(generation)
+    result = generation.result
     assert len(result.token_ids) == 25 and result.finish_reason == "length"
     assert "".join(e.text for e in events) == result.text
     assert result.stats.completion_tokens == 25 and result.stats.prompt_tokens == 7
@@ -46,8 +47,9 @@ def test_stop_string_truncates_text_and_is_never_streamed(engine, fresh_ids):
     # the first 3-character piece after position 5 that does not occur earlier in the text
     cut = next(i for i in range(5, len(text) - 3) if text[i : i + 3] not in text[: i + 2])
     stop = text[cut : cut + 3]
-    events = list(engine.stream(prompt, GenerationParams(max_tokens=30, ignore_eos=True, stop=(stop,))))
-    result = engine.last_result
+    generation = engine.stream(prompt, GenerationParams(max_tokens=30, ignore_eos=True, stop=(stop,)))
+    events = list(generation)
+    result = generation.result
     assert result.text == text[:cut] and result.finish_reason == "stop"
     assert "".join(e.text for e in events) == result.text
 

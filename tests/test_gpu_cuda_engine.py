@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from solo.bench.quant_quality import position_logits
-from solo.checkpoint.loader import LoadOptions, load_model
 from solo.engine.engine import Engine, GenerationParams
+from solo.fastpath import load_accelerated
 from solo.model.moe import SparseMoE
 from solo.preflight.checks import ACTIVE, run_preflight
 
@@ -56,7 +56,7 @@ def launches(moes) -> int:
 
 def test_gpu_greedy_decode_on_the_persistent_kernel_emits_the_reference_argmax(fp4_kernel_sized):
     engine = Engine.from_pretrained(fp4_kernel_sized, **GPU, moe_backend="cuda", cuda_graphs=True, max_context=512)
-    reference = load_model(fp4_kernel_sized, LoadOptions(**GPU, moe_backend="torch"))
+    reference = load_accelerated(fp4_kernel_sized, **{**GPU, "moe_backend": "torch"})
     trunk = engine.model.model.layers[: engine.model.config.num_hidden_layers]
     moes = [m.experts for m in trunk.modules() if isinstance(m, SparseMoE)]
     assert moes and all(m.name == "cuda" for m in moes)

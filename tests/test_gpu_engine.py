@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from solo.bench.quant_quality import compare, default_prompts, position_logits
-from solo.checkpoint.loader import LoadOptions, load_model
+from solo.checkpoint.loader import load_model
 from solo.engine.engine import Engine, GenerationParams
+from solo.fastpath import load_accelerated
 from solo.preflight.checks import ACTIVE, run_preflight
 from solo.speculative.nextn import NextNDecoder, SpeculativeConfig
 
@@ -32,10 +33,10 @@ def prompts():
 
 
 def test_gpu_logits_match_cpu_reference(prompts):
-    reference = load_model(BUNDLED, LoadOptions(lm_head="fp32"))
+    reference = load_model(BUNDLED)
     ref = [position_logits(reference, p) for p in prompts]
     for options in (dict(GPU, moe_backend="torch", lm_head="bf16", block_fp8="off"), GPU):
-        model = load_model(BUNDLED, LoadOptions(**options))
+        model = load_accelerated(BUNDLED, **options)
         got = [position_logits(model, p).cpu() for p in prompts]
         err = max(float((g - r).norm() / r.norm()) for g, r in zip(got, ref, strict=True))
         agreement = compare(ref, got)["top1_agreement"]

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from solo.checkpoint.loader import LoadOptions, load_model
+from solo.checkpoint.loader import load_model
 from solo.model.cache import HybridCache
 from solo.testing.tiny import write_tiny_checkpoint
 
@@ -34,7 +34,7 @@ class LoraQuery(torch.nn.Module):
 
 
 def solo_logits(path, ids):
-    model = load_model(path, LoadOptions(lm_head="fp32"))
+    model = load_model(path)
     with torch.no_grad():
         return model.logits(
             model(ids, torch.arange(len(ids)), HybridCache(model.config, len(ids), "cpu", torch.float32))

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from solo.checkpoint.loader import LoadOptions, load_model
+from solo.checkpoint.loader import load_model
 from solo.engine.engine import Engine, GenerationParams
 from solo.model.cache import HybridCache
 from solo.tokenizer import Tokenizer
@@ -24,7 +24,7 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.parametrize("preset", PRESETS)
 def test_full_sequence_logits_match_transformers(tiny_checkpoints, fresh_ids, preset):
     path, ref = tiny_checkpoints[preset]
-    model = load_model(path, LoadOptions(lm_head="fp32"))
+    model = load_model(path)
     ids = fresh_ids(150)  # > 2 KDA chunks of 64: the chunked form crosses chunk boundaries
     with torch.no_grad():
         expected = ref(ids[None]).logits[0]
@@ -36,7 +36,7 @@ def test_full_sequence_logits_match_transformers(tiny_checkpoints, fresh_ids, pr
 def test_token_by_token_decode_matches_full_sequence(tiny_checkpoints, fresh_ids, preset):
     """Recurrent KDA == chunked KDA, and the MLA latent cache is right, over 70 decode steps."""
     path, ref = tiny_checkpoints[preset]
-    model = load_model(path, LoadOptions(lm_head="fp32"))
+    model = load_model(path)
     prompt_len, steps = 9, 70
     ids = fresh_ids(prompt_len + steps)
     with torch.no_grad():
@@ -95,7 +95,7 @@ def test_chunked_prefill_equals_one_pass(tiny_checkpoints, fresh_ids):
     """A prompt processed in chunks (bounded memory for long contexts) gives the same hidden states
     and leaves the same caches as one pass, for the target and for the NEXTN layer."""
     path, _ = tiny_checkpoints["b"]
-    model = load_model(path, LoadOptions(lm_head="fp32"))
+    model = load_model(path)
     ids = fresh_ids(150)
     with torch.no_grad():
         one, chunked = (HybridCache(model.config, 160, "cpu", torch.float32, with_nextn=True) for _ in range(2))

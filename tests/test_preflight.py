@@ -52,9 +52,9 @@ def miswire_fp8_bytes_as_bf16(engine: Engine) -> None:
 
 def miswire_own_bf16_head(engine: Engine, path) -> None:
     """The draft has its own BF16 copy of the head: numerically plausible, but not the target's module."""
-    from solo.checkpoint.loader import LoadOptions, load_model
+    from solo.fastpath import load_accelerated
 
-    engine.decoder.draft_head = load_model(path, LoadOptions(lm_head="bf16")).lm_head
+    engine.decoder.draft_head = load_accelerated(path, lm_head="bf16").lm_head
 
 
 def test_seed_failure_fp8_weight_tensor_in_draft_is_caught():
@@ -168,19 +168,15 @@ class _DecodeKernelBackend(TorchMoE):
         self.falls_back = falls_back
         self.path_calls = {"gemv": 0, "tensor_core": 0, "persistent": 0}
 
-    def decode_path(self) -> str:
-        return "persistent"
-
-    def uses_gemv(self, tokens: int) -> bool:
-        return tokens <= 8
-
-    def uses_f16_prefill(self) -> bool:
-        return True
+    def family_for(self, tokens: int) -> str:
+        return "persistent" if tokens == 1 else "gemv" if tokens <= 8 else "tensor_core"
 
     def forward(self, x, topk_ids, topk_weights):
         t = topk_ids.shape[0]
-        one_token_kernel = t == 1 and not self.falls_back
-        self.path_calls["persistent" if one_token_kernel else "gemv" if self.uses_gemv(t) else "tensor_core"] += 1
+        family = self.family_for(t)
+        if family == "persistent" and self.falls_back:
+            family = "gemv"
+        self.path_calls[family] += 1
         return super().forward(x, topk_ids, topk_weights)
 
 
@@ -201,5 +197,5 @@ def test_watchdog_warns_when_accept_length_stays_low(tiny_checkpoints, caplog):
     engine = Engine.from_pretrained(tiny_checkpoints["a"][0], speculative=SpeculativeConfig())
     with caplog.at_level(logging.WARNING, logger="solo.speculative"):
         engine.generate(list(range(6, 20)), GenerationParams(max_tokens=90, ignore_eos=True))
-    assert engine.decoder.watchdog.warnings >= 1
+    assert engine.watchdog.warnings >= 1
     assert any("accept length" in r.message for r in caplog.records)

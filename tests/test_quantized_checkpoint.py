@@ -14,8 +14,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from solo.bench.quant_quality import compare, position_logits
-from solo.checkpoint.loader import LoadOptions, load_model
+from solo.checkpoint.loader import load_model
 from solo.checkpoint.reader import CheckpointError
+from solo.fastpath import load_accelerated
 from solo.quantization import formats
 from solo.quantization.convert import quantize_checkpoint
 
@@ -75,8 +76,8 @@ def test_fp4_checkpoint_computes_with_exactly_its_dequantized_weights(fp4_pair, 
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     shutil.copy(out / "tokenizer.json", tmp_path)
     ids = fresh_ids(60).tolist()
-    got = position_logits(load_model(out, LoadOptions(lm_head="fp32")), ids)
-    want = position_logits(load_model(tmp_path, LoadOptions(lm_head="fp32")), ids)
+    got = position_logits(load_model(out), ids)
+    want = position_logits(load_model(tmp_path), ids)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -86,8 +87,8 @@ def test_block_fp8_on_keeps_fp8_weights_and_computes_the_same(fp4_pair, fresh_id
     from solo.model.layers import Linear
 
     _, out, _ = fp4_pair
-    dense = load_model(out, LoadOptions(lm_head="fp32"))
-    fp8 = load_model(out, LoadOptions(lm_head="fp32", block_fp8="on"))
+    dense = load_accelerated(out, lm_head="fp32")  # auto on a CPU: dequantized
+    fp8 = load_accelerated(out, lm_head="fp32", block_fp8="on")
     kept = [m for m in fp8.modules() if isinstance(m, Linear) and m.is_block_fp8]
     assert kept and not any(m.is_block_fp8 for m in dense.modules() if isinstance(m, Linear))
     assert all(m.weight.dtype == torch.float8_e4m3fn and m.scale_inv.dtype == torch.float32 for m in kept)
@@ -102,19 +103,44 @@ def test_block_fp8_on_keeps_fp8_weights_and_computes_the_same(fp4_pair, fresh_id
 
 def test_block_fp8_auto_keeps_only_layers_where_the_kernel_wins():
     """auto: FP8 on a GPU for K >= 1536 (the measured crossover), never on the CPU; on/off: always/never."""
-    from solo.checkpoint.loader import _keep_fp8
+    from solo.fastpath import keep_block_fp8
     from solo.kernels.triton_fp8 import BLOCK_FP8_MIN_K
     from solo.model.layers import Linear
-    from solo.quantization.scheme import QuantScheme
 
     small, large = Linear(BLOCK_FP8_MIN_K // 2, 64), Linear(BLOCK_FP8_MIN_K, 64)
-    s128, s64 = QuantScheme(block_size=(128, 128)), QuantScheme(block_size=(64, 64))
-    auto_gpu = LoadOptions(device="cuda", block_fp8="auto")  # only the decision: nothing is allocated
-    assert not _keep_fp8(small, auto_gpu, s128) and _keep_fp8(large, auto_gpu, s128)
-    assert not _keep_fp8(large, auto_gpu, s64)  # blocks the kernel cannot run: dense, no error
-    assert not _keep_fp8(large, LoadOptions(device="cpu", block_fp8="auto"), s128)
-    assert _keep_fp8(small, LoadOptions(device="cpu", block_fp8="on"), s128)
-    assert not _keep_fp8(large, LoadOptions(device="cuda", block_fp8="off"), s128)
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")  # only the decision: nothing is allocated
+    assert not keep_block_fp8(small, "auto", gpu) and keep_block_fp8(large, "auto", gpu)
+    assert not keep_block_fp8(large, "auto", cpu)
+    assert keep_block_fp8(small, "on", cpu)
+    assert not keep_block_fp8(large, "off", gpu)
+
+
+def test_blocks_the_kernel_cannot_run_load_dense(fp4_pair, tmp_path, fresh_ids):
+    """A checkpoint with 64x64 FP8 blocks: loaded dense (no error, same logits as its dequantized
+    weights); --block-fp8 on, which would need the 128x128 kernel, is refused with the fix."""
+    from solo.checkpoint.reader import CheckpointError
+    from solo.fastpath import FastPathOptions, accelerate
+    from solo.model.layers import Linear
+
+    _, out, _ = fp4_pair
+    tensors = read_all(out)
+    requantized = dict(tensors)
+    for name, w in tensors.items():
+        if name.endswith(".weight") and w.dtype == torch.float8_e4m3fn:
+            scale_name = name.removesuffix(".weight") + ".weight_scale_inv"
+            dense = formats.dequantize_fp8_block(w, tensors[scale_name])
+            requantized[name], requantized[scale_name] = formats.quantize_fp8_block(dense, (64, 64), "ue8m0")
+    save_file(requantized, str(tmp_path / "model.safetensors"))
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"]["weight_block_size"] = [64, 64]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    shutil.copy(out / "tokenizer.json", tmp_path)
+    model = load_model(tmp_path)
+    assert not any(m.is_block_fp8 for m in model.modules() if isinstance(m, Linear))
+    ids = fresh_ids(30).tolist()
+    assert torch.isfinite(position_logits(model, ids)).all()
+    with pytest.raises(CheckpointError, match="128x128"):
+        accelerate(load_model(tmp_path), FastPathOptions(block_fp8="on"))
 
 
 def test_block_fp8_check_reports_layers_and_refuses_dense_checkpoints(fp4_pair, tiny_checkpoints):
@@ -131,7 +157,7 @@ def test_block_fp8_check_reports_layers_and_refuses_dense_checkpoints(fp4_pair, 
     auto = check_block_fp8(Engine.from_pretrained(out, block_fp8="auto"), "auto")  # CPU: nothing kept
     assert auto.status == "OFF" and auto.evidence["fp8_layers"] == 0 and "K >= 1536" in auto.evidence["reason"]
     with pytest.raises(ValueError, match="unknown block_fp8 mode"):
-        load_model(out, LoadOptions(block_fp8="fast"))
+        load_accelerated(out, block_fp8="fast")
 
 
 def test_quantized_model_generates_and_reports_quality(fp4_pair):
@@ -155,10 +181,10 @@ def test_quantized_model_generates_and_reports_quality(fp4_pair):
     )
     assert len(json.loads(proc.stdout)["token_ids"]) >= 1
     prompts = [torch.randint(6, 262, (48,)).tolist() for _ in range(8)]
-    ref_model = load_model(src, LoadOptions(lm_head="fp32"))
+    ref_model = load_model(src)
     reference = [position_logits(ref_model, p) for p in prompts]
-    fp8_head = compare(reference, [position_logits(load_model(src, LoadOptions(lm_head="fp8")), p) for p in prompts])
-    fp4 = compare(reference, [position_logits(load_model(out, LoadOptions(lm_head="fp32")), p) for p in prompts])
+    fp8_head = compare(reference, [position_logits(load_accelerated(src, lm_head="fp8"), p) for p in prompts])
+    fp4 = compare(reference, [position_logits(load_model(out), p) for p in prompts])
     print(
         f"\ntiny random model: fp8 head top-1 {fp8_head['top1_agreement']:.3f} KL {fp8_head['mean_kl']:.2e}; "
         f"fp4 checkpoint top-1 {fp4['top1_agreement']:.3f} KL {fp4['mean_kl']:.2e}"
@@ -170,7 +196,7 @@ def test_quantized_model_generates_and_reports_quality(fp4_pair):
 
 def test_lm_head_modes_report_what_is_in_use(tiny_checkpoints):
     src, _ = tiny_checkpoints["a"]
-    heads = {mode: load_model(src, LoadOptions(lm_head=mode)).lm_head.describe() for mode in ("bf16", "fp32", "fp8")}
+    heads = {mode: load_accelerated(src, lm_head=mode).lm_head.describe() for mode in ("bf16", "fp32", "fp8")}
     assert heads["bf16"]["weight_dtype"] == "bfloat16" and heads["fp32"]["weight_dtype"] == "float32"
     assert heads["fp8"]["weight_dtype"] == "float8_e4m3fn" and heads["fp8"]["scales"]["shape"] == [264]
     assert heads["fp8"]["bytes"] < heads["bf16"]["bytes"] * 0.6

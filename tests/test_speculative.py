@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from solo.checkpoint.loader import LoadOptions, load_model
+from solo.checkpoint.loader import load_model
 from solo.engine.engine import Engine, GenerationParams
 from solo.engine.sampling import SamplingParams
 from solo.model.cache import HybridCache
@@ -109,7 +109,7 @@ def test_stop_inside_a_verification_window(tiny, fresh_ids):
 def test_rollback_after_partly_rejected_round_matches_plain_run(tiny, fresh_ids):
     """Verify [t, g1, g2', g3'] where only g1 is right: after rolling back to 2 kept tokens, the next
     step's logits equal those of a run that only ever processed the accepted tokens."""
-    model = load_model(tiny, LoadOptions(lm_head="fp32"))
+    model = load_model(tiny)
     prompt = fresh_ids(12)
     n = len(prompt)
     extra = fresh_ids(3)  # t, g1 (kept) and the token processed after the rollback

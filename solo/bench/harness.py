@@ -26,7 +26,8 @@ import torch
 
 from solo.bench import gsm8k
 from solo.bench.metrics import RequestRecord, summarize
-from solo.engine.engine import Engine, GenerationParams, PlainDecoder
+from solo.engine.decoder import PlainDecoder
+from solo.engine.engine import Engine, GenerationParams
 from solo.engine.sampling import SamplingParams
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -70,13 +71,15 @@ def run(engine: Engine, requests: list[Request]) -> tuple[list[RequestRecord], l
     start = time.perf_counter()
     for req in requests:
         times: list[float] = []
-        for event in engine.stream(req.prompt, req.params):
+        generation = engine.stream(req.prompt, req.params)
+        for event in generation:
             if not times or event.elapsed_s != times[-1]:
                 times.append(event.elapsed_s)
-        result = engine.last_result
+        result = generation.result
+        assert result is not None
         s = result.stats
         itl = [b - a for a, b in zip(times, times[1:], strict=False)]
-        per_pos = [round(r * (s.verify_rounds or 0)) for r in (s.per_position_acceptance or [])]
+        per_pos = list(s.accepted_per_position or [])
         records.append(
             RequestRecord(
                 prompt_tokens=s.prompt_tokens,
@@ -179,8 +182,14 @@ def main(args: argparse.Namespace, engine: Engine) -> int:
     return 0
 
 
+WORKLOADS = {
+    "gsm8k": "GSM8K test questions, lm-eval 5-shot, graded",
+    "synthetic": "random prompt tokens, fixed output length, eos ignored",
+    "repeat": "one digit repeated, fixed output length: an upper bound for acceptance",
+}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("workload", choices=("gsm8k", "synthetic", "repeat"))
     p.add_argument("--num-prompts", type=int, default=20)
     p.add_argument("--input-len", type=int, default=256, help="synthetic: prompt tokens; repeat: characters")
     p.add_argument("--output-len", type=int, default=128, help="max new tokens")

@@ -17,7 +17,7 @@ import torch
 
 from solo.bench import gsm8k
 from solo.bench.harness import DEFAULT_GSM8K as GSM8K
-from solo.checkpoint.loader import LoadOptions, load_model
+from solo.fastpath import load_accelerated
 from solo.model.cache import HybridCache
 from solo.tokenizer import Tokenizer
 
@@ -72,7 +72,7 @@ def evaluate(
     starts = [len(p) - 1 if new_tokens else 0 for p in prompts]
 
     def run(path: Path, head: str) -> list[torch.Tensor]:
-        model = load_model(path, LoadOptions(lm_head=head))
+        model = load_accelerated(path, lm_head=head)
         return [
             position_logits(model, seq)[start : -1 if new_tokens else None]
             for seq, start in zip(sequences, starts, strict=True)

@@ -1,8 +1,14 @@
-"""Builds a LingForCausalLM from a checkpoint folder: config, weights, experts, LM head.
+"""Reads a checkpoint folder into the reference model: config, weights, experts, LM head.
 
 Every tensor the model needs must be present with the right shape, and every tensor in the
 checkpoint must be used; anything else is an error naming the tensor. Quantized tensors
-(block-FP8 layers, MXFP4 experts) are recognised by their dtype and `weight_scale_inv` companions.
+(block-FP8 layers, MXFP4 experts) are recognised by their dtype and `weight_scale_inv` companions
+and kept as stored: block-FP8 layers as FP8 weights with their 128x128 block scales (multiplied by
+the reference kernel, which dequantizes per call), MXFP4 experts packed, behind the PyTorch
+reference backend; the LM head in fp32. That is the CPU reference and the oracle.
+
+Nothing here chooses kernels: `solo.fastpath.accelerate` turns the loaded model into the fast
+path (MoE backend, block-FP8 kernels, LM-head mode, warm-ups) in one explicit step.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,13 +26,12 @@ from tqdm import tqdm
 
 from solo.checkpoint.reader import CheckpointError, CheckpointReader
 from solo.config import LingConfig
-from solo.kernels.moe import DenseExperts, MXFP4Experts
-from solo.kernels.registry import make_moe_backend
-from solo.model.layers import Linear, RotaryEmbedding, block_fp8_linears
+from solo.kernels.moe import DenseExperts, MXFP4Experts, TorchMoE
+from solo.model.layers import Linear, RotaryEmbedding
 from solo.model.ling import LingForCausalLM
 from solo.model.moe import SparseMoE
 from solo.quantization import formats
-from solo.quantization import lm_head as lm_head_modes
+from solo.quantization.lm_head import DenseHead
 from solo.quantization.scheme import QuantScheme
 
 # Parameters kept in fp32 whatever the compute dtype: small, and precision-sensitive.
@@ -39,24 +45,22 @@ QUANTIZED_DTYPES = (torch.float8_e4m3fn, torch.uint8, torch.int8)
 class LoadOptions:
     device: str | torch.device = "cpu"
     dtype: torch.dtype = torch.float32
-    moe_backend: str = "torch"
-    lm_head: str = "bf16"
-    # block-FP8 linears: "on" keeps them in FP8, "auto" only on a GPU and where the FP8 kernel is faster
-    # (K >= BLOCK_FP8_MIN_K), "off" dequantizes them all at load
-    block_fp8: str = "auto"
     progress: bool | None = None  # None: show a bar for checkpoints over 1 GiB
 
 
 def load_model(path: str | Path, options: LoadOptions | None = None) -> LingForCausalLM:
-    options = options or LoadOptions()
+    """The reference model of the checkpoint folder `path` (config.json, safetensors files)."""
     path = Path(path)
     config = LingConfig.from_file(path)
-    reader = CheckpointReader(path)
+    return build_model(config, CheckpointReader(path), options)
+
+
+def build_model(config: LingConfig, reader: Any, options: LoadOptions | None = None) -> LingForCausalLM:
+    """The reference model of `config` with its tensors from `reader` (a CheckpointReader, or any
+    source with its interface: names, shape, get, nbytes, directory; e.g. a RandomCheckpoint)."""
+    options = options or LoadOptions()
     scheme = QuantScheme.from_config(config.quantization_config)
     _detect_nextn(config, reader)
-    lm_head_modes.validate_mode(options.lm_head)
-    if options.block_fp8 not in BLOCK_FP8_MODES:
-        raise ValueError(f"unknown block_fp8 mode {options.block_fp8!r}; choose one of {', '.join(BLOCK_FP8_MODES)}")
 
     with torch.device("meta"):
         model = LingForCausalLM(config)
@@ -79,13 +83,13 @@ def load_model(path: str | Path, options: LoadOptions | None = None) -> LingForC
     if unexpected:
         more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
         raise CheckpointError(
-            f"{path}: unexpected tensors {unexpected[:5]}{more}: the checkpoint does not match its "
+            f"{reader.directory}: unexpected tensors {unexpected[:5]}{more}: the checkpoint does not match its "
             "config.json (wrong num_hidden_layers, expert count or layer pattern?)."
         )
     model.rotary.to(options.device)
-    model.lm_head = lm_head_modes.build(model.lm_head, options.lm_head)
+    model.lm_head = DenseHead(model.lm_head.weight.data, "fp32")  # the checkpoint's head, product in fp32
+    model.fp8_block_size = scheme.block_size
     model.finalize()
-    _warm_block_fp8(model)
     return model.eval()
 
 
@@ -176,61 +180,28 @@ def _load_linear(
 ) -> None:
     name = f"{prefix}.weight"
     shape = (module.out_features, module.in_features)
-    if f"{prefix}.weight_scale_inv" in reader and prefix != "lm_head" and _keep_fp8(module, options, scheme):
+    device = torch.device(options.device)
+    if f"{prefix}.weight_scale_inv" in reader and scheme.block_size == FP8_BLOCK:
         weight, scale = scheme.load_fp8_block_raw(reader, prefix, shape, used)
-        device = torch.device(options.device)
-        module.use_block_fp8(weight.to(device), scale.to(device), _block_fp8_kernel(scheme, device))
+        module.use_block_fp8(weight.to(device), scale.to(device), reference_fp8_block_linear)
         return
-    if f"{prefix}.weight_scale_inv" in reader:
+    if f"{prefix}.weight_scale_inv" in reader:  # other block sizes: no FP8 kernel runs them, keep them dense
         weight = scheme.load_fp8_block(reader, prefix, shape, used)
     elif prefix == "lm_head" and name not in reader and tied_head:
         weight = _fetch(reader, "model.word_embeddings.weight", shape, used)
     else:
         weight = _fetch(reader, name, shape, used)
-    # The head keeps full precision until lm_head.build() turns it into the requested mode.
+    # The head keeps full precision until the fast path turns it into the requested mode.
     dtype = torch.float32 if prefix == "lm_head" else options.dtype
-    module.weight = nn.Parameter(weight.to(device=options.device, dtype=dtype), requires_grad=False)
+    module.weight = nn.Parameter(weight.to(device=device, dtype=dtype), requires_grad=False)
 
 
-BLOCK_FP8_MODES = ("off", "auto", "on")
-
-
-def _keep_fp8(module: Linear, options: LoadOptions, scheme: QuantScheme) -> bool:
-    """Whether this block-FP8 layer keeps its FP8 weights (else it is dequantized at load)."""
-    if options.block_fp8 == "on":
-        return True  # (_block_fp8_kernel refuses block sizes the kernel cannot run)
-    if options.block_fp8 == "auto" and scheme.block_size == (128, 128) and torch.device(options.device).type == "cuda":
-        from solo.kernels.triton_fp8 import BLOCK_FP8_MIN_K
-
-        return module.in_features >= BLOCK_FP8_MIN_K
-    return False
-
-
-def _block_fp8_kernel(scheme: QuantScheme, device: torch.device):
-    """The GPU path multiplies with the Triton block-FP8 GEMV; the CPU reference dequantizes per call."""
-    if scheme.block_size != (128, 128):
-        raise CheckpointError(
-            f"--block-fp8 on: the checkpoint's FP8 blocks are {scheme.block_size}, the kernel runs 128x128 "
-            "blocks. Load it with --block-fp8 off (weights dequantized to the compute dtype)."
-        )
-    if device.type == "cuda":
-        from solo.kernels.triton_fp8 import fp8_block_linear
-
-        return fp8_block_linear
-    return reference_fp8_block_linear
+FP8_BLOCK = (128, 128)  # the block size of the FP8 kernels (and of Ling-3.0-flash-fp4)
 
 
 def reference_fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, formats.dequantize_fp8_block(weight, scale_inv, (128, 128), x.dtype))
-
-
-def _warm_block_fp8(model: nn.Module) -> None:
-    """Compile (or load from the disk cache) the block-FP8 kernel for every shape the model uses."""
-    fp8 = block_fp8_linears(model)
-    if fp8 and fp8[0].weight.is_cuda:
-        from solo.kernels.triton_fp8 import compile_for_shapes
-
-        compile_for_shapes(block=sorted({(m.out_features, m.in_features) for m in fp8}), device=fp8[0].weight.device)
+    """The reference block-FP8 product: dequantize, then a dense product in the activation dtype."""
+    return F.linear(x, formats.dequantize_fp8_block(weight, scale_inv, FP8_BLOCK, x.dtype))
 
 
 def _load_experts(
@@ -254,6 +225,4 @@ def _load_experts(
             gate_up.append(torch.cat([gate, up]).to(options.dtype))
             down.append(_fetch(reader, f"{base}.down_proj.weight", (hidden, inter), used).to(options.dtype))
         experts = DenseExperts(torch.stack(gate_up).to(options.device), torch.stack(down).to(options.device))
-    module.experts = make_moe_backend(
-        options.moe_backend, experts, options.dtype, module.swiglu_limit, top_k=config.num_experts_per_tok
-    )
+    module.experts = TorchMoE(experts, options.dtype, module.swiglu_limit)

@@ -1,115 +1,78 @@
 """Generation: prefill, then decode over preallocated caches, streaming tokens with timing.
 
-The engine asks a *decoder* for rounds of tokens: plain decoding yields one token per round, the
-speculative decoder up to draft+1. Stop conditions (eos, stop strings, max tokens) are applied
-per token, so a stop inside a verification window ends the text exactly where plain decoding would.
+The engine asks a *decoder* (solo.engine.decoder) for rounds of tokens: plain decoding yields one
+token per round, the speculative decoder up to draft+1. Stop conditions (eos, stop strings, max
+tokens) are applied per token, so a stop inside a verification window ends the text exactly where
+plain decoding would. The engine owns the request's statistics and counts acceptance (per request
+and for the process) from the rounds.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from solo.engine.graphs import EagerStep, GraphedStep
-from solo.engine.sampling import SamplingParams, make_generator, sample
+from solo.engine.decoder import Decoder, PlainDecoder, Round
+from solo.engine.graphs import GraphCapture
+from solo.engine.request import GenerationParams, GenerationResult, GenerationStats, StreamEvent
 from solo.model.cache import HybridCache
 from solo.model.ling import LingForCausalLM
+from solo.speculative.acceptance import AcceptanceCounter, AcceptanceWatchdog
 from solo.tokenizer import StreamDecoder, Tokenizer
 
-
-@dataclass
-class GenerationParams:
-    max_tokens: int = 128
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+__all__ = ["Engine", "EngineBusy", "Generation", "GenerationParams", "GenerationResult", "GenerationStats"]
 
 
-@dataclass
-class GenerationStats:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    ttft_s: float = 0.0
-    total_s: float = 0.0
-    tpot_s: float | None = None
-    decode_tok_per_s: float | None = None
-    # speculative decoding (None when it is off)
-    verify_rounds: int | None = None
-    drafted_tokens: int | None = None
-    accepted_tokens: int | None = None
-    accept_length: float | None = None
-    per_position_acceptance: list[float] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+class EngineBusy(RuntimeError):
+    """A second request was started while one is still in flight (the engine serves one at a time)."""
 
 
-@dataclass
-class StreamEvent:
-    """One generated token: its id, the text it completes (may be empty while UTF-8 or a possible
-    stop string is held back), and the time since the request started."""
+class Generation:
+    """One request in flight: iterate it for `StreamEvent`s; `result` is set once it has finished.
+    `close()` cancels it (the decoder stops at the end of the current round)."""
 
-    token_id: int
-    text: str
-    elapsed_s: float
+    def __init__(self) -> None:
+        self._events: Iterator[StreamEvent] = iter(())
+        self.result: GenerationResult | None = None
+        self.done = False  # finished, failed or closed: the engine is free for the next request
 
+    def __iter__(self) -> Generation:
+        return self
 
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "stop" (eos or stop string) or "length"
-    stats: GenerationStats
+    def __next__(self) -> StreamEvent:
+        return next(self._events)
 
+    def close(self) -> None:
+        """Stop generating; the result (finish reason "cancelled") covers the tokens made so far."""
+        self._events.close()  # type: ignore[attr-defined]
+        self.done = True
 
-class PlainDecoder:
-    """One token per model step."""
-
-    def __init__(self, model: LingForCausalLM) -> None:
-        self.model = model
-        self.step = EagerStep(model)
-
-    def capture_graphs(self, cache: HybridCache) -> None:
-        self.step = GraphedStep(self.model)
-        self.step.capture(1, cache)
-
-    def graph_report(self) -> dict | None:
-        """None when steps run eagerly; else what was captured and how often it replayed."""
-        if not isinstance(self.step, GraphedStep):
-            return None
-        return {"captured": "decode step", "sizes": self.step.captured_sizes, "replays": self.step.replays}
-
-    def rounds(
-        self, prompt_ids: torch.Tensor, cache: HybridCache, params: SamplingParams, stats: GenerationStats
-    ) -> Iterator[list[int]]:
-        model, device = self.model, self.model.device
-        generator = make_generator(params, device)
-        hidden = model.prefill(prompt_ids, cache)
-        token = sample(model.logits(hidden[-1:]), params, generator)
-        position_buf = torch.tensor([prompt_ids.numel()], device=device)
-        while True:
-            yield [int(token.item())]
-            _, logits = self.step(token, position_buf, cache)
-            token = sample(logits, params, generator)
-            position_buf += 1
+    def finish(self) -> GenerationResult:
+        """Run to the end and return the result."""
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
 
 
 class Engine:
-    def __init__(self, model: LingForCausalLM, tokenizer: Tokenizer, decoder: Any | None = None) -> None:
+    def __init__(self, model: LingForCausalLM, tokenizer: Tokenizer, decoder: Decoder | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.decoder = decoder or PlainDecoder(model)
+        self.decoder: Decoder = decoder or PlainDecoder(model)
         self._cache: HybridCache | None = None
         self.graphs_max_len: int | None = None  # set when CUDA graphs pin the cache
+        self.graphs: GraphCapture | None = None
+        # acceptance over every request of the process, and the watchdog that reads it
+        self.acceptance = AcceptanceCounter(self.decoder.num_draft_positions)
+        self.watchdog = AcceptanceWatchdog() if self.decoder.speculative else None
+        self.bytes_per_token: int | None = None  # decode-step traffic, for GB/s (set by the caller)
+        self._active: weakref.ref[Generation] | None = None
 
     @classmethod
     def from_pretrained(
@@ -118,13 +81,18 @@ class Engine:
         speculative: Any = None,
         cuda_graphs: bool = False,
         max_context: int = 4096,
-        **load_options: Any,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        progress: bool | None = None,
+        **fast_path: Any,
     ) -> Engine:
-        """Load a checkpoint folder; `speculative` (a SpeculativeConfig) turns on NEXTN drafting;
-        `cuda_graphs` captures the target steps over a pinned cache of `max_context` positions."""
-        from solo.checkpoint.loader import LoadOptions, load_model
+        """Load a checkpoint folder into the reference model, then install the fast path
+        (`fast_path`: the fields of solo.fastpath.FastPathOptions: moe_backend, lm_head, block_fp8).
+        `speculative` (a SpeculativeConfig) turns on NEXTN drafting; `cuda_graphs` captures the
+        target steps over a pinned cache of `max_context` positions."""
+        from solo.fastpath import load_accelerated
 
-        model = load_model(path, LoadOptions(**load_options))
+        model = load_accelerated(path, device, dtype, progress, **fast_path)
         tokenizer = Tokenizer.from_dir(path, model.config.eos_token_id)
         decoder = None
         if speculative is not None:
@@ -158,7 +126,7 @@ class Engine:
     @property
     def cache_margin(self) -> int:
         """Extra positions a decoder may write past the last emitted token (verification windows)."""
-        return getattr(self.decoder, "window", 1)
+        return self.decoder.window
 
     def cache_for(self, length: int) -> HybridCache:
         limit = self.model.config.max_position_embeddings
@@ -183,7 +151,8 @@ class Engine:
             raise ValueError("CUDA graphs need the model on a CUDA device (--device cuda).")
         self._cache = HybridCache(self.model.config, max_len, self.model.device, self.model.dtype, with_nextn=True)
         self.graphs_max_len = max_len
-        self.decoder.capture_graphs(self._cache)
+        self.graphs = self.graphs or GraphCapture()
+        self.decoder.capture_graphs(self._cache, self.graphs)
         self._cache.reset()
 
     # ------------------------------------------------------------------ generation
@@ -201,59 +170,87 @@ class Engine:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab}).")
         return ids
 
-    @torch.inference_mode()
-    def stream(
-        self, prompt: str | list[int], params: GenerationParams | None = None, chat: bool = False
-    ) -> Iterator[StreamEvent]:
-        """Yield tokens as they are produced; the last event is followed by `self.last_result`."""
+    def stream(self, prompt: str | list[int], params: GenerationParams | None = None, chat: bool = False) -> Generation:
+        """Start a request: the prompt is checked now (a bad one raises here), tokens come as the
+        returned `Generation` is iterated; its `result` is set when it ends."""
+        active = self._active() if self._active is not None else None
+        if active is not None and not active.done:
+            raise EngineBusy(
+                "the engine is serving another request (batch size 1): finish it or close() its Generation first."
+            )
         params = params or GenerationParams()
         ids = self.encode_prompt(prompt, chat)
         cache = self.cache_for(len(ids) + params.max_tokens + self.cache_margin)
+        generation = Generation()
+        generation._events = self._run(generation, ids, cache, params)
+        self._active = weakref.ref(generation)
+        return generation
+
+    def generate(
+        self, prompt: str | list[int], params: GenerationParams | None = None, chat: bool = False
+    ) -> GenerationResult:
+        return self.stream(prompt, params, chat).finish()
+
+    @torch.inference_mode()
+    def _run(
+        self, generation: Generation, ids: list[int], cache: HybridCache, params: GenerationParams
+    ) -> Iterator[StreamEvent]:
         stats = GenerationStats(prompt_tokens=len(ids))
+        counts = AcceptanceCounter(self.decoder.num_draft_positions)
         eos = set() if params.ignore_eos else set(self.tokenizer.eos_ids)
         text = StreamDecoder(self.tokenizer)
         hold = max((len(s) for s in params.stop), default=1) - 1
         emitted = 0
         out_ids: list[int] = []
-        finish = "length"
+        finish = "cancelled"  # until the loop decides otherwise
         start = time.perf_counter()
-        first_token_at = None
+        first_token_at = end = None
         prompt_tensor = torch.tensor(ids, device=self.model.device)
+        rounds = self.decoder.rounds(prompt_tensor, cache, params.sampling)
+        try:
+            for round_ in rounds:
+                now = time.perf_counter()
+                first_token_at = first_token_at or now
+                self._count(round_, counts)
+                finish = "length"
+                for token in round_.tokens:
+                    out_ids.append(token)
+                    if token in eos:
+                        finish = "stop"
+                        break
+                    piece = text.push(token)
+                    # a stop string not seen before must end inside the new piece
+                    cut = _find_stop(text.text, params.stop, len(text.text) - len(piece) - hold)
+                    if cut is not None:
+                        text.text = text.text[:cut]
+                        finish = "stop"
+                        break
+                    safe = max(emitted, len(text.text) - hold) if params.stop else len(text.text)
+                    piece, emitted = text.text[emitted:safe], safe
+                    finish = "cancelled"  # the caller may close() while this event is out
+                    yield StreamEvent(token, piece, now - start)
+                    finish = "length"
+                    if len(out_ids) >= params.max_tokens:
+                        break
+                if finish == "stop" or len(out_ids) >= params.max_tokens:
+                    break
+            end = time.perf_counter()
+            if finish != "cancelled" and text.text[emitted:]:  # held back for a stop string, or partial UTF-8
+                yield StreamEvent(out_ids[-1], text.text[emitted:], end - start)
+        finally:
+            rounds.close()
+            generation.done = True
+            end = end or time.perf_counter()
+            stats = _finish_stats(stats, out_ids, start, first_token_at, end, counts, self.bytes_per_token)
+            generation.result = GenerationResult(text.text, out_ids, finish, stats)
 
-        for round_tokens in self.decoder.rounds(prompt_tensor, cache, params.sampling, stats):
-            now = time.perf_counter()
-            first_token_at = first_token_at or now
-            for token in round_tokens:
-                out_ids.append(token)
-                if token in eos:
-                    finish = "stop"
-                    break
-                piece = text.push(token)
-                # a stop string not seen before must end inside the new piece
-                cut = _find_stop(text.text, params.stop, len(text.text) - len(piece) - hold)
-                if cut is not None:
-                    text.text = text.text[:cut]
-                    finish = "stop"
-                    break
-                safe = max(emitted, len(text.text) - hold) if params.stop else len(text.text)
-                piece, emitted = text.text[emitted:safe], safe
-                yield StreamEvent(token, piece, now - start)
-                if len(out_ids) >= params.max_tokens:
-                    break
-            if finish == "stop" or len(out_ids) >= params.max_tokens:
-                break
-        end = time.perf_counter()
-        if text.text[emitted:]:  # text held back for a possible stop string, or partial UTF-8
-            yield StreamEvent(out_ids[-1], text.text[emitted:], end - start)
-        stats = _finish_stats(stats, out_ids, start, first_token_at, end)
-        self.last_result = GenerationResult(text.text, out_ids, finish, stats)
-
-    def generate(
-        self, prompt: str | list[int], params: GenerationParams | None = None, chat: bool = False
-    ) -> GenerationResult:
-        for _ in self.stream(prompt, params, chat):
-            pass
-        return self.last_result
+    def _count(self, round_: Round, counts: AcceptanceCounter) -> None:
+        if not round_.drafted:
+            return
+        counts.record(round_.drafted, round_.accepted)
+        self.acceptance.record(round_.drafted, round_.accepted)
+        if self.watchdog is not None:
+            self.watchdog.observe(round_.accepted + 1)
 
 
 def _find_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:
@@ -262,7 +259,13 @@ def _find_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:
 
 
 def _finish_stats(
-    stats: GenerationStats, out_ids: list[int], start: float, first: float | None, end: float
+    stats: GenerationStats,
+    out_ids: list[int],
+    start: float,
+    first: float | None,
+    end: float,
+    counts: AcceptanceCounter,
+    bytes_per_token: int | None,
 ) -> GenerationStats:
     stats.completion_tokens = len(out_ids)
     stats.total_s = end - start
@@ -270,4 +273,13 @@ def _finish_stats(
     if len(out_ids) > 1:
         stats.tpot_s = (stats.total_s - stats.ttft_s) / (len(out_ids) - 1)
         stats.decode_tok_per_s = 1.0 / stats.tpot_s if stats.tpot_s > 0 else None
+    if stats.decode_tok_per_s and bytes_per_token:
+        stats.decode_gb_per_s = bytes_per_token * stats.decode_tok_per_s / 1e9
+    if counts.positions:  # a speculative decoder: its acceptance, counted by the engine
+        stats.verify_rounds = counts.rounds
+        stats.drafted_tokens = counts.drafted
+        stats.accepted_tokens = counts.accepted
+        stats.accept_length = counts.accept_length
+        stats.per_position_acceptance = counts.per_position()
+        stats.accepted_per_position = list(counts.accepted_at)
     return stats

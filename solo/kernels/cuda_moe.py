@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from solo.kernels.cuda_moe_plan import DecodeKernelConfig, DecodeSchedule, decode_schedule
-from solo.kernels.moe import MXFP4Experts
+from solo.kernels.moe import CompileEvidence, MXFP4Experts
 from solo.kernels.triton_moe import MoEConfig, TritonMoE
 
 SOURCE = Path(__file__).parent / "cuda" / "moe_decode.cu"
@@ -92,8 +92,19 @@ class PersistentDecodeMoE(TritonMoE):
         # per-block globaltimer stamps of the last two launches (DecodeKernelConfig.trace; moe_decode.cu T_*)
         self.trace = torch.zeros((2, self.blocks, 64), dtype=torch.int64, device=self.device)
 
-    def decode_path(self) -> str:
-        return "persistent"
+    def family_for(self, tokens: int) -> str:
+        return "persistent" if tokens == 1 else super().family_for(tokens)
+
+    def compile_evidence(self) -> CompileEvidence:
+        """Triton's binaries for calls of several tokens, plus the NVRTC cubins of the one-token kernel."""
+        evidence = super().compile_evidence()
+        cubins = sorted({entry[0].compile.path for entry in self._kernels.values()})
+        built = [entry[0].compile for entry in self._kernels.values()]
+        evidence.tool = f"{evidence.tool}+nvrtc"
+        evidence.artifacts = [*cubins, *evidence.artifacts]
+        evidence.compiled_now += sum(not c.cached for c in built)
+        evidence.seconds += sum(c.seconds for c in built)
+        return evidence
 
     def set_kernel_config(self, kernel_config: DecodeKernelConfig) -> None:
         """Switch kernel variants (for A/B runs); the next call compiles or loads the new one."""

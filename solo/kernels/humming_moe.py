@@ -14,11 +14,13 @@ package raises a RuntimeError that says what to install.
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from solo.kernels.moe import MoEBackend, MXFP4Experts, swiglu
+from solo.kernels.moe import CompileEvidence, MoEBackend, MXFP4Experts, swiglu
 from solo.kernels.routing import align_routing, one_block_per_assignment
 
 _NEEDS = (
@@ -29,6 +31,18 @@ _NEEDS = (
 def _solo_cache_dir() -> str:
     root = os.environ.get("SOLO_CACHE_DIR")
     return os.path.expanduser(root) if root else os.path.expanduser("~/.cache/solo")
+
+
+def humming_cache_dir() -> str:
+    return os.environ.get("HUMMING_CACHE_DIR", os.path.join(_solo_cache_dir(), "humming"))
+
+
+def humming_artifacts(cache_dir: str) -> list[str]:
+    """Every file Humming's JIT left in its cache (its compiled kernels)."""
+    try:
+        return sorted(str(p) for p in Path(cache_dir).rglob("*") if p.is_file())
+    except OSError:
+        return []
 
 
 def import_humming() -> Any:
@@ -79,6 +93,8 @@ class HummingMoE(MoEBackend):
         self.down = self._layer(experts.down, experts.down_scale, self.hidden, self.inter)
         self._tuning: dict[tuple[str, int], dict] = {}
         self._constant_tables: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.path_calls = {"humming_gemm": 0}  # Humming GEMM launches (two per call)
+        self._warmup: dict[str, Any] = {}
 
     def _layer(self, packed: torch.Tensor, scale: torch.Tensor, n: int, k: int) -> Any:
         from humming.layer import HummingLayer
@@ -147,16 +163,20 @@ class HummingMoE(MoEBackend):
         dn_cfg = self._tuning_config("down", topk_ids.numel())
         same_block = int(dn_cfg["block_shape"][0]) == int(gu_tables[0]["block_shape"][0])
         dn_tables = (dn_cfg, gu_tables[1]) if same_block else self._tables("down", topk_ids)
+        self.path_calls["humming_gemm"] += 2
         h = self._gemm("gate_up", xin.contiguous(), topk_ids, top_k, gu_tables)  # [T*k, 2I]
         act = swiglu(h[:, : self.inter], h[:, self.inter :], self.swiglu_limit).contiguous()
         y = self._gemm("down", act, topk_ids, 1, dn_tables)  # [T*k, H]
         out = (y.view(t, top_k, self.hidden).float() * topk_weights[..., None].float()).sum(1)
         return out.to(x.dtype)
 
+    def family_for(self, tokens: int) -> str:
+        return "humming_gemm"
+
     def warmup(self, top_k: int = 8, token_counts: tuple[int, ...] = (1, 2, 3, 4)) -> dict[str, Any]:
         """JIT-compile (or load from HUMMING_CACHE_DIR) the kernels for these token counts."""
-        import time
-
+        cache_dir = humming_cache_dir()
+        before = set(humming_artifacts(cache_dir))
         t0 = time.perf_counter()
         for t in token_counts:
             x = torch.zeros((t, self.hidden), dtype=self.dtype, device=self.device)
@@ -164,4 +184,22 @@ class HummingMoE(MoEBackend):
             w = torch.full((t, top_k), 1.0 / top_k, device=self.device)
             self.forward(x, ids, w)
         torch.cuda.synchronize(self.device)
-        return {"what": "humming_moe", "seconds": time.perf_counter() - t0}
+        after = humming_artifacts(cache_dir)
+        self._warmup = {
+            "what": "humming_moe",
+            "seconds": time.perf_counter() - t0,
+            "new_cache_entries": len(set(after) - before),
+            "token_counts": list(token_counts),
+        }
+        return dict(self._warmup)
+
+    def compile_evidence(self) -> CompileEvidence:
+        """The files Humming's JIT keeps in its cache: none means no compiled kernel is known to exist."""
+        cache_dir = humming_cache_dir()
+        return CompileEvidence(
+            "humming",
+            cache_dir,
+            humming_artifacts(cache_dir),
+            self._warmup.get("new_cache_entries", 0),
+            self._warmup.get("seconds", 0.0),
+        )

@@ -14,7 +14,8 @@ Weight layout (the Ling-3.0-flash-fp4 checkpoint's, see solo.quantization.format
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -66,14 +67,40 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.T
     return act * up
 
 
+@dataclass
+class CompileEvidence:
+    """What a backend's kernels run from: the compiled binaries on disk, and what this process built."""
+
+    tool: str  # "triton", "nvrtc", "humming", "triton-interpreter"
+    cache_dir: str
+    artifacts: list[str] = field(default_factory=list)  # compiled kernel files the backend's kernels load
+    compiled_now: int = 0  # built by this process (the rest came from the on-disk cache)
+    seconds: float = 0.0  # warm-up time (compiling or loading)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "tool": self.tool,
+            "cache_dir": self.cache_dir,
+            "artifacts": len(self.artifacts),
+            "compiled_now": self.compiled_now,
+            "seconds": round(self.seconds, 3),
+            "examples": self.artifacts[:3],
+        }
+
+
 class MoEBackend(ABC):
-    """Computes sum_k w[t,k] * expert_{ids[t,k]}(x[t]) for every token t."""
+    """Computes sum_k w[t,k] * expert_{ids[t,k]}(x[t]) for every token t.
+
+    Every backend counts what it executed, for the start-up check: `calls` (eager forwards) and,
+    for backends with several kernel families, `path_calls` per family; `family_for(T)` says which
+    family a T-token call must run. `compile_evidence()` names the compiled kernels it runs from."""
 
     name: str = "abstract"
 
     def __init__(self, swiglu_limit: float | None = None) -> None:
         self.swiglu_limit = swiglu_limit
         self.calls = 0  # forward calls executed eagerly (graph replays are not counted)
+        self.path_calls: dict[str, int] = {}  # eager forwards per kernel family (empty: one family)
 
     def __call__(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         self.calls += 1
@@ -87,16 +114,33 @@ class MoEBackend(ABC):
         """Shortest prompt whose prefill runs this backend's prefill kernels (for the start-up check)."""
         return 1
 
+    def family_for(self, tokens: int) -> str | None:
+        """The `path_calls` key of the kernels a `tokens`-token call runs (None: a single family)."""
+        return None
+
+    def kernel_evidence(self) -> dict[str, Any]:
+        """Facts about how the kernels run (e.g. dependent launch), for the start-up report."""
+        return {}
+
+    def compile_evidence(self) -> CompileEvidence | None:
+        """The compiled kernels this backend runs from; None when it compiles nothing (the reference)."""
+        return None
+
 
 class TorchMoE(MoEBackend):
-    """Reference backend: dense weights (MXFP4 is dequantized once, at construction).
+    """Reference backend: dense products on the dequantized expert weights.
 
     Few tokens (decode, verification) gather the selected experts' weights, which has static shapes
-    and no host synchronisation; many tokens (prefill) loop over the experts that were hit.
+    and no host synchronisation; many tokens (prefill) loop over the experts that were hit. MXFP4
+    experts are dequantized once at construction when the dense copy is small (at most
+    ``DENSE_COPY_MAX_BYTES``); larger layers (a full-size model) dequantize the experts a call uses,
+    on the fly: the same values, so the same results. ``source`` keeps the experts as loaded, for
+    the fast path to build its kernels from.
     """
 
     name = "torch"
     GATHER_MAX_ASSIGNMENTS = 64
+    DENSE_COPY_MAX_BYTES = 1 << 30
 
     def __init__(
         self,
@@ -105,15 +149,33 @@ class TorchMoE(MoEBackend):
         swiglu_limit: float | None = None,
     ) -> None:
         super().__init__(swiglu_limit)
-        if isinstance(experts, MXFP4Experts):
-            from solo.quantization.formats import dequantize_mxfp4
+        self.source = experts
+        self.dtype = dtype
+        self._dense: DenseExperts | None = None
+        if isinstance(experts, DenseExperts):
+            self._dense = DenseExperts(experts.gate_up.to(dtype), experts.down.to(dtype))
+        else:
+            e, two_i, h = experts.num_experts, 2 * experts.intermediate_size, experts.hidden_size
+            dense_bytes = e * 3 * (two_i // 2) * h * torch.finfo(dtype).bits // 8
+            if dense_bytes <= self.DENSE_COPY_MAX_BYTES:
+                self._dense = self._dequantize(slice(None))
 
-            experts = DenseExperts(
-                gate_up=dequantize_mxfp4(experts.gate_up, experts.gate_up_scale, dtype),
-                down=dequantize_mxfp4(experts.down, experts.down_scale, dtype),
-            )
-        self.gate_up = experts.gate_up.to(dtype)
-        self.down = experts.down.to(dtype)
+    def _dequantize(self, index: torch.Tensor | slice | int) -> DenseExperts:
+        """The dense weights of the experts `index` selects (any leading shape)."""
+        from solo.quantization.formats import dequantize_mxfp4
+
+        src = self.source
+        assert isinstance(src, MXFP4Experts)
+        return DenseExperts(
+            gate_up=dequantize_mxfp4(src.gate_up[index], src.gate_up_scale[index], self.dtype),
+            down=dequantize_mxfp4(src.down[index], src.down_scale[index], self.dtype),
+        )
+
+    def _weights(self, index: torch.Tensor | int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._dense is not None:
+            return self._dense.gate_up[index], self._dense.down[index]
+        dense = self._dequantize(index)
+        return dense.gate_up, dense.down
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         num_tokens, top_k = topk_ids.shape
@@ -122,21 +184,21 @@ class TorchMoE(MoEBackend):
         return self._forward_looped(x, topk_ids, topk_weights)
 
     def _forward_gathered(self, x, topk_ids, topk_weights):
-        inter = self.gate_up.shape[1] // 2
-        w_gate_up = self.gate_up[topk_ids]  # [T, k, 2I, H]
-        w_down = self.down[topk_ids]  # [T, k, H, I]
+        w_gate_up, w_down = self._weights(topk_ids)  # [T, k, 2I, H], [T, k, H, I]
+        inter = w_gate_up.shape[2] // 2
         h = torch.einsum("th,tkoh->tko", x.to(w_gate_up.dtype), w_gate_up)
         act = swiglu(h[..., :inter], h[..., inter:], self.swiglu_limit)
         out = torch.einsum("tki,tkhi->tkh", act, w_down)
         return (out.float() * topk_weights[..., None].float()).sum(1).to(x.dtype)
 
     def _forward_looped(self, x, topk_ids, topk_weights):
-        inter = self.gate_up.shape[1] // 2
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         flat_ids = topk_ids.reshape(-1)
         for expert in torch.unique(flat_ids).tolist():
             token_idx, slot = torch.nonzero(topk_ids == expert, as_tuple=True)
-            h = F.linear(x[token_idx].to(self.gate_up.dtype), self.gate_up[expert])
-            y = F.linear(swiglu(h[:, :inter], h[:, inter:], self.swiglu_limit), self.down[expert])
+            w_gate_up, w_down = self._weights(expert)
+            inter = w_gate_up.shape[0] // 2
+            h = F.linear(x[token_idx].to(w_gate_up.dtype), w_gate_up)
+            y = F.linear(swiglu(h[:, :inter], h[:, inter:], self.swiglu_limit), w_down)
             out.index_add_(0, token_idx, y.float() * topk_weights[token_idx, slot, None].float())
         return out.to(x.dtype)

@@ -137,6 +137,20 @@ def kernel_cache_report() -> dict[str, Any]:
     }
 
 
+def triton_cache_dir() -> str:
+    return os.environ.get("TRITON_CACHE_DIR", "")
+
+
+def triton_artifacts(kernel_names: tuple[str, ...] | list[str]) -> list[str]:
+    """Compiled binaries in Triton's on-disk cache for the named kernels (one per compiled variant)."""
+    root = Path(triton_cache_dir())
+    names = set(kernel_names)
+    try:
+        return sorted(str(f) for f in root.glob("*/*.cubin") if f.stem in names)
+    except OSError:
+        return []
+
+
 def require_triton_device(what: str, device: torch.device) -> None:
     """Triton kernels need CUDA tensors, except under TRITON_INTERPRET=1 (CPU tensors, tests)."""
     if interpreter_mode():

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import triton  # noqa: E402,I001  (triton_fp8 configured the cache directory first)
 
-from solo.kernels.moe import MoEBackend, MXFP4Experts
+from solo.kernels.moe import CompileEvidence, MoEBackend, MXFP4Experts
 from solo.kernels.routing import align_routing
 from solo.kernels.triton_epilogues import split_scratch
 from solo.kernels.triton_fp8 import (
@@ -32,6 +32,8 @@ from solo.kernels.triton_fp8 import (
     kernel_cache_report,
     measure_compile,
     require_triton_device,
+    triton_artifacts,
+    triton_cache_dir,
 )
 from solo.kernels.triton_moe_grouped import F16_MAX_SCALE, _grouped_down, _grouped_gate_up_act, max_blocks
 from solo.kernels.triton_mxfp4_gemv import _gemv_down_combine, _gemv_gate_up_act, gdc_wait, pack_e2m1_words
@@ -126,6 +128,7 @@ class TritonMoE(MoEBackend):
         self.config = config or MoEConfig()
         self._scratch: dict[str, torch.Tensor] = {}
         self.path_calls = {"gemv": 0, "tensor_core": 0}  # eager forwards per kernel family
+        self._warmup: dict[str, Any] | None = None
 
     @property
     def config(self) -> MoEConfig:
@@ -165,9 +168,29 @@ class TritonMoE(MoEBackend):
         """One token more than the GEMV path takes: the prefill then runs the grouped kernels."""
         return self.config.gemv_max_tokens + 1
 
-    def decode_path(self) -> str:
-        """The ``path_calls`` key of the kernels that run a one-token call (the start-up check asks)."""
-        return "gemv"
+    def family_for(self, tokens: int) -> str:
+        return "gemv" if self.uses_gemv(tokens) else "tensor_core"
+
+    def kernel_evidence(self) -> dict[str, Any]:
+        return {
+            "dependent_launch": self.uses_pdl(),
+            "prefill_products": "fp16" if self.uses_f16_prefill() else "dot_scaled",
+        }
+
+    KERNELS = ("_gemv_gate_up_act", "_gemv_down_combine", "_grouped_gate_up_act", "_grouped_down")
+
+    def compile_evidence(self) -> CompileEvidence:
+        record = self._warmup or {}
+        if interpreter_mode():
+            return CompileEvidence("triton-interpreter", "", seconds=record.get("seconds", 0.0))
+        cache_dir = triton_cache_dir()
+        return CompileEvidence(
+            "triton",
+            cache_dir,
+            triton_artifacts(self.KERNELS),
+            record.get("new_cache_entries", 0),
+            record.get("seconds", 0.0),
+        )
 
     def uses_gemv(self, tokens: int) -> bool:
         """Whether T tokens run on the CUDA-core GEMV kernels (else the tensor-core kernels)."""
@@ -378,9 +401,10 @@ class TritonMoE(MoEBackend):
                 w = torch.full((t, top_k), 1.0 / top_k, dtype=torch.float32, device=dev)
                 self.forward(x, ids, w)
         assert m.record is not None
-        return {
+        self._warmup = {
             "what": m.record.what,
             "seconds": m.record.seconds,
             "new_cache_entries": m.record.new_cache_entries,
             "interpreter": interpreter_mode(),
         }
+        return dict(self._warmup)

@@ -40,6 +40,14 @@ class Linear(nn.Module):
         self.scale_inv = nn.Parameter(scale_inv.float().contiguous(), requires_grad=False)
         self.kernel = kernel
 
+    def use_dense(self, weight: torch.Tensor) -> None:
+        """Keep a dense weight [N, K] (a block-FP8 layer dequantized, when FP8 does not pay)."""
+        if tuple(weight.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"need a [{self.out_features}, {self.in_features}] weight")
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.scale_inv = None
+        self.kernel = None
+
     @property
     def is_block_fp8(self) -> bool:
         return self.scale_inv is not None

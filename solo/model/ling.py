@@ -7,6 +7,8 @@ so loading is a name-for-name assignment.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -95,6 +97,11 @@ class LingForCausalLM(nn.Module):
         self.model = LingBackbone(config)
         self.lm_head: nn.Module = Linear(config.hidden_size, config.vocab_size)
         self.rotary = RotaryEmbedding(config)
+        self.fp8_block_size: tuple[int, int] | None = None  # the checkpoint's FP8 blocks (None: no FP8 layers)
+        self.fast_path: object | None = None  # the FastPathOptions installed by solo.fastpath.accelerate
+        # the fused GPU decode step (solo.fastpath.decode_step), when installed: it serves the token
+        # counts it was built for (decode, verification); prefill stays on the layers below
+        self.decode_step: Any = None
 
     @property
     def nextn(self) -> NextNLayer | None:
@@ -133,6 +140,8 @@ class LingForCausalLM(nn.Module):
         kda_history: dict[int, KDAHistory] | None = None,
     ) -> torch.Tensor:
         """input_ids, positions [T] -> final-norm hidden states [T, hidden]; updates the cache."""
+        if self.decode_step is not None and self.decode_step.serves(input_ids.numel()):
+            return self.decode_step.forward(input_ids, positions, cache, kda_history)
         x = self.embed(input_ids)
         cos_sin = self.rotary.cos_sin(positions, x.dtype)
         for layer in self.model.layers[: self.config.num_hidden_layers]:
@@ -172,6 +181,8 @@ class LingForCausalLM(nn.Module):
         nextn = self.nextn
         if nextn is None:
             raise RuntimeError("this checkpoint has no NEXTN layer (num_nextn_predict_layers = 0)")
+        if self.decode_step is not None and self.decode_step.serves(input_ids.numel()):
+            return self.decode_step.draft_forward(input_ids, previous_hidden, positions, cache)
         x = self.embed(input_ids)
         cos_sin = self.rotary.cos_sin(positions, x.dtype)
         return nextn.draft_hidden(x, previous_hidden, positions, cos_sin, cache)

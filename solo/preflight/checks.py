@@ -9,7 +9,6 @@ start-up fail when a requested optimization is not active.
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,6 +19,7 @@ import torch
 from solo.engine.engine import Engine, GenerationParams
 from solo.model.layers import Linear, block_fp8_linears
 from solo.model.moe import SparseMoE
+from solo.speculative.acceptance import AcceptanceCounter
 
 ACTIVE, FAILED, OFF = "ACTIVE", "FAILED", "OFF"
 KNOWN_ENV = {"SOLO_CACHE_DIR": "folder for compiled kernels (default ~/.cache/solo)"}
@@ -93,24 +93,27 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
 
 
 # --------------------------------------------------------------------------- the checks
-def _path_calls(moes: list[SparseMoE]) -> dict[str, int]:
-    """Summed per-kernel-family call counters of backends that keep them (TritonMoE)."""
+def _trunk_moes(engine: Engine) -> list[SparseMoE]:
+    trunk = engine.model.model.layers[: engine.model.config.num_hidden_layers]
+    return [m for m in trunk.modules() if isinstance(m, SparseMoE) and m.experts is not None]
+
+
+def _family_calls(moes: list[SparseMoE]) -> dict[str, int]:
     total: dict[str, int] = {}
     for m in moes:
-        for key, n in getattr(m.experts, "path_calls", {}).items():
-            total[key] = total.get(key, 0) + n
+        for family, n in m.experts.path_calls.items():
+            total[family] = total.get(family, 0) + n
     return total
 
 
 def check_moe_backend(engine: Engine, requested: str) -> Check:
-    trunk = engine.model.model.layers[: engine.model.config.num_hidden_layers]
-    moes = [m for m in trunk.modules() if isinstance(m, SparseMoE)]
+    moes = _trunk_moes(engine)
     if not moes:
         return Check("moe_backend", requested, OFF, {"reason": "model has no MoE layers"})
     before = [m.experts.calls for m in moes]
-    paths_before = _path_calls(moes)
-    # Triton picks its kernels by token count: a prompt just long enough for the grouped (prefill)
-    # kernels, then a one-token decode step on the GEMV kernels, proves both families run.
+    families_before = _family_calls(moes)
+    # A prompt just long enough for every backend's prefill kernels, then a one-token decode step:
+    # each family of kernels the backend has must run in every layer.
     length = max([8] + [m.experts.probe_prompt_tokens() for m in moes])
     text = engine.tokenizer.encode("1 + 1 = 2") or [0]
     ids = torch.tensor((text * (length // len(text) + 1))[:length], device=engine.model.device)
@@ -121,31 +124,31 @@ def check_moe_backend(engine: Engine, requested: str) -> Check:
         engine.model(ids[-1:], torch.tensor([len(ids)], device=dev), cache)  # ... and a decode step
     names = sorted({m.experts.name for m in moes})
     calls = sum(m.experts.calls - b for m, b in zip(moes, before, strict=True))
-    evidence = {"executed_by": ",".join(names), "calls": calls, "layers": len(moes), "tokens": len(ids) + 1}
-    paths = {k: v - paths_before.get(k, 0) for k, v in _path_calls(moes).items()}
-    if paths:  # Triton: which kernel family ran the prefill and the decode step
-        evidence.update({f"{family}_calls": n for family, n in paths.items()})
-        evidence["dependent_launch"] = any(getattr(m.experts, "uses_pdl", lambda: False)() for m in moes)
-        f16 = {m.experts.uses_f16_prefill() for m in moes if hasattr(m.experts, "uses_f16_prefill")}
-        if f16:
-            evidence["prefill_products"] = "+".join(sorted("fp16" if f else "dot_scaled" for f in f16))
-        decode = {m.experts.decode_path() for m in moes if hasattr(m.experts, "decode_path")}
-        for path in decode:  # "gemv" (Triton) or "persistent" (the one-kernel decode of --moe-backend cuda)
-            if paths.get(path, 0) < len(moes) and all(m.experts.uses_gemv(1) for m in moes):
-                return Check(
-                    "moe_backend", requested, FAILED, evidence, f"the decode step did not run the {path} kernels"
-                )
-        if paths.get("tensor_core", 0) < len(moes) and not any(m.experts.uses_gemv(len(ids)) for m in moes):
-            return Check("moe_backend", requested, FAILED, evidence, "the prefill did not run the grouped kernels")
-    idle = [i for i, (m, b) in enumerate(zip(moes, before, strict=True)) if m.experts.calls == b]
+    evidence: dict[str, Any] = {
+        "executed_by": ",".join(names),
+        "calls": calls,
+        "layers": len(moes),
+        "tokens": len(ids) + 1,
+    }
+    ran = {k: v - families_before.get(k, 0) for k, v in _family_calls(moes).items()}
+    evidence.update({f"{family}_calls": n for family, n in ran.items()})
+    for m in moes[:1]:
+        evidence.update(m.experts.kernel_evidence())
     if names != [requested]:
         return Check(
-            "moe_backend",
-            requested,
-            FAILED,
-            evidence,
-            f"experts ran on {names}, not on the requested '{requested}'",
+            "moe_backend", requested, FAILED, evidence, f"experts ran on {names}, not on the requested '{requested}'"
         )
+    for what, tokens in (("prefill", len(ids)), ("decode step", 1)):
+        for family in {m.experts.family_for(tokens) for m in moes} - {None}:
+            if ran.get(family, 0) < len(moes):
+                return Check(
+                    "moe_backend",
+                    requested,
+                    FAILED,
+                    evidence,
+                    f"the {what} did not run the {family} kernels in every layer",
+                )
+    idle = [i for i, (m, b) in enumerate(zip(moes, before, strict=True)) if m.experts.calls == b]
     if idle or calls < len(moes):
         return Check("moe_backend", requested, FAILED, evidence, f"{len(idle)} MoE layers executed no expert call")
     return Check("moe_backend", requested, ACTIVE, evidence)
@@ -207,6 +210,9 @@ def check_block_fp8(engine: Engine, requested: str) -> Check:
     before = [m.fp8_calls for m in in_trunk]
     dev = engine.model.device
     ids = torch.tensor((engine.tokenizer.encode("1 + 1 = 2") or [0])[:4], device=dev)
+    step = engine.model.decode_step
+    if step is not None:  # a token count the fused step does not serve: the reference layers run
+        ids = torch.arange(max(step.token_counts) + 1, device=dev) % engine.model.config.vocab_size
     with torch.inference_mode():
         engine.model(ids, torch.arange(len(ids), device=dev), engine.cache_for(len(ids)))
     ran = sum(m.fp8_calls > b for m, b in zip(in_trunk, before, strict=True))
@@ -235,15 +241,15 @@ def check_speculation(engine: Engine, min_accept_length: float, tokens: int = 48
         else "the draft computes logits with a different head object than the target "
         "(a copy or a bare weight tensor): share the target's LM head module",
     )
-    steps = decoder.config.num_steps
-    saved = copy.deepcopy(decoder.totals)
+    steps = decoder.num_draft_positions
     result = engine.generate(CALIBRATION_PROMPT, GenerationParams(max_tokens=tokens, ignore_eos=True))
-    rounds = decoder.totals.rounds - saved.rounds
-    accepted = decoder.totals.accepted - saved.accepted
+    counted = result.stats
     # the calibration run is not user traffic: keep it out of the process statistics
-    decoder.totals = saved
-    decoder.watchdog.lengths.clear()
-    length = 1 + accepted / rounds if rounds else 0.0
+    engine.acceptance = engine.acceptance.since(_as_counter(counted, steps))
+    if engine.watchdog is not None:
+        engine.watchdog.reset()
+    rounds = counted.verify_rounds or 0
+    length = counted.accept_length or 0.0
     evidence = {
         "accept_length": round(length, 3),
         "rounds": rounds,
@@ -265,25 +271,65 @@ def check_speculation(engine: Engine, min_accept_length: float, tokens: int = 48
     return [head_check, mtp]
 
 
+def _as_counter(stats, positions: int) -> AcceptanceCounter:
+    return AcceptanceCounter(
+        positions,
+        stats.verify_rounds or 0,
+        stats.drafted_tokens or 0,
+        stats.accepted_tokens or 0,
+        list(stats.accepted_per_position or [0] * positions),
+    )
+
+
 def check_kernels(engine: Engine, backend: str) -> Check:
+    """The compiled kernels the routed experts run from, and the FP8 kernels' warm-ups, with paths."""
     if backend == "torch":
         return Check("kernels", "torch", OFF, {"reason": "reference backend, nothing compiled"})
+    moes = _trunk_moes(engine)
+    compiled = moes[0].experts.compile_evidence() if moes else None
+    if compiled is None:
+        return Check("kernels", backend, FAILED, {}, f"the '{backend}' experts report no compiled kernels")
+    evidence: dict[str, Any] = {"moe": compiled.summary()}
+    if compiled.tool != "triton-interpreter" and not compiled.artifacts:
+        return Check(
+            "kernels",
+            backend,
+            FAILED,
+            evidence,
+            f"no compiled {compiled.tool} kernel found in {compiled.cache_dir or 'its cache'}: nothing proves "
+            "the backend's kernels were built",
+        )
     if backend in ("triton", "cuda"):
         from solo.kernels.triton_fp8 import kernel_cache_report
 
         report = kernel_cache_report()
-        evidence = {k: report[k] for k in ("cache_dir", "compile_seconds", "new_cache_entries", "all_cached")}
+        evidence.update({k: report[k] for k in ("cache_dir", "compile_seconds", "new_cache_entries", "all_cached")})
         evidence["warmups"] = len(report["warmups"])
-        if not report["warmups"]:
-            return Check("kernels", backend, FAILED, evidence, "no Triton kernel was compiled for this model")
-        if backend == "cuda":
-            from solo.kernels.cuda_moe import persistent_compile_report
+    return Check("kernels", backend, ACTIVE, evidence)
 
-            evidence["persistent_decode"] = persistent_compile_report()
-            if not evidence["persistent_decode"]["kernels"]:
-                return Check("kernels", backend, FAILED, evidence, "the persistent decode kernel was not built")
-        return Check("kernels", backend, ACTIVE, evidence)
-    return Check("kernels", backend, ACTIVE, {"jit": "humming (NVRTC), cached in HUMMING_CACHE_DIR"})
+
+def check_decode_step(engine: Engine, requested: str) -> Check:
+    """The fused decode step really runs: its kernels' own device-side launch counters must move over
+    a short generation (graph replays included), every family of them."""
+    step = engine.model.decode_step
+    if step is None:
+        note = getattr(engine.model, "decode_step_note", "")
+        if requested == "fused":
+            return Check("decode_step", requested, FAILED, {}, note or "the fused decode step is not installed")
+        return Check("decode_step", requested, OFF, {"reason": note or "reference decode step"})
+    before = step.launches()
+    result = engine.generate([1, 2, 3], GenerationParams(max_tokens=8, ignore_eos=True))
+    after = step.launches()
+    ran = {family: after[family] - before[family] for family in after}
+    expected = step.families_per_step()
+    evidence: dict[str, Any] = {"tokens": len(result.token_ids), **{f"{k}_launches": v for k, v in ran.items()}}
+    evidence["token_counts"] = sorted(step.token_counts)
+    idle = [family for family in expected if ran.get(family, 0) == 0]
+    if idle:
+        return Check(
+            "decode_step", requested, FAILED, evidence, f"the fused kernels {idle} did not run during a generation"
+        )
+    return Check("decode_step", requested, ACTIVE, evidence)
 
 
 def check_cuda_graphs(engine: Engine) -> Check:
@@ -293,8 +339,8 @@ def check_cuda_graphs(engine: Engine) -> Check:
         return Check("cuda_graphs", "on", FAILED, {}, "no graph was captured")
     before = report["replays"]
     engine.generate([0, 1, 2], GenerationParams(max_tokens=8, ignore_eos=True))
-    report = engine.decoder.graph_report()
-    evidence = {**report, "replays": report["replays"] - before, "max_context": engine.graphs_max_len}
+    report = engine.decoder.graph_report() or {}
+    evidence = {**report, "replays": report.get("replays", 0) - before, "max_context": engine.graphs_max_len}
     if evidence["replays"] == 0:
         return Check("cuda_graphs", "on", FAILED, evidence, "a generation ran without replaying a graph")
     return Check("cuda_graphs", "on", ACTIVE, evidence)
@@ -308,10 +354,12 @@ def run_preflight(
     min_accept_length: float = 1.2,
     cuda_graphs: bool = False,
     block_fp8: str = "auto",
+    decode_step: str = "auto",
 ) -> PreflightReport:
     start = time.perf_counter()
     checks = [check_moe_backend(engine, moe_backend), check_lm_head(engine, lm_head)]
     checks.append(check_block_fp8(engine, block_fp8))
+    checks.append(check_decode_step(engine, decode_step))
     if speculative:
         checks.extend(check_speculation(engine, min_accept_length))
     else:

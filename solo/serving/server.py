@@ -79,12 +79,13 @@ def build_app(engine: Engine, model_name: str, default_max_tokens: int = 256) ->
     def generate_events(prompt, params: GenerationParams) -> Iterator[tuple[str, Any]]:
         with lock:
             try:
-                for event in engine.stream(prompt, params):
+                generation = engine.stream(prompt, params)
+                for event in generation:
                     yield "token", event
             except ValueError as e:
                 yield "error", str(e)
                 return
-            result = engine.last_result
+            result = generation.result
             served["requests"] += 1
             served["tokens"] += len(result.token_ids)
             yield "done", result
@@ -185,9 +186,8 @@ def build_app(engine: Engine, model_name: str, default_max_tokens: int = 256) ->
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics():
         lines = [f"solo_requests_total {served['requests']}", f"solo_generated_tokens_total {served['tokens']}"]
-        totals = getattr(engine.decoder, "totals", None)
-        if totals is not None:
-            watchdog = engine.decoder.watchdog
+        totals, watchdog = engine.acceptance, engine.watchdog
+        if watchdog is not None:
             lines += [
                 f"solo_spec_verify_rounds_total {totals.rounds}",
                 f"solo_spec_draft_tokens_total {totals.drafted}",

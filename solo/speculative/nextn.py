@@ -20,14 +20,13 @@ so whatever the head's quantization, draft and target agree on it.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from solo.engine.engine import GenerationStats
-from solo.engine.graphs import EagerStep
+from solo.engine.decoder import Round
+from solo.engine.graphs import EagerStep, GraphCapture, graph_safe_generators
 from solo.engine.sampling import SamplingParams, make_generator, probabilities, sample_from
 from solo.model.cache import HybridCache
 from solo.model.ling import LingForCausalLM
@@ -86,53 +85,9 @@ class RoundState:
         )
 
 
-@dataclass
-class AcceptanceTotals:
-    """Acceptance statistics over every request of the process."""
-
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    accepted_at: list[int] = field(default_factory=list)
-
-    @property
-    def accept_length(self) -> float | None:
-        return 1 + self.accepted / self.rounds if self.rounds else None
-
-    def per_position(self) -> list[float]:
-        return [n / self.rounds for n in self.accepted_at] if self.rounds else []
-
-
-class AcceptanceWatchdog:
-    """Warns when the rolling accept length stays below a floor: speculation is not paying off."""
-
-    def __init__(self, window: int = 64, floor: float = 1.1) -> None:
-        self.lengths: deque[int] = deque(maxlen=window)
-        self.floor = floor
-        self.warnings = 0
-
-    def observe(self, tokens_this_round: int) -> None:
-        self.lengths.append(tokens_this_round)
-        if len(self.lengths) == self.lengths.maxlen:
-            mean = sum(self.lengths) / len(self.lengths)
-            if mean < self.floor:
-                self.warnings += 1
-                log.warning(
-                    "speculative decoding: accept length %.2f over the last %d rounds is below %.2f; "
-                    "drafts are almost never accepted, so speculation costs more than it saves "
-                    "(check the NEXTN weights and that the draft uses the target's LM head module).",
-                    mean,
-                    len(self.lengths),
-                    self.floor,
-                )
-                self.lengths.clear()
-
-    @property
-    def rolling_accept_length(self) -> float | None:
-        return sum(self.lengths) / len(self.lengths) if self.lengths else None
-
-
 class NextNDecoder:
+    speculative = True
+
     def __init__(self, model: LingForCausalLM, config: SpeculativeConfig | None = None) -> None:
         if model.nextn is None:
             raise SpeculationUnavailable(
@@ -143,15 +98,14 @@ class NextNDecoder:
         self.model = model
         self.config = config or SpeculativeConfig()
         self.draft_head = model.lm_head  # the module itself, never a copy of its weight tensor
-        self.totals = AcceptanceTotals(accepted_at=[0] * self.config.num_steps)
+        self.num_draft_positions = self.config.num_steps
         self.step = EagerStep(model)
         self._history: tuple[int, dict] | None = None
         self._state: tuple[int, RoundState] | None = None
-        self.use_graphs = False
+        self.graphs: GraphCapture | None = None  # set by capture_graphs: rounds replay from graphs
         self._round_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Generator | None]] = {}
         self.round_replays = 0
         self.eager_sampled_rounds = False
-        self.watchdog = AcceptanceWatchdog()
 
     @property
     def window(self) -> int:
@@ -164,10 +118,10 @@ class NextNDecoder:
             self._history = (id(cache), cache.new_history(self.config.num_draft_tokens))
         return self._history[1]
 
-    def capture_graphs(self, cache: HybridCache) -> None:
+    def capture_graphs(self, cache: HybridCache, graphs: GraphCapture) -> None:
         """Whole rounds (verify, accept, roll back, draft) replay from graphs, captured per sampling
         setting at the first request that uses it."""
-        self.use_graphs = True
+        self.graphs = graphs
         self.state_for(cache)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -190,21 +144,17 @@ class NextNDecoder:
                 hidden = self.model.draft_forward(token, hidden, position + 1 + step, cache)
         return torch.cat(tokens), torch.cat(dists)
 
-    def rounds(
-        self, prompt_ids: torch.Tensor, cache: HybridCache, params: SamplingParams, stats: GenerationStats
-    ) -> Iterator[list[int]]:
+    def rounds(self, prompt_ids: torch.Tensor, cache: HybridCache, params: SamplingParams) -> Iterator[Round]:
         model, device = self.model, self.model.device
         steps = self.config.num_steps
         generator = make_generator(params, device)
-        stats.verify_rounds, stats.drafted_tokens, stats.accepted_tokens = 0, 0, 0
-        accepted_at = [0] * steps
         state = self.state_for(cache)
         run_round = self._round_runner(cache, params, generator)  # may capture (and reset the cache)
 
         n = prompt_ids.numel()
         hidden = model.prefill(prompt_ids, cache)
         last = sample_from(probabilities(model.logits(hidden[-1:]), params), generator)
-        yield [int(last.item())]
+        yield Round([int(last.item())])
         draft_hidden = model.draft_prefill(torch.cat([prompt_ids[1:], last]), hidden, cache)
         state.position.fill_(n)  # position of `last`
         drafts, draft_probs = self.draft_chain(draft_hidden[-1:], state.position, cache, params, generator)
@@ -214,22 +164,13 @@ class NextNDecoder:
 
         while True:
             run_round()
-            emitted_buffer = state.emitted.tolist()  # the one host synchronisation of the round
-            a = emitted_buffer[-1]
-            emitted = emitted_buffer[:a] + [emitted_buffer[steps]]
-            stats.verify_rounds += 1
-            stats.drafted_tokens += steps
-            stats.accepted_tokens += a
-            for i in range(a):
-                accepted_at[i] += 1
-            stats.accept_length = 1 + stats.accepted_tokens / stats.verify_rounds
-            stats.per_position_acceptance = [c / stats.verify_rounds for c in accepted_at]
-            self._record(a)
-            yield emitted
+            emitted = state.emitted.tolist()  # the one host synchronisation of the round
+            accepted = emitted[-1]
+            yield Round(emitted[:accepted] + [emitted[steps]], drafted=steps, accepted=accepted)
 
     def graph_report(self) -> dict | None:
         """None when rounds run eagerly; else what was captured and how often it replayed."""
-        if not self.use_graphs:
+        if self.graphs is None:
             return None
         report = {
             "captured": "round (verify + accept + rollback + draft)",
@@ -275,9 +216,8 @@ class NextNDecoder:
     def _round_runner(self, cache: HybridCache, params: SamplingParams, generator: torch.Generator | None):
         """The round as a callable: a CUDA-graph replay when graphs are on, else eager."""
         state = self.state_for(cache)
-        graph_safe_rng = hasattr(torch.cuda.CUDAGraph, "register_generator_state")
-        if not self.use_graphs or (generator is not None and not graph_safe_rng):
-            if self.use_graphs:
+        if self.graphs is None or (generator is not None and not graph_safe_generators()):
+            if self.graphs is not None:
                 self.eager_sampled_rounds = True  # shown by graph_report(); no silent change
                 log.warning("this torch cannot register a generator in a CUDA graph: sampled rounds run eagerly")
             return lambda: self.round(state, cache, params, generator)
@@ -299,28 +239,11 @@ class NextNDecoder:
     def _capture_round(self, state, cache, params, generator) -> tuple[torch.cuda.CUDAGraph, torch.Generator | None]:
         """Capture the round (with its own registered generator when sampling). Warm-up runs
         scribble on the cache and state: reset afterwards (this runs before the request's prefill)."""
+        assert self.graphs is not None
         graph_generator = None
         if generator is not None:
             graph_generator = torch.Generator(device=state.last.device)
             graph_generator.manual_seed(0)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.inference_mode():
-            for _ in range(2):
-                self.round(state, cache, params, graph_generator)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        if graph_generator is not None:
-            graph.register_generator_state(graph_generator)
-        with torch.cuda.graph(graph), torch.inference_mode():
-            self.round(state, cache, params, graph_generator)
+        graph, _ = self.graphs.capture(lambda: self.round(state, cache, params, graph_generator), graph_generator)
         cache.reset()
         return graph, graph_generator
-
-    def _record(self, accepted: int) -> None:
-        self.totals.rounds += 1
-        self.totals.drafted += self.config.num_steps
-        self.totals.accepted += accepted
-        for i in range(accepted):
-            self.totals.accepted_at[i] += 1
-        self.watchdog.observe(accepted + 1)

@@ -1,0 +1,378 @@
+"""`solo bench decode`: the whole decode step at full shape, inside CUDA graphs, against the roofline.
+
+For each configuration (MoE backend x LM head x decode step), in a process of its own (a captured
+graph keeps its memory pool alive, and a full-size model fills most of the GPU), at each context:
+  - the decode step (1 token), the verification of a window (NEXTN's 4 tokens, with the KDA
+    history), one NEXTN draft step (layer + head) and the whole NEXTN round (verify, accept, roll
+    back, draft), each replayed from a CUDA graph;
+  - the bytes a decode step reads (solo.engine.traffic) and the device's copy bandwidth measured in
+    the same process: the roofline time, and the fraction of it the step reaches;
+  - kernels per decode step and time by component, from the profiler over one graph replay;
+  - prefill times for the prompt lengths asked for;
+  - the engine's real loop (greedy `generate` with the tokens streamed) against the graph timing at
+    the same positions;
+  - the ratios verify/decode and round/decode, and the NEXTN tok/s they imply at given accept lengths.
+The model is a checkpoint folder (`--model`) or random weights in the fp4 format at a published
+shape (`--random-weights ling-3.0-flash`), generated on the GPU and fed through the real loader.
+Results: JSON (`--json`), and a markdown table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ACCEPT_LENGTHS = (2.68, 3.90)  # the seed's GSM8K and synthetic accept lengths
+COMPONENTS = (  # kernel name patterns -> component (first match wins)
+    ("experts", r"moe_decode|gemv_gate_up|gemv_down|grouped|humming|expert"),
+    ("router", r"_router|topk|sort|radix"),
+    ("kda", r"_kda|kda_"),
+    ("mla", r"_mla"),
+    ("norms", r"rmsnorm|_norm"),
+    ("projections", r"_fused_gemv|fp8_linear|gemm|gemv|sm90|cutlass|cublas|nvjet"),
+    ("sampling", r"argmax|exponential|softmax|reduce"),
+    ("elementwise", r"elementwise|vectorized|unrolled|copy|fill|cat|index|where|mul|add"),
+)
+
+
+@dataclass
+class Config:
+    moe_backend: str
+    lm_head: str
+    decode_step: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.moe_backend}/{self.lm_head}/{self.decode_step}"
+
+
+def parse_configs(text: str) -> list[Config]:
+    """'cuda:fp8:fused,triton:fp8:reference' -> configurations."""
+    configs = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        if len(parts) != 3:
+            raise ValueError(f"--configs item '{item}': expected MOE_BACKEND:LM_HEAD:DECODE_STEP, e.g. cuda:fp8:fused")
+        configs.append(Config(*parts))
+    return configs
+
+
+# --------------------------------------------------------------------------------------------- timing
+def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, repeats: int = 20) -> float:
+    """Device-to-device copy bandwidth in bytes/s (bytes read plus bytes written)."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / repeats
+    del src, dst
+    return nbytes / seconds
+
+
+def time_graph(graph: torch.cuda.CUDAGraph, replays: int = 50, rounds: int = 5) -> float:
+    """Median over `rounds` of the mean time of `replays` back-to-back replays, in seconds."""
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / replays)
+    return sorted(times)[len(times) // 2]
+
+
+def profile_graph(graph: torch.cuda.CUDAGraph) -> dict[str, Any]:
+    """Kernels launched by one replay, and their time by component (from the profiler's kernel events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_component: dict[str, dict[str, float]] = {}
+    for event in kernels:
+        component = component_of(event.name)
+        entry = by_component.setdefault(component, {"kernels": 0, "us": 0.0})
+        entry["kernels"] += 1
+        entry["us"] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+    return {
+        "kernels": len(kernels),
+        "kernel_us": round(sum(v["us"] for v in by_component.values()), 1),
+        "by_component": {k: {"kernels": int(v["kernels"]), "us": round(v["us"], 1)} for k, v in by_component.items()},
+    }
+
+
+def component_of(kernel_name: str) -> str:
+    name = kernel_name.lower()
+    for component, pattern in COMPONENTS:
+        if re.search(pattern, name):
+            return component
+    return "other"
+
+
+# --------------------------------------------------------------------------------------------- one config
+def load(args: argparse.Namespace, config: Config):
+    from solo.fastpath import FastPathOptions, accelerate
+
+    device = torch.device(args.device)
+    options = FastPathOptions(
+        moe_backend=config.moe_backend,
+        lm_head=config.lm_head,
+        block_fp8=args.block_fp8,
+        decode_step=config.decode_step,
+        verify_tokens=args.verify_tokens,
+    )
+    t0 = time.perf_counter()
+    if args.random_weights:
+        from solo.checkpoint.synthetic import load_random_model, synthetic_config
+
+        model_config = synthetic_config(args.random_weights, args.num_layers, args.num_experts, args.vocab_size)
+        model = load_random_model(model_config, device, torch.bfloat16, seed=args.seed)
+    else:
+        from solo.checkpoint.loader import LoadOptions, load_model
+
+        model = load_model(args.model, LoadOptions(device, torch.bfloat16))
+    loaded = time.perf_counter() - t0
+    accelerate(model, options)
+    return model, {"load_s": round(loaded, 1), "accelerate_s": round(time.perf_counter() - t0 - loaded, 1)}
+
+
+def measure_config(args: argparse.Namespace, config: Config) -> dict[str, Any]:
+    from solo.engine.graphs import EagerStep, GraphCapture
+    from solo.engine.sampling import SamplingParams
+    from solo.engine.traffic import decode_traffic
+    from solo.model.cache import HybridCache
+    from solo.speculative.nextn import NextNDecoder, SpeculativeConfig
+
+    model, times = load(args, config)
+    device = model.device
+    contexts = sorted(args.context)
+    max_len = max(contexts) + 2 * args.verify_tokens + 8
+    result: dict[str, Any] = {"config": config.name, **times, "contexts": {}}
+    result["decode_step"] = "fused" if model.decode_step is not None else "reference"
+    if model.decode_step is None and getattr(model, "decode_step_note", ""):
+        result["decode_step_note"] = model.decode_step_note
+    result["copy_bandwidth_gbs"] = round(copy_bandwidth(device) / 1e9, 1)
+    cache = HybridCache(model.config, max_len, device, model.dtype, with_nextn=True)
+    graphs = GraphCapture()
+    step = EagerStep(model)
+    window = args.verify_tokens
+    history = cache.new_history(window)
+    ids1 = torch.randint(0, model.config.vocab_size, (1,), device=device)
+    idsw = torch.randint(0, model.config.vocab_size, (window,), device=device)
+    pos1 = torch.zeros(1, dtype=torch.long, device=device)
+    posw = torch.zeros(window, dtype=torch.long, device=device)
+    decode_graph, _ = graphs.capture(lambda: step(ids1, pos1, cache))
+    verify_graph, _ = graphs.capture(lambda: step(idsw, posw, cache, history))
+    hidden1 = torch.randn(1, model.config.hidden_size, device=device, dtype=model.dtype)
+    draft_graph = round_graph = None
+    spec = None
+    if model.nextn is not None:
+        draft_graph, _ = graphs.capture(lambda: model.logits(model.draft_forward(ids1, hidden1, pos1 + 1, cache)))
+        spec = NextNDecoder(model, SpeculativeConfig(num_steps=window - 1, num_draft_tokens=window))
+        state = spec.state_for(cache)
+        greedy = SamplingParams()
+        state.drafts.random_(0, model.config.vocab_size)
+
+        def one_round() -> None:  # every replay starts at the same position (a round advances it)
+            state.position.copy_(pos1)
+            spec.round(state, cache, greedy, None)
+
+        round_graph, _ = graphs.capture(one_round)
+    for context in contexts:
+        position = context - window - 1  # the window's last token sits at context - 2: the cache is full
+        pos1.fill_(position)
+        posw.copy_(torch.arange(position, position + window, device=device))
+        entry: dict[str, Any] = {}
+        traffic = decode_traffic(model, context)
+        entry["bytes_per_token"] = traffic.to_dict()
+        entry["decode_ms"] = time_graph(decode_graph) * 1e3
+        entry["verify_ms"] = time_graph(verify_graph) * 1e3
+        if draft_graph is not None and round_graph is not None and spec is not None:
+            entry["draft_step_ms"] = time_graph(draft_graph) * 1e3
+            entry["round_ms"] = time_graph(round_graph) * 1e3
+        roofline_ms = traffic.total / (result["copy_bandwidth_gbs"] * 1e9) * 1e3
+        entry["roofline_ms"] = roofline_ms
+        entry["roofline_fraction"] = roofline_ms / entry["decode_ms"]
+        entry["decode_tok_s"] = 1e3 / entry["decode_ms"]
+        entry["verify_over_decode"] = entry["verify_ms"] / entry["decode_ms"]
+        if "round_ms" in entry:
+            entry["round_over_decode"] = entry["round_ms"] / entry["decode_ms"]
+            entry["nextn_tok_s"] = {str(a): a * 1e3 / entry["round_ms"] for a in args.accept_lengths}
+        entry["profile"] = profile_graph(decode_graph)
+        result["contexts"][str(context)] = entry
+    cache.reset()
+    if args.prefill:
+        result["prefill_s"] = measure_prefill(model, args.prefill)
+    if args.loop_tokens:
+        result["loop"] = measure_loop(model, args, window)
+    if model.decode_step is not None:
+        result["fused_launches"] = model.decode_step.launches()
+    return result
+
+
+def measure_prefill(model, lengths: list[int]) -> dict[str, float]:
+    from solo.model.cache import HybridCache
+
+    out = {}
+    for n in lengths:
+        cache = HybridCache(model.config, n + 1, model.device, model.dtype, with_nextn=True)
+        ids = torch.randint(0, model.config.vocab_size, (n,), device=model.device)
+        with torch.inference_mode():
+            model.prefill(ids[: min(n, 64)], cache)  # warm (allocations, first calls)
+            cache.reset()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model.prefill(ids, cache)
+            torch.cuda.synchronize()
+        out[str(n)] = round(time.perf_counter() - t0, 4)
+        del cache
+    return out
+
+
+def measure_loop(model, args: argparse.Namespace, window: int) -> dict[str, Any]:
+    """The engine's real generation loop (plain greedy, graphs on) against its own graph timing."""
+    from solo.engine.engine import Engine, GenerationParams
+    from solo.engine.graphs import EagerStep, GraphCapture
+    from solo.model.cache import HybridCache
+    from solo.tokenizer import Tokenizer, synthetic_tokenizer
+
+    prompt_len, tokens = 64, args.loop_tokens
+    engine = Engine(model, Tokenizer(synthetic_tokenizer(model.config.vocab_size)))
+    engine.enable_cuda_graphs(prompt_len + tokens + 8)
+    prompt = torch.randint(0, model.config.vocab_size, (prompt_len,)).tolist()
+    params = GenerationParams(max_tokens=tokens, ignore_eos=True)
+    engine.generate(prompt, params)  # warm
+    result = engine.generate(prompt, params)
+    # the same step at the loop's average position, from a graph of its own
+    cache = HybridCache(model.config, prompt_len + tokens + 8, model.device, model.dtype, with_nextn=True)
+    step = EagerStep(model)
+    ids = torch.randint(0, model.config.vocab_size, (1,), device=model.device)
+    pos = torch.full((1,), prompt_len + tokens // 2, dtype=torch.long, device=model.device)
+    graph, _ = GraphCapture().capture(lambda: step(ids, pos, cache))
+    graph_ms = time_graph(graph) * 1e3
+    tpot_ms = (result.stats.tpot_s or 0.0) * 1e3
+    return {
+        "prompt_tokens": prompt_len,
+        "tokens": tokens,
+        "tpot_ms": tpot_ms,
+        "graph_step_ms": graph_ms,
+        "loop_over_graph": tpot_ms / graph_ms if graph_ms else None,
+    }
+
+
+# --------------------------------------------------------------------------------------------- report
+def markdown(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "| config | context | decode ms | roofline ms | of roofline | verify ms | draft step ms | round ms |"
+        " round/decode | NEXTN tok/s @" + "/".join(str(a) for a in ACCEPT_LENGTHS) + " | kernels/step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['config']} | - | failed: {r['error'][:80]} |||||||||")
+            continue
+        for context, e in r["contexts"].items():
+            nextn = "/".join(f"{v:.0f}" for v in e.get("nextn_tok_s", {}).values()) or "-"
+            lines.append(
+                f"| {r['config']} ({r['decode_step']}) | {context} | {e['decode_ms']:.3f} | {e['roofline_ms']:.3f} |"
+                f" {100 * e['roofline_fraction']:.1f}% | {e['verify_ms']:.3f} | {e.get('draft_step_ms', 0):.3f} |"
+                f" {e.get('round_ms', 0):.3f} | {e.get('round_over_decode', 0):.2f} | {nextn} |"
+                f" {e['profile']['kernels']} |"
+            )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not torch.cuda.is_available() or not str(args.device).startswith("cuda"):
+        raise ValueError("solo bench decode measures CUDA graphs: it needs an NVIDIA GPU (--device cuda).")
+    if not args.random_weights and not args.model:
+        raise ValueError("solo bench decode: pass --model PATH or --random-weights ling-3.0-flash.")
+    configs = parse_configs(args.configs)
+    if args.one is not None:  # the child process: one configuration
+        print(json.dumps(measure_config(args, configs[args.one]), default=float))
+        return 0
+    results = []
+    for i, config in enumerate(configs):
+        cmd = [sys.executable, "-m", "solo.cli", *sys.argv[1:], "--one", str(i)]
+        print(f"[bench decode] {config.name} ...", file=sys.stderr, flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            reason = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+            results.append({"config": config.name, "error": reason})
+            print(proc.stderr[-4000:], file=sys.stderr)
+            continue
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    settings = {k: v for k, v in vars(args).items() if k != "func"}
+    report = {"environment": environment(), "args": settings, "results": results}
+    table = markdown(results)
+    print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=float))
+    return 0 if all("error" not in r for r in results) else 1
+
+
+def environment() -> dict[str, Any]:
+    import platform
+
+    import triton
+
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+    }
+    if torch.cuda.is_available():
+        info["device"] = torch.cuda.get_device_name()
+    try:
+        info["commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+        ).stdout.strip()
+    except OSError:
+        info["commit"] = ""
+    return info
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="checkpoint folder (or --random-weights)")
+    p.add_argument(
+        "--random-weights", default=None, metavar="PRESET", help="random fp4-format weights at a shape: ling-3.0-flash"
+    )
+    p.add_argument("--num-layers", type=int, default=None, help="with --random-weights: fewer layers")
+    p.add_argument("--num-experts", type=int, default=None, help="with --random-weights: fewer experts")
+    p.add_argument("--vocab-size", type=int, default=None, help="with --random-weights: a smaller vocabulary")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda")
+    p.add_argument(
+        "--configs", default="cuda:fp8:fused", help="MOE:HEAD:STEP,... e.g. cuda:fp8:fused,cuda:fp8:reference"
+    )
+    p.add_argument("--block-fp8", default="on", choices=("auto", "on", "off"))
+    p.add_argument("--context", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 32768])
+    p.add_argument("--verify-tokens", type=int, default=4)
+    p.add_argument("--prefill", type=lambda s: [int(x) for x in s.split(",") if x], default=[1024, 8192, 32768])
+    p.add_argument("--loop-tokens", type=int, default=128, help="tokens of the real-loop measurement (0: skip)")
+    p.add_argument("--accept-lengths", type=lambda s: [float(x) for x in s.split(",")], default=list(ACCEPT_LENGTHS))
+    p.add_argument("--json", default=None, help="write the full report here")
+    p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)

@@ -1,0 +1,79 @@
+"""Bytes a decode step must read (and write): the denominator of every bandwidth number solo prints.
+
+For one token at a given context: every dense weight the step multiplies with (as stored: FP8 with
+its scales, BF16), the LM head, the routers, the top-k routed experts of each MoE layer (their share
+of the layer's expert bytes), the KDA states (read and written) and conv windows, the MLA latent
+cache up to the context, and the token's embedding row. Weights shared by the fused step and the
+reference modules are counted once (by storage). Speculative verification of T tokens reads the
+distinct experts of its T tokens: with random routing, E * (1 - (1 - k/E)^T) of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from solo.model.ling import LingForCausalLM
+from solo.model.moe import SparseMoE
+
+
+@dataclass
+class StepTraffic:
+    dense_weights: int  # attention, dense MLPs, shared experts, routers, the NEXTN-free trunk
+    lm_head: int
+    experts: int  # the routed experts one token (or T tokens) read
+    kda_states: int  # recurrent states and conv windows, read and written
+    mla_cache: int  # latent + rope cache entries up to the context
+    embedding: int
+
+    @property
+    def total(self) -> int:
+        return self.dense_weights + self.lm_head + self.experts + self.kda_states + self.mla_cache + self.embedding
+
+    def to_dict(self) -> dict[str, int]:
+        return {**asdict(self), "total": self.total}
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the storages behind `tensors`, each counted once (views of one buffer share it)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def expert_layer_bytes(moe: SparseMoE, config) -> int:
+    """Bytes of all routed experts of one layer as the checkpoint stores them (MXFP4 codes and E8M0
+    scales; dense experts as loaded): what the kernels read, whatever layout they repack into."""
+    source = getattr(moe.experts, "source", None)
+    if source is not None:
+        return sum(t.nbytes for t in vars(source).values() if isinstance(t, torch.Tensor))
+    h, i, e = config.hidden_size, config.moe_intermediate_size, config.num_experts
+    return e * 3 * i * h * (1 / 2 + 1 / 32)
+
+
+def decode_traffic(model: LingForCausalLM, context: int, tokens: int = 1) -> StepTraffic:
+    """Bytes of one target forward over `tokens` tokens at `context` positions (see module docstring)."""
+    config = model.config
+    trunk = model.model.layers[: config.num_hidden_layers]
+    k, e = config.num_experts_per_tok, config.num_experts
+    share = (1 - (1 - k / e) ** tokens) if e else 0.0  # fraction of a layer's experts the tokens touch
+    experts = sum(expert_layer_bytes(m, config) * share for m in trunk.modules() if isinstance(m, SparseMoE))
+    folded = {id(t) for m in trunk.modules() if getattr(m, "folded", False) for t in m.parameters(recurse=False)}
+    dense = [p for p in trunk.parameters() if id(p) not in folded and p.numel() > 0]
+    dense += [b for name, b in trunk.named_buffers() if name.endswith(("w_uk", "w_uv"))]
+    c = config
+    kda_layers = len(c.kda_layers)
+    kda = kda_layers * 2 * 4 * (c.linear_num_heads * c.linear_head_dim**2)  # fp32 state, read + write
+    kda += kda_layers * 2 * 4 * 3 * c.linear_num_heads * c.linear_head_dim * (c.conv_kernel_size - 1)
+    per_position = (c.kv_lora_rank + c.qk_rope_head_dim) * model.dtype.itemsize
+    return StepTraffic(
+        dense_weights=_storage_bytes(dense),
+        lm_head=sum(t.nbytes for t in model.lm_head.parameters()),
+        experts=int(experts),
+        kda_states=kda,
+        mla_cache=len(c.mla_layers) * per_position * context,
+        embedding=tokens * c.hidden_size * model.dtype.itemsize,
+    )

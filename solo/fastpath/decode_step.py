@@ -1,0 +1,326 @@
+"""The GPU decode step: the reference model's decode and verification forward as a few fused kernels.
+
+Built from a loaded, accelerated `LingForCausalLM` by `FusedDecodeStep.build(model)` (one explicit
+step; the reference modules stay and keep serving prefill). Per layer (T = 1 token for decode,
+T = the verification window for NEXTN):
+
+  KDA attention   norm + [q|k|v|f|g|b] GEMV (1) -> KDA recurrence (1) -> gated norm + o_proj + residual (1)
+  MLA attention   norm + [q|kv_a|g] GEMV (1) -> prep (1) -> split attention (1) -> combine (1) -> dense + residual (1)
+  MoE             norm + router + top-k (1) -> shared gate_up + SwiGLU (1) -> routed experts (the
+                  backend's 1-2) -> shared down + routed + residual (1)
+  dense MLP       norm + gate_up + SwiGLU (1) -> down + residual (1)
+
+plus the embedding lookup and the final norm: about 7 launches per layer instead of about 100. The
+fused projections' weights are the reference layers' own bytes: their Linear modules are re-pointed
+at slices of the concatenated buffers, so nothing is stored twice. Every kernel family counts its
+launches on the device (`launch_counts`), which is how the start-up check proves the fused path ran
+inside captured graphs. Static shapes, no host synchronisation, capturable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from solo.fastpath.availability import DecodeStepUnavailable, fused_step_unavailable
+from solo.kernels.fused_gemv import FusedGemv
+from solo.kernels.fused_kda import kda_decode
+from solo.kernels.fused_mla import FusedMLA
+from solo.kernels.fused_router import FusedRouter, rmsnorm
+from solo.model.cache import HybridCache, KDAHistory
+from solo.model.kda import KimiDeltaAttention
+from solo.model.layers import Linear, mla_softmax_scale
+from solo.model.ling import DecoderLayer, LingForCausalLM, NextNLayer
+from solo.model.mla import MultiLatentAttention
+from solo.model.moe import SparseMoE, SwiGLUMLP
+
+FAMILIES = ("gemv", "kda", "mla_prep", "mla_attend", "mla_combine", "router", "rmsnorm")
+
+
+def _fuse_rows(linears: list[Linear], name: str) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+    """Concatenate the weights of Linears that read the same input into one [sum N, K] matrix (and
+    their block scales), re-pointing each Linear at its rows. Returns (weight, scales, row offsets).
+    FP8 row groups start on 128-row blocks (zero rows pad the gaps) so every group keeps its scales."""
+    fp8 = [m.is_block_fp8 for m in linears]
+    if any(fp8) and not all(fp8):
+        raise DecodeStepUnavailable(
+            f"{name}: its projections mix FP8 and dense weights; the fused GEMV needs one format "
+            "(load with --block-fp8 on or off)."
+        )
+    k = linears[0].in_features
+    if any(m.in_features != k for m in linears):
+        raise DecodeStepUnavailable(f"{name}: the projections read inputs of different widths")
+    block = 128 if all(fp8) else 1
+    offsets, rows = [], 0
+    for m in linears:
+        rows = -(-rows // block) * block
+        offsets.append(rows)
+        rows += m.out_features
+    device = linears[0].weight.device
+    weight = torch.zeros((rows, k), dtype=linears[0].weight.dtype, device=device)
+    scales = torch.ones((-(-rows // 128), -(-k // 128)), dtype=torch.float32, device=device) if all(fp8) else None
+    for m, r0 in zip(linears, offsets, strict=True):
+        weight[r0 : r0 + m.out_features].copy_(m.weight)
+        view = weight[r0 : r0 + m.out_features]
+        if scales is not None:
+            b0 = r0 // 128
+            scales[b0 : b0 + m.scale_inv.shape[0]].copy_(m.scale_inv)
+            m.weight = nn.Parameter(view, requires_grad=False)
+            m.scale_inv = nn.Parameter(scales[b0 : b0 + m.scale_inv.shape[0]], requires_grad=False)
+        else:
+            m.weight = nn.Parameter(view, requires_grad=False)
+    return weight, scales, offsets
+
+
+def _gemv(linear: Linear, counter: torch.Tensor, name: str) -> FusedGemv:
+    scale = linear.scale_inv if linear.is_block_fp8 else None
+    weight = linear.weight if linear.is_block_fp8 else linear.weight.to(torch.bfloat16)
+    return FusedGemv(weight.contiguous(), scale, "block", counter=counter, name=name)
+
+
+class _KDAAttention:
+    def __init__(
+        self, attn: KimiDeltaAttention, norm: torch.Tensor, eps: float, index: int, step: FusedDecodeStep
+    ) -> None:
+        self.index = index
+        self.norm, self.eps = norm, eps
+        self.heads, self.dim = attn.num_heads, attn.num_heads * attn.head_dim
+        if attn.kernel_size != 4:
+            raise DecodeStepUnavailable("the fused KDA kernel runs short convolutions of kernel size 4")
+        linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.f_proj, attn.g_proj, attn.b_proj]
+        weight, scales, offsets = _fuse_rows(linears, f"layer {index} KDA")
+        if offsets != [i * self.dim for i in range(6)]:
+            raise DecodeStepUnavailable("the fused KDA kernel needs q, k, v, f, g of heads x head_dim rows each")
+        self.proj = FusedGemv(weight, scales, "block", counter=step.counter("gemv"), name=f"layer {index} qkvfgb")
+        self.dense = _gemv(attn.dense, step.counter("gemv"), f"layer {index} o_proj")
+        self.attn = attn
+        self.counter = step.counter("kda")
+
+    def __call__(self, x, positions, cache: HybridCache, history: dict[int, KDAHistory] | None) -> None:
+        a = self.attn
+        proj = self.proj(x, norm_weight=self.norm, eps=self.eps)
+        state = cache.kda[self.index]
+        past = history[self.index] if history is not None else None
+        o = torch.empty((x.shape[0], self.dim), dtype=torch.bfloat16, device=x.device)
+        kda_decode(
+            proj,
+            a.conv_weight,
+            state.conv,
+            state.recurrent,
+            a.A_log.float(),
+            a.dt_bias.float(),
+            o,
+            self.counter,
+            a.lower_bound,
+            a.safe_gate,
+            past.states if past is not None else None,
+            past.window if past is not None else None,
+        )
+        gate = proj[:, 4 * self.dim : 5 * self.dim]
+        self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps)
+
+
+class _MLAAttention:
+    def __init__(
+        self, attn: MultiLatentAttention, norm: torch.Tensor, eps: float, index: int, step: FusedDecodeStep
+    ) -> None:
+        if attn.q_lora_rank:
+            raise DecodeStepUnavailable("the fused MLA kernels run checkpoints without a q LoRA (q_lora_rank)")
+        self.index = index
+        self.norm, self.eps = norm, eps
+        weight, scales, offsets = _fuse_rows([attn.q_proj, attn.kv_a_proj_with_mqa, attn.g_proj], f"layer {index} MLA")
+        self.proj = FusedGemv(weight, scales, "block", counter=step.counter("gemv"), name=f"layer {index} q|kv_a|g")
+        self.dense = _gemv(attn.dense, step.counter("gemv"), f"layer {index} dense")
+        model = step.model
+        self.mla = FusedMLA(
+            attn.w_uk.to(torch.bfloat16),
+            attn.w_uv.to(torch.bfloat16),
+            attn.kv_a_layernorm.weight,
+            model.rotary.inv_freq,
+            model.rotary.amplitude,
+            mla_softmax_scale(model.config),
+            attn.kv_a_layernorm.eps,
+            attn.rope_dim,
+            step.counter("mla_prep", 3),  # prep, attend, combine
+            kv_offset=offsets[1],
+            gate_offset=offsets[2],
+        )
+        self.out_dim = attn.num_heads * attn.v_dim
+
+    def __call__(self, x, positions, cache: HybridCache, history) -> None:
+        proj = self.proj(x, norm_weight=self.norm, eps=self.eps)
+        o = torch.empty((x.shape[0], self.out_dim), dtype=torch.bfloat16, device=x.device)
+        layer_cache = cache.mla[self.index]
+        self.mla(proj, positions, layer_cache.latent, layer_cache.rope, o)
+        self.dense(o, out=x, residual=x)
+
+
+class _MoE:
+    def __init__(self, moe: SparseMoE, norm: torch.Tensor, eps: float, index: int, step: FusedDecodeStep) -> None:
+        gate = moe.gate
+        self.experts = moe.experts
+        self.router = FusedRouter(
+            gate.weight,
+            gate.expert_bias,
+            norm,
+            eps,
+            gate.top_k,
+            gate.n_group if gate.topk_group < gate.n_group else 1,
+            gate.topk_group if gate.topk_group < gate.n_group else 1,
+            gate.renormalize,
+            gate.scaling,
+            step.counter("router"),
+        )
+        self.shared_gate_up = self.shared_down = None
+        if moe.shared_experts is not None:
+            self.shared_gate_up, self.shared_down = _swiglu_pair(moe.shared_experts, step, f"layer {index} shared")
+
+    def __call__(self, x: torch.Tensor) -> None:
+        xn, ids, weights = self.router(x)
+        routed = self.experts(xn, ids, weights)
+        if self.shared_gate_up is None:
+            x.add_(routed)
+            return
+        act = self.shared_gate_up(xn)
+        self.shared_down(act, out=x, residual=x, addend=routed)
+
+
+def _swiglu_pair(mlp: SwiGLUMLP, step: FusedDecodeStep, name: str) -> tuple[FusedGemv, FusedGemv]:
+    weight, scales, offsets = _fuse_rows([mlp.gate_proj, mlp.up_proj], name)
+    half = mlp.gate_proj.out_features
+    if offsets[1] != half:
+        raise DecodeStepUnavailable(f"{name}: SwiGLU halves must be whole 128-row blocks")
+    gate_up = FusedGemv(
+        weight,
+        scales,
+        "block",
+        swiglu_half=half,
+        swiglu_limit=mlp.swiglu_limit,
+        counter=step.counter("gemv"),
+        name=name,
+    )
+    return gate_up, _gemv(mlp.down_proj, step.counter("gemv"), f"{name} down")
+
+
+class _DenseMLP:
+    def __init__(self, mlp: SwiGLUMLP, norm: torch.Tensor, eps: float, index: int, step: FusedDecodeStep) -> None:
+        self.norm, self.eps = norm, eps
+        self.gate_up, self.down = _swiglu_pair(mlp, step, f"layer {index} MLP")
+
+    def __call__(self, x: torch.Tensor) -> None:
+        act = self.gate_up(x, norm_weight=self.norm, eps=self.eps)
+        self.down(act, out=x, residual=x)
+
+
+class _Layer:
+    def __init__(self, layer: DecoderLayer, step: FusedDecodeStep) -> None:
+        index = layer.layer
+        norm, eps = layer.input_layernorm.weight, layer.input_layernorm.eps
+        if isinstance(layer.attention, KimiDeltaAttention):
+            self.attention: Any = _KDAAttention(layer.attention, norm, eps, index, step)
+        else:
+            self.attention = _MLAAttention(layer.attention, norm, eps, index, step)
+        post = layer.post_attention_layernorm
+        if isinstance(layer.mlp, SparseMoE):
+            self.mlp: Any = _MoE(layer.mlp, post.weight, post.eps, index, step)
+        else:
+            self.mlp = _DenseMLP(layer.mlp, post.weight, post.eps, index, step)
+
+    def __call__(self, x, positions, cache, history) -> None:
+        self.attention(x, positions, cache, history)
+        self.mlp(x)
+
+
+class FusedDecodeStep:
+    """Decode and verification forwards (a few tokens) of `model` on the fused kernels; see the module
+    docstring. `token_counts`: the token counts it serves (others go to the reference layers)."""
+
+    def __init__(self, model: LingForCausalLM, token_counts: tuple[int, ...] = (1, 4)) -> None:
+        _check_model(model)
+        self.model = model
+        self.config = model.config
+        self.token_counts = frozenset(token_counts)
+        self.launch_counts = torch.zeros(len(FAMILIES), dtype=torch.int32, device=model.device)
+        trunk = model.model.layers[: model.config.num_hidden_layers]
+        self.layers = [_Layer(layer, self) for layer in trunk]
+        self.embedding = model.model.word_embeddings.weight
+        self.final_norm = model.model.norm
+        self.nextn: _Layer | None = None
+        nextn = model.nextn
+        if nextn is not None:
+            self.nextn = _Layer(nextn, self)
+            self.eh_proj = _gemv(nextn.eh_proj, self.counter("gemv"), "NEXTN eh_proj")
+            self.nextn_module: NextNLayer = nextn
+
+    def counter(self, family: str, n: int = 1) -> torch.Tensor:
+        """The device counter of a kernel family (a view into `launch_counts`; n consecutive ones)."""
+        i = FAMILIES.index(family)
+        return self.launch_counts[i : i + n]
+
+    def launches(self) -> dict[str, int]:
+        """Launches of each kernel family so far (read from the device; graph replays included)."""
+        return dict(zip(FAMILIES, self.launch_counts.tolist(), strict=True))
+
+    def families_per_step(self) -> set[str]:
+        """The kernel families one decode step launches (the start-up check expects each to run)."""
+        families = {"gemv", "rmsnorm"}
+        for layer in self.layers:
+            kda = isinstance(layer.attention, _KDAAttention)
+            families |= {"kda"} if kda else {"mla_prep", "mla_attend", "mla_combine"}
+            if isinstance(layer.mlp, _MoE):
+                families.add("router")
+        return families
+
+    def serves(self, tokens: int) -> bool:
+        return tokens in self.token_counts
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: HybridCache,
+        kda_history: dict[int, KDAHistory] | None = None,
+    ) -> torch.Tensor:
+        """The reference model's forward (final-norm hidden states [T, hidden]) for T served tokens."""
+        x = F.embedding(input_ids, self.embedding)
+        for layer in self.layers:
+            layer(x, positions, cache, kda_history)
+        return rmsnorm(x, self.final_norm.weight, self.final_norm.eps, self.counter("rmsnorm"))
+
+    def draft_forward(
+        self, input_ids: torch.Tensor, previous_hidden: torch.Tensor, positions: torch.Tensor, cache: HybridCache
+    ) -> torch.Tensor:
+        """The NEXTN layer's hidden states (see LingForCausalLM.draft_forward)."""
+        assert self.nextn is not None
+        n = self.nextn_module
+        e = F.embedding(input_ids, self.embedding)
+        x = self.eh_proj(torch.cat([n.enorm(e), n.hnorm(previous_hidden.to(e.dtype))], dim=-1).contiguous())
+        self.nextn(x, positions, cache, None)
+        return rmsnorm(x, n.final_layernorm.weight, n.final_layernorm.eps, self.counter("rmsnorm"))
+
+    @torch.inference_mode()
+    def warmup(self) -> None:
+        """Compile (or load from Triton's disk cache) every kernel for every served token count, on a
+        scratch cache, so nothing compiles during a request."""
+        config, device = self.config, self.model.device
+        cache = HybridCache(config, 64, device, torch.bfloat16, with_nextn=True)
+        for t in sorted(self.token_counts):
+            ids = torch.zeros(t, dtype=torch.long, device=device)
+            positions = torch.arange(t, device=device)
+            history = cache.new_history(t) if t > 1 else None
+            hidden = self.forward(ids, positions, cache, history)
+            if self.nextn is not None:
+                self.draft_forward(ids, hidden, positions + 1, cache)
+        self.launch_counts.zero_()
+
+    def describe(self) -> dict[str, Any]:
+        return {"kernels": list(FAMILIES), "token_counts": sorted(self.token_counts), "layers": len(self.layers)}
+
+
+def _check_model(model: LingForCausalLM) -> None:
+    reason = fused_step_unavailable(model)
+    if reason is not None:
+        raise DecodeStepUnavailable(reason)

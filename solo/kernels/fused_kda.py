@@ -1,0 +1,203 @@
+"""Kimi Delta Attention for decode and verification (T <= 16 tokens) in one kernel per layer.
+
+The layer's projections arrive as one row per token, [q | k | v | f | g | b] (one fused GEMV made
+them). Per head and per slice of the value dimension, one program runs the whole recurrence:
+depthwise causal conv (kernel 4) and SiLU on q, k and its slice of v, L2 norms of q and k, q scaled
+by d^-1/2, the safe gate g = lower_bound * sigmoid(exp(A_log) (f + dt_bias)) (or the softplus form),
+beta = sigmoid(b), then token by token
+    S <- diag(exp(g)) S;  u = beta (v - S^T k);  S <- S + k u^T;  o = S^T q
+on its [d_k, BLOCK_V] slice of the fp32 state, which it reads once and writes once. o is stored in
+bf16 (the reference rounds it before the gated output norm, which the following GEMV's prologue
+applies). With a history (speculative verification) the state after each token and the conv inputs
+are stored as well, for rolling back to any accepted prefix (solo.model.cache.HybridCache). The
+columns of S are independent given q, k, g and beta, which is what lets the value dimension split
+over programs: 32 heads x 4 slices keep 128 SMs streaming the 2 MB of state per layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from solo.kernels.fused_gemv import MAX_TOKENS, store_rounded
+
+
+@triton.jit
+def _conv_step(w0, w1, w2, w3, c0, c1, c2, x):
+    """One causal conv output: weights w0..w3 (w3 multiplies the newest input), window c0 (oldest)..c2."""
+    y = w0 * c0 + w1 * c1 + w2 * c2 + w3 * x
+    return y / (1.0 + tl.exp(-y))  # SiLU
+
+
+@triton.jit
+def _kda_decode(
+    proj_ptr,
+    stride_p,
+    convw_ptr,
+    conv_ptr,
+    state_ptr,
+    hist_state_ptr,
+    hist_win_ptr,
+    alog_ptr,
+    dtb_ptr,
+    o_ptr,
+    stride_o,
+    count_ptr,
+    lower_bound,
+    T: tl.constexpr,
+    H: tl.constexpr,
+    DK: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    SAFE_GATE: tl.constexpr,
+    HISTORY: tl.constexpr,
+):
+    h = tl.program_id(0)
+    j = tl.program_id(1)
+    if h == 0 and j == 0:
+        tl.atomic_add(count_ptr, 1)
+    D: tl.constexpr = H * DK
+    WIN: tl.constexpr = 3 + T  # history window columns: the 3 older inputs, then the T new ones
+    c = tl.arange(0, DK)
+    cv = j * BLOCK_V + tl.arange(0, BLOCK_V)
+    qch = h * DK + c  # conv channels of q, k and this slice of v
+    kch = D + h * DK + c
+    vch = 2 * D + h * DK + cv
+
+    wq0 = tl.load(convw_ptr + qch * 4 + 0)
+    wq1 = tl.load(convw_ptr + qch * 4 + 1)
+    wq2 = tl.load(convw_ptr + qch * 4 + 2)
+    wq3 = tl.load(convw_ptr + qch * 4 + 3)
+    wk0 = tl.load(convw_ptr + kch * 4 + 0)
+    wk1 = tl.load(convw_ptr + kch * 4 + 1)
+    wk2 = tl.load(convw_ptr + kch * 4 + 2)
+    wk3 = tl.load(convw_ptr + kch * 4 + 3)
+    wv0 = tl.load(convw_ptr + vch * 4 + 0)
+    wv1 = tl.load(convw_ptr + vch * 4 + 1)
+    wv2 = tl.load(convw_ptr + vch * 4 + 2)
+    wv3 = tl.load(convw_ptr + vch * 4 + 3)
+    q0 = tl.load(conv_ptr + qch * 3 + 0)
+    q1 = tl.load(conv_ptr + qch * 3 + 1)
+    q2 = tl.load(conv_ptr + qch * 3 + 2)
+    k0 = tl.load(conv_ptr + kch * 3 + 0)
+    k1 = tl.load(conv_ptr + kch * 3 + 1)
+    k2 = tl.load(conv_ptr + kch * 3 + 2)
+    v0 = tl.load(conv_ptr + vch * 3 + 0)
+    v1 = tl.load(conv_ptr + vch * 3 + 1)
+    v2 = tl.load(conv_ptr + vch * 3 + 2)
+    if HISTORY:  # the window before the pass: columns 0..2
+        if j == 0:
+            tl.store(hist_win_ptr + qch * WIN + 0, q0)
+            tl.store(hist_win_ptr + qch * WIN + 1, q1)
+            tl.store(hist_win_ptr + qch * WIN + 2, q2)
+            tl.store(hist_win_ptr + kch * WIN + 0, k0)
+            tl.store(hist_win_ptr + kch * WIN + 1, k1)
+            tl.store(hist_win_ptr + kch * WIN + 2, k2)
+        tl.store(hist_win_ptr + vch * WIN + 0, v0)
+        tl.store(hist_win_ptr + vch * WIN + 1, v1)
+        tl.store(hist_win_ptr + vch * WIN + 2, v2)
+
+    rate = tl.exp(tl.load(alog_ptr + h))
+    dtb = tl.load(dtb_ptr + h * DK + c)
+    s_offs = (h * DK + c)[:, None] * DK + cv[None, :]  # state [H, DK, DV] with DV == DK
+    S = tl.load(state_ptr + s_offs)
+
+    for t in tl.static_range(T):
+        row = proj_ptr + t * stride_p
+        xq = tl.load(row + qch).to(tl.float32)
+        xk = tl.load(row + kch).to(tl.float32)
+        xv = tl.load(row + vch).to(tl.float32)
+        q = _conv_step(wq0, wq1, wq2, wq3, q0, q1, q2, xq)
+        k = _conv_step(wk0, wk1, wk2, wk3, k0, k1, k2, xk)
+        v = _conv_step(wv0, wv1, wv2, wv3, v0, v1, v2, xv)
+        if HISTORY:
+            if j == 0:
+                tl.store(hist_win_ptr + qch * WIN + 3 + t, xq)
+                tl.store(hist_win_ptr + kch * WIN + 3 + t, xk)
+            tl.store(hist_win_ptr + vch * WIN + 3 + t, xv)
+        q0, q1, q2 = q1, q2, xq
+        k0, k1, k2 = k1, k2, xk
+        v0, v1, v2 = v1, v2, xv
+        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * (1.0 / tl.sqrt(DK * 1.0))
+        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+        f = tl.load(row + 3 * D + h * DK + c).to(tl.float32) + dtb
+        if SAFE_GATE:  # noqa: SIM108 (constexpr branch)
+            g = lower_bound * tl.sigmoid(rate * f)
+        else:
+            g = -rate * tl.where(f > 20.0, f, tl.log(1.0 + tl.exp(f)))
+        beta = tl.sigmoid(tl.load(row + 5 * D + h).to(tl.float32))
+        S = S * tl.exp(g)[:, None]
+        kv = tl.sum(S * k[:, None], axis=0)
+        u = beta * (v - kv)
+        S = S + k[:, None] * u[None, :]
+        o = tl.sum(S * q[:, None], axis=0)
+        store_rounded(o_ptr + t * stride_o + h * DK + cv, o, None)
+        if HISTORY:
+            tl.store(hist_state_ptr + t * (H * DK * DK) + s_offs, S)
+
+    tl.store(state_ptr + s_offs, S)
+    if j == 0:
+        tl.store(conv_ptr + qch * 3 + 0, q0)
+        tl.store(conv_ptr + qch * 3 + 1, q1)
+        tl.store(conv_ptr + qch * 3 + 2, q2)
+        tl.store(conv_ptr + kch * 3 + 0, k0)
+        tl.store(conv_ptr + kch * 3 + 1, k1)
+        tl.store(conv_ptr + kch * 3 + 2, k2)
+    tl.store(conv_ptr + vch * 3 + 0, v0)
+    tl.store(conv_ptr + vch * 3 + 1, v1)
+    tl.store(conv_ptr + vch * 3 + 2, v2)
+
+
+BLOCK_V = 32
+
+
+def kda_decode(
+    proj: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    state: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    out: torch.Tensor,
+    counter: torch.Tensor,
+    lower_bound: float,
+    safe_gate: bool = True,
+    history_states: torch.Tensor | None = None,
+    history_window: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """proj [T, 5D + H] bf16 ([q|k|v|f|g|b] rows); conv_weight [3D, 4] fp32; conv_state [3D, 3] fp32 and
+    state [H, d, d] fp32 updated in place; out [T, D] (bf16) receives o. With history_states
+    [T, H, d, d] and history_window [3D, 3 + T], what rollback needs is stored too."""
+    t = proj.shape[0]
+    heads, dk, dv = state.shape
+    if not 1 <= t <= MAX_TOKENS:
+        raise ValueError(f"the fused KDA kernel takes 1..{MAX_TOKENS} tokens, got {t}")
+    if dk != dv or dk % BLOCK_V or conv_weight.shape[1] != 4 or conv_state.shape[1] != 3:
+        raise ValueError("the fused KDA kernel needs d_k == d_v (a multiple of 32) and a conv kernel of 4")
+    if proj.stride(1) != 1 or proj.shape[1] < 5 * heads * dk + heads:
+        raise ValueError(f"proj must be row-major [T, >= {5 * heads * dk + heads}]")
+    history = history_states is not None
+    dummy = state
+    _kda_decode[(heads, dv // BLOCK_V)](
+        proj,
+        proj.stride(0),
+        conv_weight,
+        conv_state,
+        state,
+        history_states if history else dummy,
+        history_window if history else dummy,
+        a_log,
+        dt_bias,
+        out,
+        out.stride(0),
+        counter,
+        float(lower_bound),
+        T=t,
+        H=heads,
+        DK=dk,
+        BLOCK_V=BLOCK_V,
+        SAFE_GATE=safe_gate,
+        HISTORY=history,
+        num_warps=4,
+    )
+    return out

@@ -1,0 +1,353 @@
+"""Multi-head latent attention for decode and verification (T <= 16 tokens) in three kernels.
+
+The layer's projections arrive as one row per token, [q (heads x (nope + rope)) | kv_a (rank + rope) | g
+(heads)], from one fused GEMV. Then:
+
+1. `_mla_prep`: the latent key side (kv_a_layernorm, RoPE on the shared rope key, both written to the
+   cache at the tokens' positions) and the query side in the latent space: q_nope absorbed through
+   w_uk ([heads, nope, rank], the key up-projection) and q_rope rotated, as one [T, heads, rank + rope]
+   query per token and head.
+2. `_mla_attend` (flash decoding): the positions actually filled, 0..max(position), are cut into
+   `splits` equal chunks, one program each (a few hundred positions at 32K, so every SM streams part
+   of the cache); each computes scores for all heads and tokens against its chunk on the tensor cores
+   (causal per token), an online softmax, and its partial output in the latent space, with the
+   running max and sum.
+3. `_mla_combine`: per head and slice of the value dimension, the partials are merged (rescaled by
+   their maxima), the latent output is mapped through w_uv ([heads, v, rank], the value
+   up-projection), multiplied by the head's sigmoid gate, and stored as the input of the output
+   projection.
+Positions are read on the device, so the kernels replay from a CUDA graph at any length. Rounding
+follows the reference where it rounds (bf16 latent query, probabilities and latent output).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from solo.kernels.fused_gemv import MAX_TOKENS, round_bf16, store_rounded
+
+
+@triton.jit
+def _rope(x_even, x_odd, pos, inv_freq, amplitude):
+    """Interleaved RoPE of pairs (x_even[i], x_odd[i]) at angle pos * inv_freq[i], cos/sin rounded to
+    bf16 like the reference's; returns the rotated evens and odds (stored de-interleaved)."""
+    angle = pos.to(tl.float32) * inv_freq
+    cos = round_bf16(tl.cos(angle) * amplitude)
+    sin = round_bf16(tl.sin(angle) * amplitude)
+    return x_even * cos - x_odd * sin, x_odd * cos + x_even * sin
+
+
+@triton.jit
+def _mla_prep(
+    proj_ptr,
+    stride_p,
+    pos_ptr,
+    wuk_ptr,
+    kvnorm_ptr,
+    invf_ptr,
+    latent_ptr,
+    rope_ptr,
+    q_ptr,
+    count_ptr,
+    amplitude,
+    eps,
+    KV_OFF: tl.constexpr,
+    T: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    HEADS: tl.constexpr,
+    NOPE: tl.constexpr,
+    ROPE: tl.constexpr,
+    RANK: tl.constexpr,
+    RANK_BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid == 0:
+        tl.atomic_add(count_ptr, 1)
+    QK: tl.constexpr = NOPE + ROPE
+    HALF: tl.constexpr = ROPE // 2
+    SPLITS: tl.constexpr = RANK // RANK_BLOCK
+    ri = tl.arange(0, HALF)
+    inv_freq = tl.load(invf_ptr + ri)
+    if pid == HEADS * SPLITS:  # the key side: normalised latent and rotated rope key into the cache
+        rr = tl.arange(0, RANK)
+        w = tl.load(kvnorm_ptr + rr).to(tl.float32)
+        for t in tl.static_range(T):
+            row = proj_ptr + t * stride_p + KV_OFF
+            pos = tl.load(pos_ptr + t)
+            lat = tl.load(row + rr).to(tl.float32)
+            r = 1.0 / tl.sqrt(tl.sum(lat * lat, axis=0) / RANK + eps)
+            store_rounded(latent_ptr + pos * RANK + rr, w * round_bf16(lat * r), None)
+            even = tl.load(row + RANK + 2 * ri).to(tl.float32)
+            odd = tl.load(row + RANK + 2 * ri + 1).to(tl.float32)
+            re, ro = _rope(even, odd, pos, inv_freq, amplitude)
+            store_rounded(rope_ptr + pos * ROPE + ri, re, None)
+            store_rounded(rope_ptr + pos * ROPE + HALF + ri, ro, None)
+    else:  # query head h, latent columns [part * RANK_BLOCK, ...): q_nope @ w_uk[h]
+        h = pid // SPLITS
+        part = pid % SPLITS
+        rt = tl.arange(0, BLOCK_T)
+        t_ok = rt < T
+        rn = tl.arange(0, NOPE)
+        rc = part * RANK_BLOCK + tl.arange(0, RANK_BLOCK)
+        qn = tl.load(proj_ptr + rt[:, None] * stride_p + h * QK + rn[None, :], mask=t_ok[:, None], other=0.0)
+        w = tl.load(wuk_ptr + (h * NOPE + rn)[:, None] * RANK + rc[None, :])
+        q_lat = tl.dot(qn.to(tl.bfloat16), w.to(tl.bfloat16))  # [BLOCK_T, RANK_BLOCK] fp32
+        q_row = q_ptr + (rt[:, None] * HEADS + h) * (RANK + ROPE)
+        store_rounded(q_row + rc[None, :], q_lat, t_ok[:, None])
+        if part == 0:
+            for t in tl.static_range(T):
+                pos = tl.load(pos_ptr + t)
+                base = proj_ptr + t * stride_p + h * QK + NOPE
+                even = tl.load(base + 2 * ri).to(tl.float32)
+                odd = tl.load(base + 2 * ri + 1).to(tl.float32)
+                re, ro = _rope(even, odd, pos, inv_freq, amplitude)
+                out = q_ptr + (t * HEADS + h) * (RANK + ROPE) + RANK
+                store_rounded(out + ri, re, None)
+                store_rounded(out + HALF + ri, ro, None)
+
+
+@triton.jit
+def _mla_attend(
+    q_ptr,
+    pos_ptr,
+    latent_ptr,
+    rope_ptr,
+    part_ptr,
+    ml_ptr,
+    count_ptr,
+    scale,
+    T: tl.constexpr,
+    HEADS: tl.constexpr,
+    RANK: tl.constexpr,
+    ROPE: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    D_PARTS: tl.constexpr,
+):
+    s = tl.program_id(0)
+    dp = tl.program_id(1)
+    if s == 0 and dp == 0:
+        tl.atomic_add(count_ptr, 1)
+    ROWS: tl.constexpr = T * HEADS
+    DV: tl.constexpr = RANK // D_PARTS  # latent output columns of this program
+    rm = tl.arange(0, BLOCK_M)
+    m_ok = rm < ROWS
+    row_pos = tl.load(pos_ptr + rm // HEADS, mask=m_ok, other=-1)  # each row's token position
+    length = tl.max(row_pos, axis=0) + 1
+    chunk = (length + SPLITS - 1) // SPLITS
+    chunk = (chunk + BLOCK_L - 1) // BLOCK_L * BLOCK_L
+    start = s * chunk
+    end = tl.minimum(start + chunk, length)
+    rv = dp * DV + tl.arange(0, DV)
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, DV), dtype=tl.float32)
+    q_rows = q_ptr + rm[:, None] * (RANK + ROPE)
+    for l0 in range(start, end, BLOCK_L):
+        rl = l0 + tl.arange(0, BLOCK_L)
+        l_ok = rl < end
+        scores = tl.zeros((BLOCK_M, BLOCK_L), dtype=tl.float32)
+        for d0 in tl.static_range(0, RANK, BLOCK_D):
+            rd = d0 + tl.arange(0, BLOCK_D)
+            qd = tl.load(q_rows + rd[None, :], mask=m_ok[:, None], other=0.0)
+            kd = tl.load(latent_ptr + rl[:, None] * RANK + rd[None, :], mask=l_ok[:, None], other=0.0)
+            scores += tl.dot(qd, tl.trans(kd))
+        rr = tl.arange(0, ROPE)
+        qr = tl.load(q_rows + RANK + rr[None, :], mask=m_ok[:, None], other=0.0)
+        kr = tl.load(rope_ptr + rl[:, None] * ROPE + rr[None, :], mask=l_ok[:, None], other=0.0)
+        scores += tl.dot(qr, tl.trans(kr))
+        visible = l_ok[None, :] & (rl[None, :] <= row_pos[:, None])
+        scores = tl.where(visible, scores * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(scores - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(latent_ptr + rl[:, None] * RANK + rv[None, :], mask=l_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(round_bf16(p).to(tl.bfloat16), v)
+        m_i = m_new
+    tl.store(part_ptr + (s * BLOCK_M + rm)[:, None] * RANK + rv[None, :], acc, mask=m_ok[:, None])
+    if dp == 0:
+        tl.store(ml_ptr + (s * BLOCK_M + rm) * 2, m_i, mask=m_ok)
+        tl.store(ml_ptr + (s * BLOCK_M + rm) * 2 + 1, l_i, mask=m_ok)
+
+
+@triton.jit
+def _mla_combine(
+    part_ptr,
+    ml_ptr,
+    wuv_ptr,
+    gate_ptr,
+    stride_g,
+    o_ptr,
+    stride_o,
+    count_ptr,
+    T: tl.constexpr,
+    HEADS: tl.constexpr,
+    RANK: tl.constexpr,
+    V: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    V_BLOCK: tl.constexpr,
+):
+    h = tl.program_id(0)
+    vp = tl.program_id(1)
+    if h == 0 and vp == 0:
+        tl.atomic_add(count_ptr, 1)
+    rr = tl.arange(0, RANK)
+    rv = vp * V_BLOCK + tl.arange(0, V_BLOCK)
+    rs_all = tl.arange(0, SPLITS)
+    CH: tl.constexpr = 16  # splits merged per step (bounds the registers)
+    for t in tl.static_range(T):
+        row = t * HEADS + h
+        top = tl.max(tl.load(ml_ptr + (rs_all * BLOCK_M + row) * 2), axis=0)
+        num = tl.zeros((RANK,), dtype=tl.float32)
+        den = tl.sum(tl.zeros((CH,), dtype=tl.float32), axis=0)
+        for s0 in tl.static_range(0, SPLITS, CH):
+            rs = s0 + tl.arange(0, CH)
+            m = tl.load(ml_ptr + (rs * BLOCK_M + row) * 2)
+            lsum = tl.load(ml_ptr + (rs * BLOCK_M + row) * 2 + 1)
+            weight = tl.where(m == float("-inf"), 0.0, tl.exp(m - top))
+            acc = tl.load(part_ptr + (rs * BLOCK_M + row)[:, None] * RANK + rr[None, :])  # [CH, RANK]
+            num += tl.sum(acc * weight[:, None], axis=0)
+            den += tl.sum(lsum * weight, axis=0)
+        latent = round_bf16(num / den)
+        w = tl.load(wuv_ptr + (h * V + rv)[:, None] * RANK + rr[None, :]).to(tl.float32)  # [V_BLOCK, RANK]
+        out = round_bf16(tl.sum(w * latent[None, :], axis=1))
+        gate = round_bf16(tl.sigmoid(tl.load(gate_ptr + t * stride_g + h).to(tl.float32)))
+        store_rounded(o_ptr + t * stride_o + h * V + rv, out * gate, None)
+
+
+class FusedMLA:
+    """The three MLA kernels of one layer, with their scratch (fixed buffers: graphs point at them)."""
+
+    SPLITS = 64
+    BLOCK_L = 64
+    BLOCK_D = 64
+    RANK_BLOCK = 128
+    V_BLOCK = 16
+
+    def __init__(
+        self,
+        w_uk: torch.Tensor,
+        w_uv: torch.Tensor,
+        kv_norm_weight: torch.Tensor,
+        inv_freq: torch.Tensor,
+        amplitude: float,
+        softmax_scale: float,
+        eps: float,
+        rope_dim: int,
+        counter: torch.Tensor,
+        kv_offset: int,
+        gate_offset: int,
+    ) -> None:
+        self.heads, self.nope, self.rank = w_uk.shape
+        self.v_dim = w_uv.shape[1]
+        self.rope = rope_dim
+        if self.rank % self.RANK_BLOCK or self.rank % self.BLOCK_D or self.v_dim % self.V_BLOCK or self.SPLITS % 16:
+            raise ValueError("the fused MLA kernels need rank a multiple of 128 and v_head_dim of 32")
+        self.w_uk = w_uk.contiguous()
+        self.w_uv = w_uv.contiguous()
+        self.kv_norm = kv_norm_weight
+        self.inv_freq = inv_freq.float().contiguous()
+        self.amplitude = float(amplitude)
+        self.scale = float(softmax_scale)
+        self.eps = float(eps)
+        self.counter = counter  # [3]: prep, attend, combine launches
+        self.kv_offset, self.gate_offset = kv_offset, gate_offset  # columns of kv_a and g in proj
+        self._scratch: dict[int, tuple[torch.Tensor, ...]] = {}
+
+    def _buffers(self, tokens: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        if tokens not in self._scratch:
+            block_m = triton.next_power_of_2(max(16, tokens * self.heads))
+            q = torch.empty((tokens, self.heads, self.rank + self.rope), dtype=torch.bfloat16, device=device)
+            part = torch.empty((self.SPLITS, block_m, self.rank), dtype=torch.float32, device=device)
+            ml = torch.empty((self.SPLITS, block_m, 2), dtype=torch.float32, device=device)
+            self._scratch[tokens] = (q, part, ml)
+        return self._scratch[tokens]
+
+    def __call__(
+        self,
+        proj: torch.Tensor,
+        positions: torch.Tensor,
+        latent_cache: torch.Tensor,
+        rope_cache: torch.Tensor,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        """proj [T, ...] ([q | kv_a | g] at 0, kv_offset, gate_offset) -> out [T, heads*v] (gated head outputs)."""
+        t = proj.shape[0]
+        if not 1 <= t <= MAX_TOKENS:
+            raise ValueError(f"the fused MLA kernels take 1..{MAX_TOKENS} tokens, got {t}")
+        q, part, ml = self._buffers(t, proj.device)
+        block_m = part.shape[1]
+        splits = self.rank // self.RANK_BLOCK
+        _mla_prep[(self.heads * splits + 1,)](
+            proj,
+            proj.stride(0),
+            positions,
+            self.w_uk,
+            self.kv_norm,
+            self.inv_freq,
+            latent_cache,
+            rope_cache,
+            q,
+            self.counter[0:1],
+            self.amplitude,
+            self.eps,
+            KV_OFF=self.kv_offset,
+            T=t,
+            BLOCK_T=16,
+            HEADS=self.heads,
+            NOPE=self.nope,
+            ROPE=self.rope,
+            RANK=self.rank,
+            RANK_BLOCK=self.RANK_BLOCK,
+            num_warps=4,
+        )
+        d_parts = max(1, block_m * self.rank // (32 * 512))  # the accumulator at most 32 x 512 floats
+        while self.rank % (d_parts * 16):
+            d_parts //= 2
+        _mla_attend[(self.SPLITS, d_parts)](
+            q,
+            positions,
+            latent_cache,
+            rope_cache,
+            part,
+            ml,
+            self.counter[1:2],
+            self.scale,
+            T=t,
+            HEADS=self.heads,
+            RANK=self.rank,
+            ROPE=self.rope,
+            SPLITS=self.SPLITS,
+            BLOCK_M=block_m,
+            BLOCK_L=self.BLOCK_L,
+            BLOCK_D=self.BLOCK_D,
+            D_PARTS=d_parts,
+            num_warps=8,
+        )
+        gate = proj[:, self.gate_offset :]
+        _mla_combine[(self.heads, self.v_dim // self.V_BLOCK)](
+            part,
+            ml,
+            self.w_uv,
+            gate,
+            gate.stride(0),
+            out,
+            out.stride(0),
+            self.counter[2:3],
+            T=t,
+            HEADS=self.heads,
+            RANK=self.rank,
+            V=self.v_dim,
+            SPLITS=self.SPLITS,
+            BLOCK_M=block_m,
+            V_BLOCK=self.V_BLOCK,
+            num_warps=4,
+        )
+        return out

@@ -1,0 +1,205 @@
+"""The MoE router of the decode step in one kernel: norm, router GEMV, sigmoid, grouped top-k.
+
+Every program normalises its tokens (post-attention RMSNorm, program 0 also writes the normalised
+rows for the experts), computes the fp32 sigmoid scores of its block of experts and parks them; the
+last program to arrive selects, per token: expert_bias added for selection only, groups ranked by
+the sum of their top-2 biased scores, the best `topk_group` kept, the top-k experts among them
+(by repeated arg-max: k is 8), weights = their unbiased scores, renormalised, times the routed
+scaling factor. Ids and weights are written for the expert kernels; the counter is reset, so the
+kernel replays from a CUDA graph without a memset.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from solo.kernels.fused_gemv import MAX_TOKENS, round_bf16, store_rounded
+
+
+@triton.jit
+def _router(
+    x_ptr,
+    stride_x,
+    nw_ptr,
+    w_ptr,
+    bias_ptr,
+    xn_ptr,
+    scores_ptr,
+    cnt_ptr,
+    ids_ptr,
+    wts_ptr,
+    count_ptr,
+    eps,
+    scaling,
+    T: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    HID: tl.constexpr,
+    E: tl.constexpr,
+    GROUPS: tl.constexpr,
+    KEEP_GROUPS: tl.constexpr,
+    TOPK: tl.constexpr,
+    RENORM: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid == 0:
+        tl.atomic_add(count_ptr, 1)
+    rt = tl.arange(0, BLOCK_T)
+    t_ok = rt < T
+    ss = tl.zeros((BLOCK_T,), dtype=tl.float32)
+    for k0 in range(0, HID, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        xv = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :], mask=t_ok[:, None], other=0.0).to(tl.float32)
+        ss += tl.sum(xv * xv, axis=1)
+    rstd = 1.0 / tl.sqrt(ss / HID + eps)
+    re = pid * BLOCK_E + tl.arange(0, BLOCK_E)
+    acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
+    for k0 in range(0, HID, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        xv = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :], mask=t_ok[:, None], other=0.0).to(tl.float32)
+        nw = tl.load(nw_ptr + rk).to(tl.float32)
+        xn = round_bf16(round_bf16(xv * rstd[:, None]) * nw[None, :])
+        if pid == 0:
+            store_rounded(xn_ptr + rt[:, None] * HID + rk[None, :], xn, t_ok[:, None])
+        w = tl.load(w_ptr + re[:, None] * HID + rk[None, :]).to(tl.float32)  # [BLOCK_E, BLOCK_K]
+        acc += tl.sum(xn[:, None, :] * w[None, :, :], axis=2)
+    scores = tl.sigmoid(acc)
+    tl.store(scores_ptr + rt[:, None] * E + re[None, :], scores, mask=t_ok[:, None])
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+    if arrived == tl.num_programs(0) - 1:
+        ra = tl.arange(0, E)
+        rg = tl.arange(0, GROUPS)
+        rk8 = tl.arange(0, TOPK)
+        bias = tl.load(bias_ptr + ra).to(tl.float32)
+        for t in tl.static_range(T):
+            sc = tl.load(scores_ptr + t * E + ra, cache_modifier=".cg")
+            biased = sc + bias
+            if KEEP_GROUPS < GROUPS:
+                grouped = tl.reshape(biased, (GROUPS, E // GROUPS))
+                first = tl.max(grouped, axis=1)
+                at = tl.argmax(grouped, axis=1)
+                cols = tl.arange(0, E // GROUPS)
+                second = tl.max(tl.where(cols[None, :] == at[:, None], float("-inf"), grouped), axis=1)
+                gscore = first + second
+                keep = tl.zeros((GROUPS,), dtype=tl.int1)
+                for _ in tl.static_range(KEEP_GROUPS):
+                    g = tl.argmax(gscore, axis=0)
+                    keep = keep | (rg == g)
+                    gscore = tl.where(rg == g, float("-inf"), gscore)
+                kept = tl.reshape(tl.broadcast_to(keep[:, None], (GROUPS, E // GROUPS)), (E,))
+                biased = tl.where(kept, biased, float("-inf"))
+            ids = tl.zeros((TOPK,), dtype=tl.int32)
+            wts = tl.zeros((TOPK,), dtype=tl.float32)
+            for i in tl.static_range(TOPK):
+                best = tl.argmax(biased, axis=0)
+                ids = tl.where(rk8 == i, best, ids)
+                wts = tl.where(rk8 == i, tl.sum(tl.where(ra == best, sc, 0.0), axis=0), wts)
+                biased = tl.where(ra == best, float("-inf"), biased)
+            if RENORM:
+                wts = wts / (tl.sum(wts, axis=0) + 1e-20)
+            tl.store(ids_ptr + t * TOPK + rk8, ids)
+            tl.store(wts_ptr + t * TOPK + rk8, wts * scaling)
+        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
+
+
+class FusedRouter:
+    """Router of one MoE layer (weights [E, H] bf16, expert_bias [E]) with its fixed scratch."""
+
+    BLOCK_E = 8
+    BLOCK_K = 128
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        expert_bias: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        top_k: int,
+        n_group: int,
+        topk_group: int,
+        renormalize: bool,
+        scaling: float,
+        counter: torch.Tensor,
+    ) -> None:
+        self.num_experts, self.hidden = weight.shape
+        if self.num_experts % self.BLOCK_E or self.hidden % self.BLOCK_K or top_k & (top_k - 1):
+            raise ValueError("the fused router needs E % 8 == 0, H % 128 == 0 and a power-of-two top-k")
+        if self.num_experts & (self.num_experts - 1) or n_group & (n_group - 1):
+            raise ValueError("the fused router needs power-of-two expert and group counts")
+        self.weight = weight.to(torch.bfloat16).contiguous()
+        self.bias = expert_bias.float().contiguous()
+        self.norm_weight = norm_weight
+        self.eps, self.top_k, self.n_group, self.topk_group = float(eps), top_k, n_group, topk_group
+        self.renormalize, self.scaling = renormalize, float(scaling)
+        self.counter = counter
+        self._scratch: dict[int, tuple[torch.Tensor, ...]] = {}
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, H] (the residual stream) -> (normalised x [T, H] bf16, ids [T, k] int32, weights [T, k] fp32)."""
+        t = x.shape[0]
+        if not 1 <= t <= MAX_TOKENS:
+            raise ValueError(f"the fused router takes 1..{MAX_TOKENS} tokens, got {t}")
+        if t not in self._scratch:
+            dev = x.device
+            self._scratch[t] = (
+                torch.empty((t, self.num_experts), dtype=torch.float32, device=dev),
+                torch.zeros(1, dtype=torch.int32, device=dev),
+            )
+        scores, cnt = self._scratch[t]
+        xn = torch.empty((t, self.hidden), dtype=torch.bfloat16, device=x.device)
+        ids = torch.empty((t, self.top_k), dtype=torch.int32, device=x.device)
+        wts = torch.empty((t, self.top_k), dtype=torch.float32, device=x.device)
+        _router[(self.num_experts // self.BLOCK_E,)](
+            x,
+            x.stride(0),
+            self.norm_weight,
+            self.weight,
+            self.bias,
+            xn,
+            scores,
+            cnt,
+            ids,
+            wts,
+            self.counter,
+            self.eps,
+            self.scaling,
+            T=t,
+            BLOCK_T=triton.next_power_of_2(t),
+            HID=self.hidden,
+            E=self.num_experts,
+            GROUPS=self.n_group,
+            KEEP_GROUPS=self.topk_group,
+            TOPK=self.top_k,
+            RENORM=self.renormalize,
+            BLOCK_E=self.BLOCK_E,
+            BLOCK_K=self.BLOCK_K,
+            num_warps=4,
+        )
+        return xn, ids, wts
+
+
+@triton.jit
+def _rmsnorm(x_ptr, stride_x, w_ptr, o_ptr, stride_o, count_ptr, eps, K: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    if t == 0:
+        tl.atomic_add(count_ptr, 1)
+    rk = tl.arange(0, BLOCK)
+    ok = rk < K
+    x = tl.load(x_ptr + t * stride_x + rk, mask=ok, other=0.0).to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / K + eps)
+    w = tl.load(w_ptr + rk, mask=ok, other=0.0).to(tl.float32)
+    store_rounded(o_ptr + t * stride_o + rk, w * round_bf16(x * r), ok)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, counter: torch.Tensor) -> torch.Tensor:
+    """RMSNorm of each row of x [T, K] (bf16), rounded like solo.model.layers.RMSNorm."""
+    out = torch.empty_like(x)
+    k = x.shape[1]
+    _rmsnorm[(x.shape[0],)](
+        x, x.stride(0), weight, out, out.stride(0), counter, eps, K=k, BLOCK=triton.next_power_of_2(k)
+    )
+    return out
