@@ -11,7 +11,7 @@ mask per pair, a lower bound for any bit trick; ``*_nocvt``: no fp16 -> fp32 wid
 the 17-operation unpack of the checkpoint's nibble order used before the codes were repacked at
 load, as a reference) or with no arithmetic at all
 (``memonly``: loads of the codes, scales and activations, one multiply per word, the same group
-reduction; ``memonly_flat``: without the group reduction). Numbers: docs/kernels.md.
+reduction; ``memonly_flat``: without the group reduction). Numbers: docs/kernels-history.md.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ latency instruction sets when its result is written (3 bits, 7 = none) and when 
 read (3), the mask of scoreboards the instruction waits for (6) and operand reuse (4). Printing the
 loads, the MMAs and every instruction that waits shows, for example, that ptxas put all 40 loads of
 the CUDA MMA MoE kernel on one scoreboard, so its first product waited for every byte
-(docs/kernels.md). Works on the .sass files of dev/compile_sm90.py.
+(docs/kernels-history.md). Works on the .sass files of dev/compile_sm90.py.
 """
 
 from __future__ import annotations
