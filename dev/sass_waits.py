@@ -1,6 +1,6 @@
 """Which loads each instruction waits for: the scoreboard bits of sm_90 SASS (cuobjdump -sass).
 
-    python scripts/sass_waits.py KERNEL.sass [FUNCTION]
+    python dev/sass_waits.py KERNEL.sass [FUNCTION]
 
 cuobjdump prints each instruction with its 128-bit encoding but not the scheduling control bits.
 On Volta and later they are bits 105-127: stall cycles (4), yield (1), the scoreboard a variable-
@@ -8,7 +8,7 @@ latency instruction sets when its result is written (3 bits, 7 = none) and when 
 read (3), the mask of scoreboards the instruction waits for (6) and operand reuse (4). Printing the
 loads, the MMAs and every instruction that waits shows, for example, that ptxas put all 40 loads of
 the CUDA MMA MoE kernel on one scoreboard, so its first product waited for every byte
-(docs/kernels.md). Works on the .sass files of scripts/compile_sm90.py.
+(docs/kernels-history.md). Works on the .sass files of dev/compile_sm90.py.
 """
 
 from __future__ import annotations

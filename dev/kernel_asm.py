@@ -1,6 +1,6 @@
 """Write the PTX (and SASS, where nvdisasm/cuobjdump exist) of the MoE kernels at Ling-3.0-flash shapes.
 
-    python scripts/kernel_asm.py OUT_DIR
+    python dev/kernel_asm.py OUT_DIR
 
 For reading what Triton generated (instruction mix of the unpacking, vector widths of the loads).
 """

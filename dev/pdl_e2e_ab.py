@@ -1,6 +1,6 @@
 """End-to-end A/B of programmatic dependent launch in the MoE (lent H200, bundled model, GSM8K).
 
-    python scripts/pdl_e2e_ab.py off|on
+    python dev/pdl_e2e_ab.py off|on
 
 Runs `solo bench gsm8k` (20 questions, triton MoE, FP8 head, NEXTN, with the plain baseline) with
 the MoE's PDL forced off, or as shipped. Run the two alternately in separate processes.

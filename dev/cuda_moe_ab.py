@@ -1,7 +1,7 @@
 """A/B of the one-token MoE on the GPU: the persistent CUDA kernel (--moe-backend cuda) and its
 variants against the Triton GEMV path and Humming, timed in the same run, with correctness checks.
 
-    python3 scripts/cuda_moe_ab.py [--rounds 3] [--variants "order=gate_up_first;evict_first=1"]
+    python3 dev/cuda_moe_ab.py [--rounds 3] [--variants "order=gate_up_first;evict_first=1"]
         [--trace "spec;probe=copy_only"] [--trace-out prefix]
 
 Probes (DecodeKernelConfig.probe) time parts of the kernel and give wrong results by design.

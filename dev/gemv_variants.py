@@ -1,8 +1,8 @@
 """Where the GEMV MoE's time goes: timing-only variants and the PDL A/B (lent H200).
 
-    python scripts/gemv_variants.py variants [NAME,...]   # unpack / memory-only variants
-    python scripts/gemv_variants.py pdl                   # PDL on vs off, outputs bit-compared
-    python scripts/gemv_variants.py prof NAME             # run one variant at T=1 (for ncu)
+    python dev/gemv_variants.py variants [NAME,...]   # unpack / memory-only variants
+    python dev/gemv_variants.py pdl                   # PDL on vs off, outputs bit-compared
+    python dev/gemv_variants.py prof NAME             # run one variant at T=1 (for ncu)
 
 A variant is the module solo.kernels.triton_mxfp4_gemv with one function body replaced, loaded as a
 separate module and swapped into solo.kernels.triton_moe for the timing. Only ``base`` computes the
@@ -11,7 +11,7 @@ mask per pair, a lower bound for any bit trick; ``*_nocvt``: no fp16 -> fp32 wid
 the 17-operation unpack of the checkpoint's nibble order used before the codes were repacked at
 load, as a reference) or with no arithmetic at all
 (``memonly``: loads of the codes, scales and activations, one multiply per word, the same group
-reduction; ``memonly_flat``: without the group reduction). Numbers: docs/kernels.md.
+reduction; ``memonly_flat``: without the group reduction). Numbers: docs/kernels-history.md.
 """
 
 from __future__ import annotations

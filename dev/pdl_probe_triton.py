@@ -1,6 +1,6 @@
 """Does programmatic dependent launch take effect for solo's Triton kernels (launch_pdl=True)?
 
-    python3 scripts/pdl_probe_triton.py
+    python3 dev/pdl_probe_triton.py
 
 A primary kernel calls gdc_launch_dependents and then does a few hundred dependent atomic adds
 before it raises a flag; the secondary, launched with launch_pdl=True, reads the flag *before* its

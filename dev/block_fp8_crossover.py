@@ -1,6 +1,6 @@
 """Where the block-FP8 GEMV beats cuBLAS on a BF16 copy: a grid of layer shapes, same run (H200).
 
-    python3 scripts/block_fp8_crossover.py [--tokens 1,4]
+    python3 dev/block_fp8_crossover.py [--tokens 1,4]
 
 Each op is captured over enough distinct weight copies that L2 cannot hold them (solo.bench.kernels
 Timer and fp8_weights). Prints microseconds for both and their ratio per (N, K, T).

@@ -1,6 +1,6 @@
 """Compile the MoE kernels (GEMV and grouped) for the H200 (sm_90) on a machine without a GPU.
 
-    python scripts/compile_sm90.py OUT_DIR
+    python dev/compile_sm90.py OUT_DIR
 
 Triton's wheel carries ptxas and cuobjdump, so the PTX and SASS of the kernels at Ling-3.0-flash
 shapes can be read (and compile errors found) before spending device time. The local Triton may be
