@@ -295,7 +295,7 @@ _DEFAULT_BLOCK = Fp8Config(block_n=32, block_k=128, block_t=16, w_lhs=True, num_
 _BLOCK_TARGET_PROGRAMS = 768
 _BLOCK_MAX_SPLIT = 8
 # --block-fp8 auto keeps a layer in FP8 when its K is at least this: below it cuBLAS on the BF16 copy
-# was as fast or faster on the H200 (scripts/block_fp8_crossover.py, docs/results/h200_block_fp8_crossover.log).
+# was as fast or faster on the H200 (dev/block_fp8_crossover.py, docs/results/h200_block_fp8_crossover.log).
 BLOCK_FP8_MIN_K = 1536
 _OVERRIDES: dict[tuple[str, int, int], Fp8Config] = {}
 

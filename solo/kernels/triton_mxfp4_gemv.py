@@ -17,7 +17,7 @@ so one AND (j = 0), a shift and an AND (j = 1), or two shifts and two ANDs (j = 
 halves' codes to ``s << 15 | (e1 e0 m) << 9``, the fp16 bit pattern of value * 2^-14, exactly,
 including the subnormal code 0.5 (fp16 keeps subnormals; the widening to fp32 is exact). That is 11
 integer operations per 8 codes; the checkpoint's nibble order needs 17 (timed on the H200: 17.5 ->
-16.9 us at one token, 46.0 -> 41.4 us at four, ``scripts/gemv_variants.py``). Products are summed
+16.9 us at one token, 46.0 -> 41.4 us at four, ``dev/gemv_variants.py``). Products are summed
 in fp32 per 32-code group, multiplied by the group's E8M0 scale (``s << 23`` read as fp32 is
 2^(s-127)) and the 2^14 is put back once at the end.
 
