@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solo.kernels.triton_fp8 import require_triton_device
+from solo.kernels.triton_fp8 import interpreter_mode, require_triton_device
 
 NORM_NONE, NORM_RMS, NORM_GATED = 0, 1, 2
 SCALE_NONE, SCALE_BLOCK, SCALE_ROW = 0, 1, 2
@@ -257,7 +257,10 @@ TARGET_PROGRAMS = 264  # about two programs per SM on an H200 (132 SMs)
 
 
 def choose_config(rows: int, k: int, tokens: int) -> GemvConfig:
-    """Enough programs to keep the memory system busy: narrower row blocks, then split K."""
+    """Enough programs to keep the memory system busy: narrower row blocks, then split K. (Triton's
+    CPU interpreter runs programs one after another: there, the fewest programs.)"""
+    if interpreter_mode():
+        return GemvConfig(block_n=128, block_k=128, split_k=1)
     block_n = 32
     while block_n > 8 and triton.cdiv(rows, block_n) < TARGET_PROGRAMS:
         block_n //= 2

@@ -6,12 +6,12 @@ depthwise causal conv (kernel 4) and SiLU on q, k and its slice of v, L2 norms o
 by d^-1/2, the safe gate g = lower_bound * sigmoid(exp(A_log) (f + dt_bias)) (or the softplus form),
 beta = sigmoid(b), then token by token
     S <- diag(exp(g)) S;  u = beta (v - S^T k);  S <- S + k u^T;  o = S^T q
-on its [d_k, BLOCK_V] slice of the fp32 state, which it reads once and writes once. o is stored in
-bf16 (the reference rounds it before the gated output norm, which the following GEMV's prologue
-applies). With a history (speculative verification) the state after each token and the conv inputs
-are stored as well, for rolling back to any accepted prefix (solo.model.cache.HybridCache). The
-columns of S are independent given q, k, g and beta, which is what lets the value dimension split
-over programs: 32 heads x 4 slices keep 128 SMs streaming the 2 MB of state per layer.
+on the head's [d_k, d_v] fp32 state, which it reads once and writes once. o is stored in bf16 (the
+reference rounds it before the gated output norm, which the following GEMV's prologue applies).
+With a history (speculative verification) the state after each token and the conv inputs are
+stored as well, for rolling back to any accepted prefix (solo.model.cache.HybridCache). One program
+owns a whole head: the head's conv windows are read and rewritten in place, so no other program may
+read them (splitting the value dimension over programs raced on exactly that).
 """
 
 from __future__ import annotations
@@ -48,18 +48,16 @@ def _kda_decode(
     T: tl.constexpr,
     H: tl.constexpr,
     DK: tl.constexpr,
-    BLOCK_V: tl.constexpr,
     SAFE_GATE: tl.constexpr,
     HISTORY: tl.constexpr,
 ):
     h = tl.program_id(0)
-    j = tl.program_id(1)
-    if h == 0 and j == 0:
+    if h == 0:
         tl.atomic_add(count_ptr, 1)
     D: tl.constexpr = H * DK
     WIN: tl.constexpr = 3 + T  # history window columns: the 3 older inputs, then the T new ones
     c = tl.arange(0, DK)
-    cv = j * BLOCK_V + tl.arange(0, BLOCK_V)
+    cv = tl.arange(0, DK)
     qch = h * DK + c  # conv channels of q, k and this slice of v
     kch = D + h * DK + c
     vch = 2 * D + h * DK + cv
@@ -86,13 +84,12 @@ def _kda_decode(
     v1 = tl.load(conv_ptr + vch * 3 + 1)
     v2 = tl.load(conv_ptr + vch * 3 + 2)
     if HISTORY:  # the window before the pass: columns 0..2
-        if j == 0:
-            tl.store(hist_win_ptr + qch * WIN + 0, q0)
-            tl.store(hist_win_ptr + qch * WIN + 1, q1)
-            tl.store(hist_win_ptr + qch * WIN + 2, q2)
-            tl.store(hist_win_ptr + kch * WIN + 0, k0)
-            tl.store(hist_win_ptr + kch * WIN + 1, k1)
-            tl.store(hist_win_ptr + kch * WIN + 2, k2)
+        tl.store(hist_win_ptr + qch * WIN + 0, q0)
+        tl.store(hist_win_ptr + qch * WIN + 1, q1)
+        tl.store(hist_win_ptr + qch * WIN + 2, q2)
+        tl.store(hist_win_ptr + kch * WIN + 0, k0)
+        tl.store(hist_win_ptr + kch * WIN + 1, k1)
+        tl.store(hist_win_ptr + kch * WIN + 2, k2)
         tl.store(hist_win_ptr + vch * WIN + 0, v0)
         tl.store(hist_win_ptr + vch * WIN + 1, v1)
         tl.store(hist_win_ptr + vch * WIN + 2, v2)
@@ -111,9 +108,8 @@ def _kda_decode(
         k = _conv_step(wk0, wk1, wk2, wk3, k0, k1, k2, xk)
         v = _conv_step(wv0, wv1, wv2, wv3, v0, v1, v2, xv)
         if HISTORY:
-            if j == 0:
-                tl.store(hist_win_ptr + qch * WIN + 3 + t, xq)
-                tl.store(hist_win_ptr + kch * WIN + 3 + t, xk)
+            tl.store(hist_win_ptr + qch * WIN + 3 + t, xq)
+            tl.store(hist_win_ptr + kch * WIN + 3 + t, xk)
             tl.store(hist_win_ptr + vch * WIN + 3 + t, xv)
         q0, q1, q2 = q1, q2, xq
         k0, k1, k2 = k1, k2, xk
@@ -136,19 +132,15 @@ def _kda_decode(
             tl.store(hist_state_ptr + t * (H * DK * DK) + s_offs, S)
 
     tl.store(state_ptr + s_offs, S)
-    if j == 0:
-        tl.store(conv_ptr + qch * 3 + 0, q0)
-        tl.store(conv_ptr + qch * 3 + 1, q1)
-        tl.store(conv_ptr + qch * 3 + 2, q2)
-        tl.store(conv_ptr + kch * 3 + 0, k0)
-        tl.store(conv_ptr + kch * 3 + 1, k1)
-        tl.store(conv_ptr + kch * 3 + 2, k2)
+    tl.store(conv_ptr + qch * 3 + 0, q0)
+    tl.store(conv_ptr + qch * 3 + 1, q1)
+    tl.store(conv_ptr + qch * 3 + 2, q2)
+    tl.store(conv_ptr + kch * 3 + 0, k0)
+    tl.store(conv_ptr + kch * 3 + 1, k1)
+    tl.store(conv_ptr + kch * 3 + 2, k2)
     tl.store(conv_ptr + vch * 3 + 0, v0)
     tl.store(conv_ptr + vch * 3 + 1, v1)
     tl.store(conv_ptr + vch * 3 + 2, v2)
-
-
-BLOCK_V = 32
 
 
 def kda_decode(
@@ -172,13 +164,13 @@ def kda_decode(
     heads, dk, dv = state.shape
     if not 1 <= t <= MAX_TOKENS:
         raise ValueError(f"the fused KDA kernel takes 1..{MAX_TOKENS} tokens, got {t}")
-    if dk != dv or dk % BLOCK_V or conv_weight.shape[1] != 4 or conv_state.shape[1] != 3:
-        raise ValueError("the fused KDA kernel needs d_k == d_v (a multiple of 32) and a conv kernel of 4")
+    if dk != dv or dk & (dk - 1) or conv_weight.shape[1] != 4 or conv_state.shape[1] != 3:
+        raise ValueError("the fused KDA kernel needs d_k == d_v (a power of two) and a conv kernel of 4")
     if proj.stride(1) != 1 or proj.shape[1] < 5 * heads * dk + heads:
         raise ValueError(f"proj must be row-major [T, >= {5 * heads * dk + heads}]")
     history = history_states is not None
     dummy = state
-    _kda_decode[(heads, dv // BLOCK_V)](
+    _kda_decode[(heads,)](
         proj,
         proj.stride(0),
         conv_weight,
@@ -195,9 +187,8 @@ def kda_decode(
         T=t,
         H=heads,
         DK=dk,
-        BLOCK_V=BLOCK_V,
         SAFE_GATE=safe_gate,
         HISTORY=history,
-        num_warps=4,
+        num_warps=8 if dk >= 128 else 4,
     )
     return out

@@ -17,7 +17,9 @@ The layer's projections arrive as one row per token, [q (heads x (nope + rope)) 
    up-projection), multiplied by the head's sigmoid gate, and stored as the input of the output
    projection.
 Positions are read on the device, so the kernels replay from a CUDA graph at any length. Rounding
-follows the reference where it rounds (bf16 latent query, probabilities and latent output).
+follows the reference where it rounds (bf16 latent query, probabilities and latent output); the
+tensor-core products take those bf16 values as fp16, which holds every one of them exactly in the
+range they occupy here (|x| in [6e-5, 65504]; smaller probabilities contribute nothing at bf16).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import triton
 import triton.language as tl
 
 from solo.kernels.fused_gemv import MAX_TOKENS, round_bf16, store_rounded
+from solo.kernels.triton_fp8 import interpreter_mode
 
 
 @triton.jit
@@ -93,7 +96,7 @@ def _mla_prep(
         rc = part * RANK_BLOCK + tl.arange(0, RANK_BLOCK)
         qn = tl.load(proj_ptr + rt[:, None] * stride_p + h * QK + rn[None, :], mask=t_ok[:, None], other=0.0)
         w = tl.load(wuk_ptr + (h * NOPE + rn)[:, None] * RANK + rc[None, :])
-        q_lat = tl.dot(qn.to(tl.bfloat16), w.to(tl.bfloat16))  # [BLOCK_T, RANK_BLOCK] fp32
+        q_lat = tl.dot(qn.to(tl.float16), w.to(tl.float16))  # [BLOCK_T, RANK_BLOCK] fp32 (fp16 holds bf16 values)
         q_row = q_ptr + (rt[:, None] * HEADS + h) * (RANK + ROPE)
         store_rounded(q_row + rc[None, :], q_lat, t_ok[:, None])
         if part == 0:
@@ -155,11 +158,11 @@ def _mla_attend(
             rd = d0 + tl.arange(0, BLOCK_D)
             qd = tl.load(q_rows + rd[None, :], mask=m_ok[:, None], other=0.0)
             kd = tl.load(latent_ptr + rl[:, None] * RANK + rd[None, :], mask=l_ok[:, None], other=0.0)
-            scores += tl.dot(qd, tl.trans(kd))
+            scores += tl.dot(qd.to(tl.float16), tl.trans(kd.to(tl.float16)))
         rr = tl.arange(0, ROPE)
         qr = tl.load(q_rows + RANK + rr[None, :], mask=m_ok[:, None], other=0.0)
         kr = tl.load(rope_ptr + rl[:, None] * ROPE + rr[None, :], mask=l_ok[:, None], other=0.0)
-        scores += tl.dot(qr, tl.trans(kr))
+        scores += tl.dot(qr.to(tl.float16), tl.trans(kr.to(tl.float16)))
         visible = l_ok[None, :] & (rl[None, :] <= row_pos[:, None])
         scores = tl.where(visible, scores * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -168,7 +171,7 @@ def _mla_attend(
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(latent_ptr + rl[:, None] * RANK + rv[None, :], mask=l_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(round_bf16(p).to(tl.bfloat16), v)
+        acc = acc * alpha[:, None] + tl.dot(round_bf16(p).to(tl.float16), v.to(tl.float16))
         m_i = m_new
     tl.store(part_ptr + (s * BLOCK_M + rm)[:, None] * RANK + rv[None, :], acc, mask=m_ok[:, None])
     if dp == 0:
@@ -258,6 +261,8 @@ class FusedMLA:
         self.scale = float(softmax_scale)
         self.eps = float(eps)
         self.counter = counter  # [3]: prep, attend, combine launches
+        if interpreter_mode():  # Triton's CPU interpreter runs programs one after another
+            self.SPLITS = 16
         self.kv_offset, self.gate_offset = kv_offset, gate_offset  # columns of kv_a and g in proj
         self._scratch: dict[int, tuple[torch.Tensor, ...]] = {}
 

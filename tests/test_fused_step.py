@@ -1,0 +1,102 @@
+"""The fused decode step (solo.fastpath.decode_step) against the reference model it is built from.
+
+CPU part: Triton's interpreter on a narrow random model in the fp4 format (the kernels' real code
+paths, small widths); the GPU part (tests/test_gpu_fused_step.py) checks full widths on a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed (pip install triton)", allow_module_level=True)
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") is None and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+pytestmark = pytest.mark.skipif(not INTERPRET, reason="runs under Triton's CPU interpreter (TRITON_INTERPRET=1)")
+
+from solo.checkpoint.synthetic import load_random_model, synthetic_config  # noqa: E402
+from solo.fastpath import FastPathOptions, accelerate  # noqa: E402
+from solo.model.cache import HybridCache  # noqa: E402
+
+# Narrow, but every kernel's shape constraints hold (powers of two, 128-row FP8 blocks).
+NARROW = dict(
+    hidden_size=256,
+    intermediate_size=256,
+    moe_intermediate_size=128,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    linear_num_heads=2,
+    linear_head_dim=64,
+    head_dim=64,
+    kv_lora_rank=128,
+    qk_nope_head_dim=32,
+    qk_rope_head_dim=16,
+    v_head_dim=32,
+    n_group=4,
+    topk_group=2,
+    num_experts_per_tok=4,
+    layer_group_size=2,
+    first_k_dense_replace=1,
+)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.fixture(scope="module")
+def models():
+    """(reference, fused): the same random checkpoint, two layers (KDA + dense MLP, MLA + MoE) and NEXTN."""
+    config = synthetic_config(num_layers=2, num_experts=16, vocab_size=512, **NARROW)
+    seed = int(torch.randint(0, 10_000, ()))
+    ref = accelerate(load_random_model(config, "cpu", torch.bfloat16, seed), FastPathOptions(block_fp8="on"))
+    fast = accelerate(
+        load_random_model(config, "cpu", torch.bfloat16, seed),
+        FastPathOptions(block_fp8="on", decode_step="fused", verify_tokens=4),
+    )
+    assert ref.decode_step is None and fast.decode_step is not None
+    return config, ref, fast
+
+
+def test_decode_and_verification_equal_the_reference(models):
+    config, ref, fast = models
+    prompt = torch.randint(0, config.vocab_size, (9,))
+    window = torch.randint(0, config.vocab_size, (4,))
+    caches = [HybridCache(config, 32, "cpu", torch.bfloat16, with_nextn=True) for _ in range(2)]
+    outs = []
+    with torch.inference_mode():
+        for model, cache in zip((ref, fast), caches, strict=True):
+            model.prefill(prompt, cache)  # 9 tokens: the reference layers in both
+            one = model(prompt[-1:], torch.tensor([9]), cache)
+            history = cache.new_history(4)
+            four = model(window, torch.arange(10, 14), cache, kda_history=history)
+            draft = model.draft_forward(window[:1], one, torch.tensor([10]), cache)
+            outs.append((one, model.logits(one), four, model.logits(four), draft, history))
+    (h1, l1, h4, l4, d1, hist1), (h1f, l1f, h4f, l4f, d1f, hist1f) = outs
+    assert rel(h1f, h1) < 2e-2 and rel(l1f, l1) < 2e-2
+    assert rel(h4f, h4) < 2e-2 and rel(l4f, l4) < 2e-2
+    assert rel(d1f, d1) < 2e-2
+    for layer, past in hist1.items():  # the per-token KDA states that rollback uses
+        assert rel(hist1f[layer].states, past.states) < 2e-2
+        assert torch.allclose(hist1f[layer].window, past.window, rtol=1e-2, atol=1e-2)
+    for cache_ref, cache_fast in ((caches[0].kda, caches[1].kda),):
+        for layer in cache_ref:
+            assert rel(cache_fast[layer].recurrent, cache_ref[layer].recurrent) < 2e-2
+    counts = fast.decode_step.launches()
+    assert all(counts[f] > 0 for f in fast.decode_step.families_per_step()), counts
+    assert ref.decode_step is None
+
+
+def test_a_token_count_it_was_not_built_for_runs_the_reference_layers(models):
+    config, _, fast = models
+    before = fast.decode_step.launches()
+    cache = HybridCache(config, 32, "cpu", torch.bfloat16, with_nextn=True)
+    with torch.inference_mode():
+        fast(torch.randint(0, config.vocab_size, (3,)), torch.arange(3), cache)  # 3: not a served count
+    assert fast.decode_step.launches() == before

@@ -1,0 +1,122 @@
+"""The fused GPU decode step at full width against the CPU fp32 reference (GPU only; skipped elsewhere).
+
+A random checkpoint in the fp4 format at Ling-3.0-flash's widths (hidden 2560, 32 KDA heads of 128,
+32 MLA heads, 512-rank latent, SwiGLU clamps) with 6 layers of both kinds, 64 experts and a smaller
+vocabulary: the kernels see the real shapes; fresh weights and prompts every run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+VOCAB = 16384
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float().cpu() - b.float().cpu()).norm() / b.float().cpu().norm())
+
+
+@pytest.fixture(scope="module")
+def setup():
+    from solo.checkpoint.synthetic import load_random_model, synthetic_config
+    from solo.fastpath import FastPathOptions, accelerate
+
+    config = synthetic_config(num_layers=6, num_experts=64, vocab_size=VOCAB)
+    seed = int(torch.randint(0, 10_000, ()))
+    reference = load_random_model(config, "cpu", torch.float32, seed)  # the oracle: fp32 on the CPU
+    options = FastPathOptions(moe_backend="cuda", lm_head="fp8", block_fp8="on", decode_step="fused")
+    fused = accelerate(load_random_model(config, "cuda", torch.bfloat16, seed), options)
+    assert fused.decode_step is not None
+    return config, reference, fused
+
+
+def test_fused_kernels_match_the_cpu_reference_per_step(setup):
+    from solo.model.cache import HybridCache
+
+    config, reference, fused = setup
+    prompt = torch.randint(0, VOCAB, (37,))
+    window = torch.randint(0, VOCAB, (4,))
+    got, want = [], []
+    for model, device, dtype, out in ((fused, "cuda", torch.bfloat16, got), (reference, "cpu", torch.float32, want)):
+        cache = HybridCache(config, 64, device, dtype, with_nextn=True)
+        with torch.inference_mode():
+            model.prefill(prompt.to(device), cache)
+            one = model(prompt[-1:].to(device), torch.tensor([37], device=device), cache)
+            history = cache.new_history(4)
+            four = model(window.to(device), torch.arange(38, 42, device=device), cache, kda_history=history)
+            draft = model.draft_forward(window[:1].to(device), one, torch.tensor([38], device=device), cache)
+            out += [model.logits(one), model.logits(four), model.logits(draft)]
+    errors = [rel(g, w) for g, w in zip(got, want, strict=True)]
+    print(f"\nlogits rel. err: decode {errors[0]:.2e}, verify {errors[1]:.2e}, draft {errors[2]:.2e}")
+    assert max(errors) < 5e-2  # bf16 activations and an FP8 head against fp32 (the fused path's own error)
+
+
+def test_greedy_decode_in_graphs_emits_the_reference_argmax(setup):
+    from solo.engine.engine import Engine, GenerationParams
+    from solo.model.cache import HybridCache
+    from solo.tokenizer import Tokenizer, synthetic_tokenizer
+
+    config, reference, fused = setup
+    engine = Engine(fused, Tokenizer(synthetic_tokenizer(VOCAB)))
+    engine.enable_cuda_graphs(256)
+    before = fused.decode_step.launches()
+    prompt = torch.randint(0, VOCAB, (int(torch.randint(5, 40, ())),)).tolist()
+    out = engine.generate(prompt, GenerationParams(max_tokens=64, ignore_eos=True))
+    after = fused.decode_step.launches()
+    assert after["kda"] - before["kda"] >= 63 * len(config.kda_layers)  # every decode step ran the fused kernels
+    sequence = torch.tensor(prompt + out.token_ids)
+    cache = HybridCache(config, sequence.numel() + 1, "cpu", torch.float32, with_nextn=True)
+    with torch.inference_mode():
+        logits = reference.logits(reference.prefill(sequence, cache))[len(prompt) - 1 : -1]
+    chosen = logits.gather(1, torch.tensor(out.token_ids)[:, None])[:, 0]
+    top2 = logits.topk(2, dim=-1).values
+    gap = top2[:, 0] - chosen
+    margin = top2[:, 0] - top2[:, 1]
+    scale = float(logits.std())
+    exact = int((gap == 0).sum())
+    # a step may differ only where the reference itself barely prefers its argmax (bf16 vs fp32)
+    allowed = margin <= 0.05 * scale
+    print(f"\ngreedy: {exact}/64 reference argmax, worst gap {float(gap.max()):.3f} (logit std {scale:.2f})")
+    first_wrong = next((i for i in range(64) if gap[i] > 0), None)
+    assert first_wrong is None or bool(allowed[first_wrong]), (first_wrong, float(margin[first_wrong]))
+
+
+def test_speculation_on_the_fused_step_is_lossless_and_checked_at_start_up(setup):
+    """NEXTN rounds on the fused step emit plain greedy decoding's tokens. Verification (4 tokens)
+    and decode (1) run differently tiled kernels, so their bf16 logits are not bit-identical: where
+    the two runs part, the fp32 reference must see a tie between the two tokens."""
+    from solo.engine.engine import Engine, GenerationParams
+    from solo.model.cache import HybridCache
+    from solo.preflight.checks import ACTIVE, check_decode_step
+    from solo.speculative.nextn import NextNDecoder
+    from solo.tokenizer import Tokenizer, synthetic_tokenizer
+
+    config, reference, fused = setup
+    tok = Tokenizer(synthetic_tokenizer(VOCAB))
+    plain = Engine(fused, tok)
+    plain.enable_cuda_graphs(512)
+    spec = Engine(fused, tok, NextNDecoder(fused))
+    spec.enable_cuda_graphs(512)
+    identical = 0
+    for _ in range(3):
+        prompt = torch.randint(0, VOCAB, (int(torch.randint(5, 60, ())),)).tolist()
+        params = GenerationParams(max_tokens=48, ignore_eos=True)
+        a, b = plain.generate(prompt, params).token_ids, spec.generate(prompt, params).token_ids
+        assert spec.acceptance.rounds > 0
+        if a == b:
+            identical += 1
+            continue
+        i = next(j for j in range(48) if a[j] != b[j])
+        cache = HybridCache(config, len(prompt) + i + 1, "cpu", torch.float32, with_nextn=True)
+        with torch.inference_mode():
+            logits = reference.logits(reference.prefill(torch.tensor(prompt + a[:i]), cache))[-1]
+        assert abs(float(logits[a[i]] - logits[b[i]])) <= 0.05 * float(logits.std()), (i, a[i], b[i])
+    print(f"\nspeculative vs plain greedy on the fused step: {identical}/3 identical")
+    check = check_decode_step(plain, "fused")
+    assert check.status == ACTIVE and check.evidence["kda_launches"] > 0, check
