@@ -75,18 +75,18 @@ def _mla_prep(
     inv_freq = tl.load(invf_ptr + ri)
     if pid == HEADS * SPLITS:  # the key side: normalised latent and rotated rope key into the cache
         rr = tl.arange(0, RANK)
-        w = tl.load(kvnorm_ptr + rr).to(tl.float32)
+        norm_w = tl.load(kvnorm_ptr + rr).to(tl.float32)
         for t in tl.static_range(T):
-            row = proj_ptr + t * stride_p + KV_OFF
-            pos = tl.load(pos_ptr + t)
-            lat = tl.load(row + rr).to(tl.float32)
+            kv_row = proj_ptr + t * stride_p + KV_OFF
+            key_pos = tl.load(pos_ptr + t)
+            lat = tl.load(kv_row + rr).to(tl.float32)
             r = 1.0 / tl.sqrt(tl.sum(lat * lat, axis=0) / RANK + eps)
-            store_rounded(latent_ptr + pos * RANK + rr, w * round_bf16(lat * r), None)
-            even = tl.load(row + RANK + 2 * ri).to(tl.float32)
-            odd = tl.load(row + RANK + 2 * ri + 1).to(tl.float32)
-            re, ro = _rope(even, odd, pos, inv_freq, amplitude)
-            store_rounded(rope_ptr + pos * ROPE + ri, re, None)
-            store_rounded(rope_ptr + pos * ROPE + HALF + ri, ro, None)
+            store_rounded(latent_ptr + key_pos * RANK + rr, norm_w * round_bf16(lat * r), None)
+            k_even = tl.load(kv_row + RANK + 2 * ri).to(tl.float32)
+            k_odd = tl.load(kv_row + RANK + 2 * ri + 1).to(tl.float32)
+            k_re, k_ro = _rope(k_even, k_odd, key_pos, inv_freq, amplitude)
+            store_rounded(rope_ptr + key_pos * ROPE + ri, k_re, None)
+            store_rounded(rope_ptr + key_pos * ROPE + HALF + ri, k_ro, None)
     else:  # query head h, latent columns [part * RANK_BLOCK, ...): q_nope @ w_uk[h]
         h = pid // SPLITS
         part = pid % SPLITS
@@ -95,20 +95,20 @@ def _mla_prep(
         rn = tl.arange(0, NOPE)
         rc = part * RANK_BLOCK + tl.arange(0, RANK_BLOCK)
         qn = tl.load(proj_ptr + rt[:, None] * stride_p + h * QK + rn[None, :], mask=t_ok[:, None], other=0.0)
-        w = tl.load(wuk_ptr + (h * NOPE + rn)[:, None] * RANK + rc[None, :])
-        q_lat = tl.dot(qn.to(tl.float16), w.to(tl.float16))  # [BLOCK_T, RANK_BLOCK] fp32 (fp16 holds bf16 values)
+        wuk = tl.load(wuk_ptr + (h * NOPE + rn)[:, None] * RANK + rc[None, :])
+        q_lat = tl.dot(qn.to(tl.float16), wuk.to(tl.float16))  # [BLOCK_T, RANK_BLOCK] fp32 (fp16 holds bf16 values)
         q_row = q_ptr + (rt[:, None] * HEADS + h) * (RANK + ROPE)
         store_rounded(q_row + rc[None, :], q_lat, t_ok[:, None])
         if part == 0:
             for t in tl.static_range(T):
-                pos = tl.load(pos_ptr + t)
+                q_pos = tl.load(pos_ptr + t)
                 base = proj_ptr + t * stride_p + h * QK + NOPE
-                even = tl.load(base + 2 * ri).to(tl.float32)
-                odd = tl.load(base + 2 * ri + 1).to(tl.float32)
-                re, ro = _rope(even, odd, pos, inv_freq, amplitude)
+                q_even = tl.load(base + 2 * ri).to(tl.float32)
+                q_odd = tl.load(base + 2 * ri + 1).to(tl.float32)
+                q_re, q_ro = _rope(q_even, q_odd, q_pos, inv_freq, amplitude)
                 out = q_ptr + (t * HEADS + h) * (RANK + ROPE) + RANK
-                store_rounded(out + ri, re, None)
-                store_rounded(out + HALF + ri, ro, None)
+                store_rounded(out + ri, q_re, None)
+                store_rounded(out + HALF + ri, q_ro, None)
 
 
 @triton.jit
