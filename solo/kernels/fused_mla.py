@@ -335,6 +335,7 @@ class FusedMLA:
             BLOCK_D=self.BLOCK_D,
             D_PARTS=d_parts,
             num_warps=8,
+            num_stages=1,  # a pipelined chunk loop needs more shared memory than an SM has
         )
         gate = proj[:, self.gate_offset :]
         _mla_combine[(self.heads, self.v_dim // self.V_BLOCK)](
