@@ -31,7 +31,8 @@ def setup():
     seed = int(torch.randint(0, 10_000, ()))
     reference = load_random_model(config, "cpu", torch.float32, seed)  # the oracle: fp32 on the CPU
     options = FastPathOptions(moe_backend="cuda", lm_head="fp8", block_fp8="on", decode_step="fused")
-    fused = accelerate(load_random_model(config, "cuda", torch.bfloat16, seed), options)
+    # the same weights: drawn on the CPU for both (CUDA's generator draws other numbers)
+    fused = accelerate(load_random_model(config, "cuda", torch.bfloat16, seed, generate_on="cpu"), options)
     assert fused.decode_step is not None
     return config, reference, fused
 

@@ -110,17 +110,24 @@ def profile_graph(graph: torch.cuda.CUDAGraph) -> dict[str, Any]:
         graph.replay()
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels.sort(key=lambda e: e.time_range.start)
     by_component: dict[str, dict[str, float]] = {}
     for event in kernels:
         component = component_of(event.name)
         entry = by_component.setdefault(component, {"kernels": 0, "us": 0.0})
         entry["kernels"] += 1
-        entry["us"] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+        entry["us"] += _device_us(event)
+    first = [(e.name[:40], round(_device_us(e), 1)) for e in kernels[:40]]  # launch order: the first layers
     return {
+        "first_kernels": first,
         "kernels": len(kernels),
         "kernel_us": round(sum(v["us"] for v in by_component.values()), 1),
         "by_component": {k: {"kernels": int(v["kernels"]), "us": round(v["us"], 1)} for k, v in by_component.items()},
     }
+
+
+def _device_us(event) -> float:
+    return event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
 
 
 def component_of(kernel_name: str) -> str:
@@ -221,6 +228,7 @@ def measure_config(args: argparse.Namespace, config: Config) -> dict[str, Any]:
             entry["round_over_decode"] = entry["round_ms"] / entry["decode_ms"]
             entry["nextn_tok_s"] = {str(a): a * 1e3 / entry["round_ms"] for a in args.accept_lengths}
         entry["profile"] = profile_graph(decode_graph)
+        entry["profile_verify"] = profile_graph(verify_graph)
         result["contexts"][str(context)] = entry
     cache.reset()
     if args.prefill:

@@ -232,9 +232,16 @@ class RandomCheckpoint:
 
 
 def load_random_model(
-    config: LingConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, seed: int = 0
+    config: LingConfig,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    generate_on: torch.device | str | None = None,
 ):
-    """The reference model of `config` with random weights in the fp4 format, through the real loader."""
+    """The reference model of `config` with random weights in the fp4 format, through the real loader.
+    The tensors are drawn on `generate_on` (default: `device`); the same seed on the same kind of
+    device gives the same weights (CPU and CUDA generators draw different numbers)."""
     from solo.checkpoint.loader import LoadOptions, build_model
 
-    return build_model(config, RandomCheckpoint(config, device, seed), LoadOptions(device, dtype, progress=False))
+    reader = RandomCheckpoint(config, generate_on or device, seed)
+    return build_model(config, reader, LoadOptions(device, dtype, progress=False))

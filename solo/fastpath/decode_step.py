@@ -98,6 +98,7 @@ class _KDAAttention:
         self.dense = _gemv(attn.dense, step.counter("gemv"), f"layer {index} o_proj")
         self.attn = attn
         self.counter = step.counter("kda")
+        self.sync = step.kda_sync
 
     def __call__(self, x, positions, cache: HybridCache, history: dict[int, KDAHistory] | None) -> None:
         a = self.attn
@@ -118,6 +119,7 @@ class _KDAAttention:
             a.safe_gate,
             past.states if past is not None else None,
             past.window if past is not None else None,
+            self.sync,
         )
         gate = proj[:, 4 * self.dim : 5 * self.dim]
         self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps)
@@ -244,6 +246,8 @@ class FusedDecodeStep:
         self.config = model.config
         self.token_counts = frozenset(token_counts)
         self.launch_counts = torch.zeros(len(FAMILIES), dtype=torch.int32, device=model.device)
+        # per-head counters the KDA kernels synchronise their programs on (zero between launches)
+        self.kda_sync = torch.zeros(model.config.linear_num_heads, dtype=torch.int32, device=model.device)
         trunk = model.model.layers[: model.config.num_hidden_layers]
         self.layers = [_Layer(layer, self) for layer in trunk]
         self.embedding = model.model.word_embeddings.weight

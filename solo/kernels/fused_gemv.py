@@ -128,6 +128,7 @@ def _fused_gemv(
     ADD: tl.constexpr,
     HAS_LIMIT: tl.constexpr,
     WRITE_XN: tl.constexpr,
+    K_POW2: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -145,23 +146,22 @@ def _fused_gemv(
     k_end = tl.minimum(k_begin + K_PER, K)
 
     rstd = tl.zeros((BLOCK_T,), dtype=tl.float32)
-    if NORM == 1:  # RMS over all of K, first (x is a few KB and sits in L2)
-        ss = tl.zeros((BLOCK_T,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            ok = t_ok[:, None] & (rk < K)[None, :]
-            xv = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :], mask=ok, other=0.0).to(tl.float32)
-            ss += tl.sum(xv * xv, axis=1)
-        rstd = 1.0 / tl.sqrt(ss / K + eps)
+    if NORM == 1:  # RMS over all of K first, in one load (x is a few KB and sits in L2)
+        rk_all = tl.arange(0, K_POW2)
+        ok = t_ok[:, None] & (rk_all < K)[None, :]
+        xv = tl.load(x_ptr + rt[:, None] * stride_x + rk_all[None, :], mask=ok, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(xv * xv, axis=1) / K + eps)
 
     row_block = (pid_n * BLOCK_N) // 128  # the rows' FP8 scale block (BLOCK_N divides 128)
     up_block = (HALF + pid_n * BLOCK_N) // 128
+    # one token: multiply-adds on the CUDA cores, summed once after the loop; several: tensor cores
+    # (fp16 operands hold every FP8 weight and the bf16-rounded activations exactly), tokens padded to 16
     if BLOCK_T == 1:
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:
-        acc = tl.zeros((BLOCK_T, BLOCK_N, BLOCK_K), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_T, BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_ok = rk < K
@@ -170,35 +170,33 @@ def _fused_gemv(
             if pid_n == 0:
                 store_rounded(xn_ptr + rt[:, None] * stride_xn + rk[None, :], x, t_ok[:, None] & k_ok[None, :])
         w = tl.load(w_ptr + rn64[:, None] * K + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        w = w.to(tl.float32)
         xs = x
         if SCALE == 1:
             s = tl.load(s_ptr + row_block * KB + rk // 128, mask=k_ok, other=0.0)
             xs = x * s[None, :]
         if BLOCK_T == 1:
-            acc += w * tl.sum(xs, axis=0)[None, :]
+            acc += w.to(tl.float32) * tl.sum(xs, axis=0)[None, :]
         else:
-            acc += w[None, :, :] * xs[:, None, :]
+            acc += tl.dot(w.to(tl.float16), tl.trans(xs.to(tl.float16)))
         if EPI == 2:
             wu = tl.load(
                 w_ptr + (rn64 + HALF)[:, None] * K + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0
             )
-            wu = wu.to(tl.float32)
             xu = x
             if SCALE == 1:
                 su = tl.load(s_ptr + up_block * KB + rk // 128, mask=k_ok, other=0.0)
                 xu = x * su[None, :]
             if BLOCK_T == 1:
-                acc_u += wu * tl.sum(xu, axis=0)[None, :]
+                acc_u += wu.to(tl.float32) * tl.sum(xu, axis=0)[None, :]
             else:
-                acc_u += wu[None, :, :] * xu[:, None, :]
+                acc_u += tl.dot(wu.to(tl.float16), tl.trans(xu.to(tl.float16)))
 
     if BLOCK_T == 1:
         y = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
         yu = tl.sum(acc_u, axis=1)[None, :]
     else:
-        y = tl.sum(acc, axis=2)  # [BLOCK_T, BLOCK_N]
-        yu = tl.sum(acc_u, axis=2)
+        y = tl.trans(acc)  # [BLOCK_T, BLOCK_N]
+        yu = tl.trans(acc_u)
 
     TILE: tl.constexpr = BLOCK_T * BLOCK_N
     last = True
@@ -260,11 +258,11 @@ def choose_config(rows: int, k: int, tokens: int) -> GemvConfig:
     """Enough programs to keep the memory system busy: narrower row blocks, then split K. (Triton's
     CPU interpreter runs programs one after another: there, the fewest programs.)"""
     if interpreter_mode():
-        return GemvConfig(block_n=128, block_k=128, split_k=1)
+        return GemvConfig(block_n=128 if tokens == 1 else 64, block_k=128, split_k=1)
     block_n = 32
-    while block_n > 8 and triton.cdiv(rows, block_n) < TARGET_PROGRAMS:
+    while block_n > (8 if tokens == 1 else 16) and triton.cdiv(rows, block_n) < TARGET_PROGRAMS:
         block_n //= 2
-    block_k = 128 if tokens == 1 else 64
+    block_k = 128
     split = 1
     while triton.cdiv(rows, block_n) * split * 2 <= TARGET_PROGRAMS * 2 and k // (split * 2) >= 512:
         if triton.cdiv(rows, block_n) * split >= TARGET_PROGRAMS:
@@ -359,7 +357,7 @@ class FusedGemv:
             cfg = GemvConfig(cfg.block_n, group, cfg.split_k, cfg.num_warps, cfg.num_stages)
         if self.scale_mode == SCALE_BLOCK and 128 % cfg.block_n:
             raise ValueError(f"{self.name}: BLOCK_N must divide 128 for block scales")
-        block_t = triton.next_power_of_2(t)
+        block_t = 1 if t == 1 else 16  # several tokens run on the tensor cores: at least 16 rows
         grid = (triton.cdiv(self.rows, cfg.block_n), cfg.split_k)
         part, cnt = self._scratch_for(t, cfg, grid[0], block_t)
         dummy = out
@@ -398,6 +396,7 @@ class FusedGemv:
             ADD=addend is not None,
             HAS_LIMIT=self.limit is not None,
             WRITE_XN=xn_out is not None,
+            K_POW2=triton.next_power_of_2(self.k),
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )

@@ -6,12 +6,16 @@ depthwise causal conv (kernel 4) and SiLU on q, k and its slice of v, L2 norms o
 by d^-1/2, the safe gate g = lower_bound * sigmoid(exp(A_log) (f + dt_bias)) (or the softplus form),
 beta = sigmoid(b), then token by token
     S <- diag(exp(g)) S;  u = beta (v - S^T k);  S <- S + k u^T;  o = S^T q
-on the head's [d_k, d_v] fp32 state, which it reads once and writes once. o is stored in bf16 (the
-reference rounds it before the gated output norm, which the following GEMV's prologue applies).
-With a history (speculative verification) the state after each token and the conv inputs are
-stored as well, for rolling back to any accepted prefix (solo.model.cache.HybridCache). One program
-owns a whole head: the head's conv windows are read and rewritten in place, so no other program may
-read them (splitting the value dimension over programs raced on exactly that).
+on its [d_k, d_v / NV] slice of the head's fp32 state, which it reads once and writes once (the
+columns of S are independent given q, k, g and beta, so 32 heads x 4 slices keep 128 SMs busy). o is
+stored in bf16 (the reference rounds it before the gated output norm, which the following GEMV's
+prologue applies). With a history (speculative verification) the state after each token and the
+conv inputs are stored as well, for rolling back to any accepted prefix (solo.model.cache).
+
+Every program of a head reads the head's q and k conv windows; the last of them rewrites them in
+place, after a per-head counter says the others have read them (they are launched before it, and
+the grid is one wave, so the wait is a formality; without it the split raced on exactly that).
+Triton's CPU interpreter runs programs one after another, so there the head is not split (NV = 1).
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ import triton
 import triton.language as tl
 
 from solo.kernels.fused_gemv import MAX_TOKENS, store_rounded
+from solo.kernels.triton_fp8 import interpreter_mode
+
+VALUE_SPLITS = 4  # programs per head on a GPU (each a quarter of the value columns)
 
 
 @triton.jit
@@ -44,20 +51,24 @@ def _kda_decode(
     o_ptr,
     stride_o,
     count_ptr,
+    sync_ptr,
     lower_bound,
     T: tl.constexpr,
     H: tl.constexpr,
     DK: tl.constexpr,
+    NV: tl.constexpr,
     SAFE_GATE: tl.constexpr,
     HISTORY: tl.constexpr,
 ):
     h = tl.program_id(0)
-    if h == 0:
+    j = tl.program_id(1)
+    if h == 0 and j == 0:
         tl.atomic_add(count_ptr, 1)
     D: tl.constexpr = H * DK
+    BV: tl.constexpr = DK // NV
     WIN: tl.constexpr = 3 + T  # history window columns: the 3 older inputs, then the T new ones
     c = tl.arange(0, DK)
-    cv = tl.arange(0, DK)
+    cv = j * BV + tl.arange(0, BV)
     qch = h * DK + c  # conv channels of q, k and this slice of v
     kch = D + h * DK + c
     vch = 2 * D + h * DK + cv
@@ -83,13 +94,18 @@ def _kda_decode(
     v0 = tl.load(conv_ptr + vch * 3 + 0)
     v1 = tl.load(conv_ptr + vch * 3 + 1)
     v2 = tl.load(conv_ptr + vch * 3 + 2)
+    owner = j == NV - 1  # this program rewrites the head's q and k windows, once the others have read them
+    if NV > 1:  # noqa: SIM102 (constexpr branch)
+        if j < NV - 1:
+            tl.atomic_add(sync_ptr + h, 1, sem="release", scope="gpu")
     if HISTORY:  # the window before the pass: columns 0..2
-        tl.store(hist_win_ptr + qch * WIN + 0, q0)
-        tl.store(hist_win_ptr + qch * WIN + 1, q1)
-        tl.store(hist_win_ptr + qch * WIN + 2, q2)
-        tl.store(hist_win_ptr + kch * WIN + 0, k0)
-        tl.store(hist_win_ptr + kch * WIN + 1, k1)
-        tl.store(hist_win_ptr + kch * WIN + 2, k2)
+        if owner:
+            tl.store(hist_win_ptr + qch * WIN + 0, q0)
+            tl.store(hist_win_ptr + qch * WIN + 1, q1)
+            tl.store(hist_win_ptr + qch * WIN + 2, q2)
+            tl.store(hist_win_ptr + kch * WIN + 0, k0)
+            tl.store(hist_win_ptr + kch * WIN + 1, k1)
+            tl.store(hist_win_ptr + kch * WIN + 2, k2)
         tl.store(hist_win_ptr + vch * WIN + 0, v0)
         tl.store(hist_win_ptr + vch * WIN + 1, v1)
         tl.store(hist_win_ptr + vch * WIN + 2, v2)
@@ -108,8 +124,9 @@ def _kda_decode(
         k = _conv_step(wk0, wk1, wk2, wk3, k0, k1, k2, xk)
         v = _conv_step(wv0, wv1, wv2, wv3, v0, v1, v2, xv)
         if HISTORY:
-            tl.store(hist_win_ptr + qch * WIN + 3 + t, xq)
-            tl.store(hist_win_ptr + kch * WIN + 3 + t, xk)
+            if owner:
+                tl.store(hist_win_ptr + qch * WIN + 3 + t, xq)
+                tl.store(hist_win_ptr + kch * WIN + 3 + t, xk)
             tl.store(hist_win_ptr + vch * WIN + 3 + t, xv)
         q0, q1, q2 = q1, q2, xq
         k0, k1, k2 = k1, k2, xk
@@ -132,12 +149,18 @@ def _kda_decode(
             tl.store(hist_state_ptr + t * (H * DK * DK) + s_offs, S)
 
     tl.store(state_ptr + s_offs, S)
-    tl.store(conv_ptr + qch * 3 + 0, q0)
-    tl.store(conv_ptr + qch * 3 + 1, q1)
-    tl.store(conv_ptr + qch * 3 + 2, q2)
-    tl.store(conv_ptr + kch * 3 + 0, k0)
-    tl.store(conv_ptr + kch * 3 + 1, k1)
-    tl.store(conv_ptr + kch * 3 + 2, k2)
+    if owner:
+        if NV > 1:  # wait until the head's other programs have read the old windows (they all run by now)
+            arrived = tl.atomic_add(sync_ptr + h, 0, sem="acquire", scope="gpu")
+            while arrived < NV - 1:
+                arrived = tl.atomic_add(sync_ptr + h, 0, sem="acquire", scope="gpu")
+            tl.atomic_xchg(sync_ptr + h, 0, sem="relaxed", scope="gpu")
+        tl.store(conv_ptr + qch * 3 + 0, q0)
+        tl.store(conv_ptr + qch * 3 + 1, q1)
+        tl.store(conv_ptr + qch * 3 + 2, q2)
+        tl.store(conv_ptr + kch * 3 + 0, k0)
+        tl.store(conv_ptr + kch * 3 + 1, k1)
+        tl.store(conv_ptr + kch * 3 + 2, k2)
     tl.store(conv_ptr + vch * 3 + 0, v0)
     tl.store(conv_ptr + vch * 3 + 1, v1)
     tl.store(conv_ptr + vch * 3 + 2, v2)
@@ -156,10 +179,12 @@ def kda_decode(
     safe_gate: bool = True,
     history_states: torch.Tensor | None = None,
     history_window: torch.Tensor | None = None,
+    sync: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """proj [T, 5D + H] bf16 ([q|k|v|f|g|b] rows); conv_weight [3D, 4] fp32; conv_state [3D, 3] fp32 and
     state [H, d, d] fp32 updated in place; out [T, D] (bf16) receives o. With history_states
-    [T, H, d, d] and history_window [3D, 3 + T], what rollback needs is stored too."""
+    [T, H, d, d] and history_window [3D, 3 + T], what rollback needs is stored too. `sync`: an int32
+    buffer of (at least) one counter per head, zero between calls (the kernel leaves it so)."""
     t = proj.shape[0]
     heads, dk, dv = state.shape
     if not 1 <= t <= MAX_TOKENS:
@@ -170,7 +195,10 @@ def kda_decode(
         raise ValueError(f"proj must be row-major [T, >= {5 * heads * dk + heads}]")
     history = history_states is not None
     dummy = state
-    _kda_decode[(heads,)](
+    nv = 1 if interpreter_mode() else VALUE_SPLITS
+    if sync is None or sync.numel() < heads:
+        raise ValueError("kda_decode needs a zeroed int32 sync buffer of one counter per head")
+    _kda_decode[(heads, nv)](
         proj,
         proj.stride(0),
         conv_weight,
@@ -183,12 +211,14 @@ def kda_decode(
         out,
         out.stride(0),
         counter,
+        sync,
         float(lower_bound),
         T=t,
         H=heads,
         DK=dk,
+        NV=nv,
         SAFE_GATE=safe_gate,
         HISTORY=history,
-        num_warps=8 if dk >= 128 else 4,
+        num_warps=4,
     )
     return out

@@ -197,12 +197,11 @@ def _mla_combine(
     BLOCK_M: tl.constexpr,
     V_BLOCK: tl.constexpr,
 ):
+    """One program per head: merge the splits' partials (read once), then w_uv, then the gate."""
     h = tl.program_id(0)
-    vp = tl.program_id(1)
-    if h == 0 and vp == 0:
+    if h == 0:
         tl.atomic_add(count_ptr, 1)
     rr = tl.arange(0, RANK)
-    rv = vp * V_BLOCK + tl.arange(0, V_BLOCK)
     rs_all = tl.arange(0, SPLITS)
     CH: tl.constexpr = 16  # splits merged per step (bounds the registers)
     for t in tl.static_range(T):
@@ -219,20 +218,22 @@ def _mla_combine(
             num += tl.sum(acc * weight[:, None], axis=0)
             den += tl.sum(lsum * weight, axis=0)
         latent = round_bf16(num / den)
-        w = tl.load(wuv_ptr + (h * V + rv)[:, None] * RANK + rr[None, :]).to(tl.float32)  # [V_BLOCK, RANK]
-        out = round_bf16(tl.sum(w * latent[None, :], axis=1))
         gate = round_bf16(tl.sigmoid(tl.load(gate_ptr + t * stride_g + h).to(tl.float32)))
-        store_rounded(o_ptr + t * stride_o + h * V + rv, out * gate, None)
+        for v0 in tl.static_range(0, V, V_BLOCK):
+            rv = v0 + tl.arange(0, V_BLOCK)
+            w = tl.load(wuv_ptr + (h * V + rv)[:, None] * RANK + rr[None, :]).to(tl.float32)  # [V_BLOCK, RANK]
+            out = round_bf16(tl.sum(w * latent[None, :], axis=1))
+            store_rounded(o_ptr + t * stride_o + h * V + rv, out * gate, None)
 
 
 class FusedMLA:
     """The three MLA kernels of one layer, with their scratch (fixed buffers: graphs point at them)."""
 
-    SPLITS = 64
+    SPLITS = 128  # about one per SM: a 32K context is 256 positions each
     BLOCK_L = 64
     BLOCK_D = 64
     RANK_BLOCK = 128
-    V_BLOCK = 16
+    V_BLOCK = 16  # value rows of w_uv per step of the combine
 
     def __init__(
         self,
@@ -338,7 +339,7 @@ class FusedMLA:
             num_stages=1,  # a pipelined chunk loop needs more shared memory than an SM has
         )
         gate = proj[:, self.gate_offset :]
-        _mla_combine[(self.heads, self.v_dim // self.V_BLOCK)](
+        _mla_combine[(self.heads,)](
             part,
             ml,
             self.w_uv,
@@ -354,6 +355,6 @@ class FusedMLA:
             SPLITS=self.SPLITS,
             BLOCK_M=block_m,
             V_BLOCK=self.V_BLOCK,
-            num_warps=4,
+            num_warps=8,
         )
         return out
