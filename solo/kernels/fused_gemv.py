@@ -148,8 +148,8 @@ def _fused_gemv(
     rstd = tl.zeros((BLOCK_T,), dtype=tl.float32)
     if NORM == 1:  # RMS over all of K first, in one load (x is a few KB and sits in L2)
         rk_all = tl.arange(0, K_POW2)
-        ok = t_ok[:, None] & (rk_all < K)[None, :]
-        xv = tl.load(x_ptr + rt[:, None] * stride_x + rk_all[None, :], mask=ok, other=0.0).to(tl.float32)
+        x_ok = t_ok[:, None] & (rk_all < K)[None, :]
+        xv = tl.load(x_ptr + rt[:, None] * stride_x + rk_all[None, :], mask=x_ok, other=0.0).to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(xv * xv, axis=1) / K + eps)
 
     row_block = (pid_n * BLOCK_N) // 128  # the rows' FP8 scale block (BLOCK_N divides 128)

@@ -52,8 +52,8 @@ def _router(
     t_ok = rt < T
     rk_all = tl.arange(0, HID_POW2)
     ok = t_ok[:, None] & (rk_all < HID)[None, :]
-    xv = tl.load(x_ptr + rt[:, None] * stride_x + rk_all[None, :], mask=ok, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(xv * xv, axis=1) / HID + eps)
+    x_all = tl.load(x_ptr + rt[:, None] * stride_x + rk_all[None, :], mask=ok, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x_all * x_all, axis=1) / HID + eps)
     re = pid * BLOCK_E + tl.arange(0, BLOCK_E)
     acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
     for k0 in range(0, HID, BLOCK_K):

@@ -1,0 +1,279 @@
+"""Compile every kernel variant of the fused decode step for the H200 (sm_90) on a machine without a GPU.
+
+    python dev/compile_fused_sm90.py [OUT_DIR]
+
+Triton's compiler front end checks what its CPU interpreter does not (matching types across runtime
+branches, shared memory per block, dot shapes), and its wheel carries ptxas, so compile errors and
+resource use at Ling-3.0-flash shapes are found here instead of on the lent GPU. Prints one line per
+variant: registers, spills, shared memory. The local Triton (3.9) may be newer than the device's (3.6).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from solo.kernels import fused_gemv as g
+from solo.kernels import fused_kda as kda
+from solo.kernels import fused_mla as mla
+from solo.kernels import fused_router as router
+
+FLOATS = {"eps", "limit", "scale", "amplitude", "lower_bound", "scaling"}
+SMEM_LIMIT = 232448  # per block on the H100/H200
+
+
+def compile_variant(fn, pointers: dict[str, str], constexprs: dict, num_warps: int = 4, num_stages: int = 3):
+    """Compile `fn` with pointer element types `pointers` (name -> 'bf16', 'fp32', ...) and the given
+    constexprs; other scalar arguments are i32, or fp32 for the names in FLOATS."""
+    jit = fn.fn if hasattr(fn, "fn") and not hasattr(fn, "arg_names") else fn
+    sig: dict[str, str] = {}
+    for param in jit.params:
+        name = param.name
+        if param.is_constexpr:
+            if name not in constexprs:
+                if param.default is not param.default.__class__:  # keep declared defaults
+                    constexprs[name] = param.default
+            sig[name] = "constexpr"
+        elif name in pointers:
+            sig[name] = "*" + pointers[name]
+        elif name.endswith("_ptr"):
+            raise KeyError(f"{jit.__name__}: no element type for pointer {name}")
+        else:
+            sig[name] = "fp32" if name in FLOATS else "i32"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(sig.values()) if ty.startswith("*")}
+    src = ASTSource(jit, sig, constexprs=constexprs, attrs=attrs)
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+GEMV_PTRS = dict(
+    x_ptr="bf16",
+    nw_ptr="bf16",
+    gate_ptr="bf16",
+    w_ptr="fp8e4nv",
+    s_ptr="fp32",
+    o_ptr="bf16",
+    r_ptr="bf16",
+    a_ptr="bf16",
+    xn_ptr="bf16",
+    part_ptr="fp32",
+    cnt_ptr="i32",
+    count_ptr="i32",
+)
+
+
+def gemv_variants():
+    """(name, kernel, pointer types, constexprs, warps): every projection of a Ling-3.0-flash layer."""
+    h, kda_dim, inter, shared, vocab = 2560, 4096, 6144, 768, 157184
+    shapes = [  # name, N, K, HALF, NORM, EPI, ADD, HAS_LIMIT, weight dtype, scale mode, out dtype
+        ("kda_qkvfgb", 5 * kda_dim + 32, h, 0, 1, 0, False, False, "fp8e4nv", 1, "bf16"),
+        ("kda_o_proj", h, kda_dim, 0, 2, 1, False, False, "fp8e4nv", 1, "bf16"),
+        ("mla_q_kva_g", 6144 + 640 + 32, h, 0, 1, 0, False, False, "fp8e4nv", 1, "bf16"),
+        ("mla_dense", h, kda_dim, 0, 0, 1, False, False, "fp8e4nv", 1, "bf16"),
+        ("mlp_gate_up", 2 * inter, h, inter, 1, 2, False, False, "fp8e4nv", 1, "bf16"),
+        ("mlp_down", h, inter, 0, 0, 1, False, False, "fp8e4nv", 1, "bf16"),
+        ("shared_gate_up", 2 * shared, h, shared, 0, 2, False, True, "fp8e4nv", 1, "bf16"),
+        ("shared_down_fp8", h, shared, 0, 0, 1, True, False, "fp8e4nv", 1, "bf16"),
+        ("shared_down_bf16", h, shared, 0, 0, 1, True, False, "bf16", 0, "bf16"),
+        ("eh_proj", h, 2 * h, 0, 0, 0, False, False, "fp8e4nv", 1, "bf16"),
+    ]
+    for tokens in (1, 4):
+        for name, n, k, half, norm, epi, add, limit, wdt, scale, odt in shapes:
+            rows = half or n
+            cfg = g.choose_config(rows, k, tokens)
+            block_k = 128 if norm == g.NORM_GATED else cfg.block_k
+            ptrs = dict(GEMV_PTRS, w_ptr=wdt, o_ptr=odt)
+            constexprs = dict(
+                T=tokens,
+                N=n,
+                K=k,
+                HALF=half,
+                BLOCK_T=1 if tokens == 1 else 16,
+                BLOCK_N=cfg.block_n,
+                BLOCK_K=block_k,
+                SPLIT_K=cfg.split_k,
+                NORM=norm,
+                SCALE=scale,
+                EPI=epi,
+                ADD=add,
+                HAS_LIMIT=limit,
+                WRITE_XN=False,
+                K_POW2=triton.next_power_of_2(k),
+            )
+            yield f"gemv {name} T={tokens} {cfg}", g._fused_gemv, ptrs, constexprs, cfg.num_warps, cfg.num_stages
+    ptrs = dict(GEMV_PTRS, w_ptr="fp8e4nv", s_ptr="fp32", o_ptr="fp32")
+    cfg = g.choose_config(vocab, h, 1)
+    yield (
+        f"gemv lm_head rowwise {cfg}",
+        g._fused_gemv,
+        ptrs,
+        dict(
+            T=1,
+            N=vocab,
+            K=h,
+            HALF=0,
+            BLOCK_T=1,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            SPLIT_K=cfg.split_k,
+            NORM=0,
+            SCALE=2,
+            EPI=0,
+            ADD=False,
+            HAS_LIMIT=False,
+            WRITE_XN=False,
+            K_POW2=4096,
+        ),
+        cfg.num_warps,
+        cfg.num_stages,
+    )
+
+
+def other_variants():
+    kda_ptrs = dict(
+        proj_ptr="bf16",
+        convw_ptr="fp32",
+        conv_ptr="fp32",
+        state_ptr="fp32",
+        hist_state_ptr="fp32",
+        hist_win_ptr="fp32",
+        alog_ptr="fp32",
+        dtb_ptr="fp32",
+        o_ptr="bf16",
+        count_ptr="i32",
+        sync_ptr="i32",
+    )
+    for tokens, history in ((1, False), (4, True), (1, True)):
+        constexprs = dict(T=tokens, H=32, DK=128, NV=kda.VALUE_SPLITS, SAFE_GATE=True, HISTORY=history)
+        yield f"kda T={tokens} history={history}", kda._kda_decode, kda_ptrs, constexprs, 4, 3
+    prep_ptrs = dict(
+        proj_ptr="bf16",
+        pos_ptr="i64",
+        wuk_ptr="bf16",
+        kvnorm_ptr="bf16",
+        invf_ptr="fp32",
+        latent_ptr="bf16",
+        rope_ptr="bf16",
+        q_ptr="bf16",
+        count_ptr="i32",
+    )
+    attend_ptrs = dict(
+        q_ptr="bf16", pos_ptr="i64", latent_ptr="bf16", rope_ptr="bf16", part_ptr="fp32", ml_ptr="fp32", count_ptr="i32"
+    )
+    combine_ptrs = dict(part_ptr="fp32", ml_ptr="fp32", wuv_ptr="bf16", gate_ptr="bf16", o_ptr="bf16", count_ptr="i32")
+    splits = mla.FusedMLA.SPLITS
+    for tokens in (1, 4):
+        block_m = triton.next_power_of_2(max(16, tokens * 32))
+        d_parts = max(1, block_m * 512 // (32 * 512))
+        yield (
+            f"mla_prep T={tokens}",
+            mla._mla_prep,
+            prep_ptrs,
+            dict(KV_OFF=6144, T=tokens, BLOCK_T=16, HEADS=32, NOPE=128, ROPE=64, RANK=512, RANK_BLOCK=128),
+            4,
+            3,
+        )
+        yield (
+            f"mla_attend T={tokens} d_parts={d_parts}",
+            mla._mla_attend,
+            attend_ptrs,
+            dict(
+                T=tokens,
+                HEADS=32,
+                RANK=512,
+                ROPE=64,
+                SPLITS=splits,
+                BLOCK_M=block_m,
+                BLOCK_L=mla.FusedMLA.BLOCK_L,
+                BLOCK_D=mla.FusedMLA.BLOCK_D,
+                D_PARTS=d_parts,
+            ),
+            8,
+            1,
+        )
+        yield (
+            f"mla_combine T={tokens}",
+            mla._mla_combine,
+            combine_ptrs,
+            dict(T=tokens, HEADS=32, RANK=512, V=128, SPLITS=splits, BLOCK_M=block_m, V_BLOCK=mla.FusedMLA.V_BLOCK),
+            8,
+            3,
+        )
+        router_ptrs = dict(
+            x_ptr="bf16",
+            nw_ptr="bf16",
+            w_ptr="bf16",
+            bias_ptr="fp32",
+            xn_ptr="bf16",
+            scores_ptr="fp32",
+            cnt_ptr="i32",
+            ids_ptr="i32",
+            wts_ptr="fp32",
+            count_ptr="i32",
+        )
+        yield (
+            f"router T={tokens}",
+            router._router,
+            router_ptrs,
+            dict(
+                T=tokens,
+                BLOCK_T=triton.next_power_of_2(tokens),
+                HID=2560,
+                E=512,
+                GROUPS=8,
+                KEEP_GROUPS=4,
+                TOPK=8,
+                RENORM=True,
+                BLOCK_E=router.FusedRouter.BLOCK_E,
+                BLOCK_K=512,
+                HID_POW2=4096,
+            ),
+            1,
+            3,
+        )
+    norm_ptrs = dict(x_ptr="bf16", w_ptr="bf16", o_ptr="bf16", count_ptr="i32")
+    yield "rmsnorm", router._rmsnorm, norm_ptrs, dict(K=2560, BLOCK=4096), 4, 3
+
+
+def resource_usage(cubin: bytes) -> tuple[str, str]:
+    """(registers, spill stores) of a cubin, read by the cuobjdump in Triton's wheel."""
+    import re
+    import subprocess
+    import tempfile
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
+    regs = re.search(r"REG:(\d+)", text)
+    stack = re.search(r"STACK:(\d+)", text)
+    return (regs.group(1) if regs else "?"), (stack.group(1) if stack else "?")
+
+
+def main(out_dir: str | None = None) -> int:
+    failures = 0
+    for name, fn, ptrs, constexprs, warps, stages in [*gemv_variants(), *other_variants()]:
+        try:
+            kernel = compile_variant(fn, ptrs, dict(constexprs), warps, stages)
+        except Exception as e:  # noqa: BLE001 (report every variant, then fail)
+            failures += 1
+            print(f"FAILED  {name}: {type(e).__name__}: {str(e).splitlines()[-1][:300]}")
+            continue
+        md = kernel.metadata
+        regs, spills = resource_usage(kernel.asm["cubin"])
+        note = "  (shared memory over the limit)" if md.shared > SMEM_LIMIT else ""
+        failures += md.shared > SMEM_LIMIT
+        print(f"ok      {name}: {regs} regs, {spills} B stack, {md.shared} B shared{note}")
+        if out_dir:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            (Path(out_dir) / f"{name.split()[0]}_{name.split()[1]}.ptx").write_text(kernel.asm["ptx"])
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else None))
