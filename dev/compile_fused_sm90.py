@@ -34,9 +34,8 @@ def compile_variant(fn, pointers: dict[str, str], constexprs: dict, num_warps: i
     for param in jit.params:
         name = param.name
         if param.is_constexpr:
-            if name not in constexprs:
-                if param.default is not param.default.__class__:  # keep declared defaults
-                    constexprs[name] = param.default
+            if name not in constexprs and param.default is not param.default.__class__:  # declared defaults
+                constexprs[name] = param.default
             sig[name] = "constexpr"
         elif name in pointers:
             sig[name] = "*" + pointers[name]
