@@ -91,7 +91,7 @@ def gemv_variants():
                 N=n,
                 K=k,
                 HALF=half,
-                BLOCK_T=1 if tokens == 1 else 16,
+                BLOCK_T=triton.next_power_of_2(tokens),
                 BLOCK_N=cfg.block_n,
                 BLOCK_K=block_k,
                 SPLIT_K=cfg.split_k,
@@ -163,7 +163,9 @@ def other_variants():
     attend_ptrs = dict(
         q_ptr="bf16", pos_ptr="i64", latent_ptr="bf16", rope_ptr="bf16", part_ptr="fp32", ml_ptr="fp32", count_ptr="i32"
     )
-    combine_ptrs = dict(part_ptr="fp32", ml_ptr="fp32", wuv_ptr="bf16", gate_ptr="bf16", o_ptr="bf16", count_ptr="i32")
+    combine_ptrs = dict(
+        part_ptr="fp32", ml_ptr="fp32", pos_ptr="i64", wuv_ptr="bf16", gate_ptr="bf16", o_ptr="bf16", count_ptr="i32"
+    )
     splits = mla.FusedMLA.SPLITS
     for tokens in (1, 4):
         block_m = triton.next_power_of_2(max(16, tokens * 32))
@@ -190,6 +192,7 @@ def other_variants():
                 BLOCK_L=mla.FusedMLA.BLOCK_L,
                 BLOCK_D=mla.FusedMLA.BLOCK_D,
                 D_PARTS=d_parts,
+                MIN_CHUNK=mla.FusedMLA.MIN_CHUNK,
             ),
             8,
             1,
@@ -198,7 +201,17 @@ def other_variants():
             f"mla_combine T={tokens}",
             mla._mla_combine,
             combine_ptrs,
-            dict(T=tokens, HEADS=32, RANK=512, V=128, SPLITS=splits, BLOCK_M=block_m, V_BLOCK=mla.FusedMLA.V_BLOCK),
+            dict(
+                T=tokens,
+                HEADS=32,
+                RANK=512,
+                V=128,
+                SPLITS=splits,
+                BLOCK_M=block_m,
+                V_BLOCK=mla.FusedMLA.V_BLOCK,
+                MIN_CHUNK=mla.FusedMLA.MIN_CHUNK,
+                T_POW2=triton.next_power_of_2(tokens),
+            ),
             8,
             3,
         )

@@ -37,25 +37,43 @@ def setup():
     return config, reference, fused
 
 
-def test_fused_kernels_match_the_cpu_reference_per_step(setup):
+def _steps(model, config, prompt, window, device, dtype, hidden_in=None):
+    """Logits of a decode step, a 4-token verification and a NEXTN draft step (its hidden input given
+    or the decode step's), on a fresh cache after a prefill; and the hidden state the draft read."""
     from solo.model.cache import HybridCache
 
+    cache = HybridCache(config, 64, device, dtype, with_nextn=True)
+    with torch.inference_mode():
+        model.prefill(prompt.to(device), cache)
+        one = model(prompt[-1:].to(device), torch.tensor([37], device=device), cache)
+        history = cache.new_history(4)
+        four = model(window.to(device), torch.arange(38, 42, device=device), cache, kda_history=history)
+        draft_in = one if hidden_in is None else hidden_in.to(device, one.dtype)
+        draft = model.draft_forward(window[:1].to(device), draft_in, torch.tensor([38], device=device), cache)
+        return [model.logits(one), model.logits(four), model.logits(draft)], one
+
+
+def test_fused_kernels_match_the_reference_per_step(setup):
+    """Against the CPU fp32 oracle (decode, verification: bf16-level agreement) and against the same
+    model's reference modules on the GPU (the draft too: same inputs, same weights, same backends)."""
     config, reference, fused = setup
     prompt = torch.randint(0, VOCAB, (37,))
     window = torch.randint(0, VOCAB, (4,))
-    got, want = [], []
-    for model, device, dtype, out in ((fused, "cuda", torch.bfloat16, got), (reference, "cpu", torch.float32, want)):
-        cache = HybridCache(config, 64, device, dtype, with_nextn=True)
-        with torch.inference_mode():
-            model.prefill(prompt.to(device), cache)
-            one = model(prompt[-1:].to(device), torch.tensor([37], device=device), cache)
-            history = cache.new_history(4)
-            four = model(window.to(device), torch.arange(38, 42, device=device), cache, kda_history=history)
-            draft = model.draft_forward(window[:1].to(device), one, torch.tensor([38], device=device), cache)
-            out += [model.logits(one), model.logits(four), model.logits(draft)]
-    errors = [rel(g, w) for g, w in zip(got, want, strict=True)]
-    print(f"\nlogits rel. err: decode {errors[0]:.2e}, verify {errors[1]:.2e}, draft {errors[2]:.2e}")
-    assert max(errors) < 5e-2  # bf16 activations and an FP8 head against fp32 (the fused path's own error)
+    got, hidden = _steps(fused, config, prompt, window, "cuda", torch.bfloat16)
+    want, _ = _steps(reference, config, prompt, window, "cpu", torch.float32)
+    step, fused.decode_step = fused.decode_step, None  # the same GPU model on its reference modules
+    try:
+        same_gpu, _ = _steps(fused, config, prompt, window, "cuda", torch.bfloat16, hidden_in=hidden)
+    finally:
+        fused.decode_step = step
+    to_cpu = [rel(g, w) for g, w in zip(got[:2], want[:2], strict=True)]
+    to_gpu = [rel(g, w) for g, w in zip(got, same_gpu, strict=True)]
+    print(
+        f"\nlogits rel. err vs fp32 CPU: decode {to_cpu[0]:.2e}, verify {to_cpu[1]:.2e}; vs the GPU reference "
+        f"modules: decode {to_gpu[0]:.2e}, verify {to_gpu[1]:.2e}, draft {to_gpu[2]:.2e}"
+    )
+    assert max(to_cpu) < 5e-2  # bf16 activations and an FP8 head against fp32
+    assert max(to_gpu) < 5e-2
 
 
 def test_greedy_decode_in_graphs_emits_the_reference_argmax(setup):

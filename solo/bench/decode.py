@@ -165,7 +165,7 @@ def load(args: argparse.Namespace, config: Config):
     return model, {"load_s": round(loaded, 1), "accelerate_s": round(time.perf_counter() - t0 - loaded, 1)}
 
 
-def measure_config(args: argparse.Namespace, config: Config) -> dict[str, Any]:
+def measure_config(args: argparse.Namespace, config: Config, config_index: int = 0) -> dict[str, Any]:
     from solo.engine.graphs import EagerStep, GraphCapture
     from solo.engine.sampling import SamplingParams
     from solo.engine.traffic import decode_traffic
@@ -231,7 +231,7 @@ def measure_config(args: argparse.Namespace, config: Config) -> dict[str, Any]:
         entry["profile_verify"] = profile_graph(verify_graph)
         result["contexts"][str(context)] = entry
     cache.reset()
-    if args.prefill:
+    if args.prefill and config_index == 0:  # the prefill runs the same reference layers in every configuration
         result["prefill_s"] = measure_prefill(model, args.prefill)
     if args.loop_tokens:
         result["loop"] = measure_loop(model, args, window)
@@ -319,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("solo bench decode: pass --model PATH or --random-weights ling-3.0-flash.")
     configs = parse_configs(args.configs)
     if args.one is not None:  # the child process: one configuration
-        print(json.dumps(measure_config(args, configs[args.one]), default=float))
+        print(json.dumps(measure_config(args, configs[args.one], args.one), default=float))
         return 0
     results = []
     for i, config in enumerate(configs):

@@ -130,6 +130,7 @@ def _mla_attend(
     BLOCK_L: tl.constexpr,
     BLOCK_D: tl.constexpr,
     D_PARTS: tl.constexpr,
+    MIN_CHUNK: tl.constexpr,
 ):
     s = tl.program_id(0)
     dp = tl.program_id(1)
@@ -141,10 +142,13 @@ def _mla_attend(
     m_ok = rm < ROWS
     row_pos = tl.load(pos_ptr + rm // HEADS, mask=m_ok, other=-1)  # each row's token position
     length = tl.max(row_pos, axis=0) + 1
-    chunk = (length + SPLITS - 1) // SPLITS
+    used = tl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)  # splits in use: >= MIN_CHUNK positions each
+    chunk = (length + used - 1) // used
     chunk = (chunk + BLOCK_L - 1) // BLOCK_L * BLOCK_L
     start = s * chunk
     end = tl.minimum(start + chunk, length)
+    if s >= used:  # nothing to do: the combine reads only the splits in use
+        return
     rv = dp * DV + tl.arange(0, DV)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -183,6 +187,7 @@ def _mla_attend(
 def _mla_combine(
     part_ptr,
     ml_ptr,
+    pos_ptr,
     wuv_ptr,
     gate_ptr,
     stride_g,
@@ -196,25 +201,31 @@ def _mla_combine(
     SPLITS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     V_BLOCK: tl.constexpr,
+    MIN_CHUNK: tl.constexpr,
+    T_POW2: tl.constexpr,
 ):
-    """One program per head: merge the splits' partials (read once), then w_uv, then the gate."""
+    """One program per head: merge the partials of the splits in use (read once), then w_uv, the gate."""
     h = tl.program_id(0)
     if h == 0:
         tl.atomic_add(count_ptr, 1)
     rr = tl.arange(0, RANK)
     rs_all = tl.arange(0, SPLITS)
+    length = tl.max(tl.load(pos_ptr + tl.arange(0, T_POW2), mask=tl.arange(0, T_POW2) < T, other=-1), axis=0) + 1
+    used = tl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)  # as in _mla_attend
     CH: tl.constexpr = 16  # splits merged per step (bounds the registers)
     for t in tl.static_range(T):
         row = t * HEADS + h
-        top = tl.max(tl.load(ml_ptr + (rs_all * BLOCK_M + row) * 2), axis=0)
+        in_use = rs_all < used
+        top = tl.max(tl.load(ml_ptr + (rs_all * BLOCK_M + row) * 2, mask=in_use, other=float("-inf")), axis=0)
         num = tl.zeros((RANK,), dtype=tl.float32)
         den = tl.sum(tl.zeros((CH,), dtype=tl.float32), axis=0)
-        for s0 in tl.static_range(0, SPLITS, CH):
+        for s0 in range(0, used, CH):
             rs = s0 + tl.arange(0, CH)
-            m = tl.load(ml_ptr + (rs * BLOCK_M + row) * 2)
-            lsum = tl.load(ml_ptr + (rs * BLOCK_M + row) * 2 + 1)
+            ok = rs < used
+            m = tl.load(ml_ptr + (rs * BLOCK_M + row) * 2, mask=ok, other=float("-inf"))
+            lsum = tl.load(ml_ptr + (rs * BLOCK_M + row) * 2 + 1, mask=ok, other=0.0)
             weight = tl.where(m == float("-inf"), 0.0, tl.exp(m - top))
-            acc = tl.load(part_ptr + (rs * BLOCK_M + row)[:, None] * RANK + rr[None, :])  # [CH, RANK]
+            acc = tl.load(part_ptr + (rs * BLOCK_M + row)[:, None] * RANK + rr[None, :], mask=ok[:, None], other=0.0)
             num += tl.sum(acc * weight[:, None], axis=0)
             den += tl.sum(lsum * weight, axis=0)
         latent = round_bf16(num / den)
@@ -229,7 +240,8 @@ def _mla_combine(
 class FusedMLA:
     """The three MLA kernels of one layer, with their scratch (fixed buffers: graphs point at them)."""
 
-    SPLITS = 128  # about one per SM: a 32K context is 256 positions each
+    SPLITS = 128  # at most about one per SM: a 32K context is 256 positions each
+    MIN_CHUNK = 256  # positions per split at least (shorter contexts use fewer splits, fewer partials)
     BLOCK_L = 64
     BLOCK_D = 64
     RANK_BLOCK = 128
@@ -263,7 +275,7 @@ class FusedMLA:
         self.eps = float(eps)
         self.counter = counter  # [3]: prep, attend, combine launches
         if interpreter_mode():  # Triton's CPU interpreter runs programs one after another
-            self.SPLITS = 16
+            self.SPLITS, self.MIN_CHUNK = 16, 16
         self.kv_offset, self.gate_offset = kv_offset, gate_offset  # columns of kv_a and g in proj
         self._scratch: dict[int, tuple[torch.Tensor, ...]] = {}
 
@@ -335,6 +347,7 @@ class FusedMLA:
             BLOCK_L=self.BLOCK_L,
             BLOCK_D=self.BLOCK_D,
             D_PARTS=d_parts,
+            MIN_CHUNK=self.MIN_CHUNK,
             num_warps=8,
             num_stages=1,  # a pipelined chunk loop needs more shared memory than an SM has
         )
@@ -342,6 +355,7 @@ class FusedMLA:
         _mla_combine[(self.heads,)](
             part,
             ml,
+            positions,
             self.w_uv,
             gate,
             gate.stride(0),
@@ -355,6 +369,8 @@ class FusedMLA:
             SPLITS=self.SPLITS,
             BLOCK_M=block_m,
             V_BLOCK=self.V_BLOCK,
+            MIN_CHUNK=self.MIN_CHUNK,
+            T_POW2=triton.next_power_of_2(t),
             num_warps=8,
         )
         return out
