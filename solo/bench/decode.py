@@ -356,11 +356,24 @@ def environment() -> dict[str, Any]:
         info["device"] = torch.cuda.get_device_name()
     try:
         info["commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=Path(__file__).parent
         ).stdout.strip()
     except OSError:
         info["commit"] = ""
+    info["source_sha256"] = source_digest()  # the code that ran, whatever the checkout's git state
     return info
+
+
+def source_digest() -> str:
+    """sha256 over solo's Python and CUDA sources (names and contents), first 16 hex digits."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".cu", ".cuh")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -53,6 +53,27 @@ class Decoder(Protocol):
         ...
 
 
+class TokenReader:
+    """Reads a round's token ids back to the host without stalling the GPU: the copy is queued into a
+    pinned buffer, the decoder queues its next step, and only then waits for the copy (which the
+    stream reaches before that step). On a CPU the copy is simply done."""
+
+    def __init__(self, device: torch.device, size: int) -> None:
+        self.cuda = device.type == "cuda"
+        self.host = torch.empty(size, dtype=torch.long, pin_memory=self.cuda)
+        self.event = torch.cuda.Event() if self.cuda else None
+
+    def start(self, ids: torch.Tensor) -> None:
+        self.host.copy_(ids.reshape(-1), non_blocking=self.cuda)
+        if self.event is not None:
+            self.event.record()
+
+    def read(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+
 class PlainDecoder:
     """One token per model step."""
 
@@ -65,7 +86,7 @@ class PlainDecoder:
 
     @property
     def window(self) -> int:
-        return 1
+        return 2  # the step in flight writes one position past the last token read
 
     def capture_graphs(self, cache: HybridCache, graphs: GraphCapture) -> None:
         step = GraphedStep(self.model, graphs)
@@ -83,8 +104,12 @@ class PlainDecoder:
         hidden = model.prefill(prompt_ids, cache)
         token = sample(model.logits(hidden[-1:]), params, generator)
         position = torch.tensor([prompt_ids.numel()], device=device)
+        reader = TokenReader(device, 1)
         while True:
-            yield Round([int(token.item())])
+            # the next step is queued before this token is read back: the GPU never waits for the host
+            reader.start(token)
             _, logits = self.step(token, position, cache)
-            token = sample(logits, params, generator)
+            next_token = sample(logits, params, generator)
             position += 1
+            yield Round(reader.read())
+            token = next_token

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from solo.engine.decoder import Round
+from solo.engine.decoder import Round, TokenReader
 from solo.engine.graphs import EagerStep, GraphCapture, graph_safe_generators
 from solo.engine.sampling import SamplingParams, make_generator, probabilities, sample_from
 from solo.model.cache import HybridCache
@@ -109,8 +109,8 @@ class NextNDecoder:
 
     @property
     def window(self) -> int:
-        """Positions a round may write past the last emitted token."""
-        return 2 * self.config.num_draft_tokens
+        """Positions a round may write past the last emitted token (the round in flight included)."""
+        return 3 * self.config.num_draft_tokens
 
     def history_for(self, cache: HybridCache) -> dict:
         """Per-token KDA states of a verification pass; persistent per cache (graphs point at it)."""
@@ -162,9 +162,14 @@ class NextNDecoder:
         state.drafts.copy_(drafts)
         state.draft_probs.copy_(draft_probs)
 
+        reader = TokenReader(device, steps + 2)
+        run_round()
         while True:
+            # the round's tokens are read back while the next round is already queued (its one host
+            # synchronisation overlaps the GPU's work; a round past the last one read is harmless)
+            reader.start(state.emitted)
             run_round()
-            emitted = state.emitted.tolist()  # the one host synchronisation of the round
+            emitted = reader.read()
             accepted = emitted[-1]
             yield Round(emitted[:accepted] + [emitted[steps]], drafted=steps, accepted=accepted)
 
