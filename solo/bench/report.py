@@ -192,8 +192,8 @@ def compare_files(spec_a: str, spec_b: str) -> dict[str, Any]:
             f"the runs measured different workloads ({wa.get('name')} x {wa.get('requests')} vs "
             f"{wb.get('name')} x {wb.get('requests')}): compare runs of the same requests."
         )
-    la = a["label"] if "label" in a else name_a
-    lb = b["label"] if "label" in b else name_b
+    la = a.get("label", name_a)
+    lb = b.get("label", name_b)
     if la == lb:
         la, lb = f"{la} (A)", f"{lb} (B)"
     configs = {la: a, lb: b}
