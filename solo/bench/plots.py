@@ -38,7 +38,8 @@ def write_all(rep: dict[str, Any], out: Path) -> list[Path]:
     for name, s in configs.items():
         e2el = sorted(s["per_request"]["e2el_s"])
         if e2el:
-            ax.step(e2el, [(i + 1) / len(e2el) for i in range(len(e2el))], where="post", label=name)
+            ys = [0.0] + [(i + 1) / len(e2el) for i in range(len(e2el))]
+            ax.step([e2el[0], *e2el], ys, where="post", label=name)
     ax.set_xlabel("end-to-end latency (s)")
     ax.set_ylabel("fraction of requests")
     ax.set_title(f"Latency CDF ({subtitle})")
