@@ -280,11 +280,28 @@ def add_check(sub) -> None:
 # --------------------------------------------------------------------------- bench
 def cmd_bench(args: argparse.Namespace) -> int:
     from solo.bench import harness
+
+    if args.url:  # a server: nothing is loaded here
+        target = harness.url_target(args)
+        try:
+            harness.run_bench(args, [target])
+        finally:
+            target.close()
+        return 0
     from solo.engine.engine import Engine
 
+    if args.baseline and args.speculative_algorithm is None:
+        raise UsageError("--baseline compares plain decoding with NEXTN: add --speculative-algorithm NEXTN.")
     engine = Engine.from_pretrained(args.model, **load_options(args))
     preflight(engine, args)
-    return harness.main(args, engine)
+    harness.run_bench(args, harness.engine_targets(engine, args.baseline), engine.model.config.vocab_size)
+    return 0
+
+
+def cmd_bench_compare(args: argparse.Namespace) -> int:
+    from solo.bench.harness import main_compare
+
+    return main_compare(args)
 
 
 def cmd_bench_decode(args: argparse.Namespace) -> int:
@@ -295,20 +312,23 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
 
 def add_bench(sub) -> None:
     from solo.bench import decode
-    from solo.bench.harness import WORKLOADS, add_arguments
+    from solo.bench.harness import WORKLOADS, add_arguments, add_compare_arguments
 
     p = sub.add_parser(
         "bench",
-        help="benchmark a workload (gsm8k, synthetic, repeat), optionally against plain decoding, or the "
-        "decode step itself (decode)",
+        help="benchmark a workload (gsm8k, synthetic, repeat, jsonl) against the engine or any OpenAI-compatible "
+        "server (--url), compare two reports (compare), or time the decode step itself (decode)",
     )
     workloads = p.add_subparsers(dest="workload", required=True)
     for name, summary in WORKLOADS.items():
         w = workloads.add_parser(name, help=summary)
         add_model_options(w)
         add_preflight_options(w)
-        add_arguments(w)
+        add_arguments(w, name)
         w.set_defaults(func=cmd_bench)
+    c = workloads.add_parser("compare", help="the Table-4 comparison (and McNemar) of two saved reports")
+    add_compare_arguments(c)
+    c.set_defaults(func=cmd_bench_compare)
     d = workloads.add_parser("decode", help="the whole decode step at full shape in CUDA graphs, against the roofline")
     decode.add_arguments(d)
     d.set_defaults(func=cmd_bench_decode)

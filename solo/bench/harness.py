@@ -1,15 +1,11 @@
-"""`solo bench`: the stack measured honestly, baseline and optimized side by side in one run.
+"""`solo bench WORKLOAD`: one client, one protocol, against the in-process engine or any OpenAI-compatible server.
 
-Workloads:
-  gsm8k      GSM8K test questions in the lm-eval 5-shot format, stop at "Question:", graded
-             (strict and flexible match); accuracy A/B by a paired McNemar test.
-  synthetic  random prompt tokens, fixed output length, eos ignored (the seed's synthetic shape).
-  repeat     one random digit repeated --input-len times, fixed output length, eos ignored: the
-             most predictable continuation there is, so an upper bound for acceptance (like the
-             seed's synthetic run, whose greedy output settled into repetition: 3.90).
-
-Each configuration runs the same requests; the table gives TTFT, TPOT, decode tok/s, accept
-length and per-position acceptance, and the ratio of decode speeds.
+Targets: the engine loaded from ``--model`` (with ``--baseline`` also plain decoding on the same
+requests, one run after the other, so the A/B is side by side), or ``--url http://HOST:PORT/v1``.
+Workloads: solo.bench.workloads. Metrics: solo.bench.metrics (vLLM / SGLang names). Output, in
+``--out DIR``: ``report.json`` (stamped with commit, versions, device, model and every flag),
+``report.md`` (the seed's Table-4 layout), PNG plots, and ``requests.jsonl``, the per-request log
+that ``--resume`` continues from. Requests run one at a time (batch size 1).
 """
 
 from __future__ import annotations
@@ -18,185 +14,312 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from solo.bench import gsm8k
-from solo.bench.metrics import RequestRecord, summarize
-from solo.engine.decoder import PlainDecoder
-from solo.engine.engine import Engine, GenerationParams
+from solo.bench import gsm8k, promcounters, report, workloads
+from solo.bench.metrics import RequestRecord
+from solo.bench.targets import EngineTarget, OpenAITarget, Outcome, Request, Target
 from solo.engine.sampling import SamplingParams
 
-_ROOT = Path(__file__).resolve().parents[2]
-# ../shared/data/gsm8k beside the checkout, else a copy in the checkout's git-ignored .data/gsm8k
-_GSM8K_PLACES = (_ROOT.parent / "shared" / "data" / "gsm8k", _ROOT / ".data" / "gsm8k")
-DEFAULT_GSM8K = next((d for d in _GSM8K_PLACES if (d / "test.jsonl").is_file()), _GSM8K_PLACES[0])
+LOG_NAME = "requests.jsonl"
+LOG_VERSION = 1
 
 
-@dataclass
-class Request:
-    prompt: str | list[int]
-    params: GenerationParams
-    target: str | None = None  # GSM8K answer
+class ResumeMismatch(ValueError):
+    """The per-request log belongs to another run."""
 
 
-def gsm8k_requests(data_dir: Path, count: int, sampling: SamplingParams, max_tokens: int) -> list[Request]:
-    test = gsm8k.load_gsm8k(data_dir / "test.jsonl")[:count]
-    train = gsm8k.load_gsm8k(data_dir / "train.jsonl")
-    prompts = gsm8k.build_prompts(test, train)
-    params = GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=gsm8k.STOP_SEQUENCES)
-    return [Request(p, params, ex.target) for p, ex in zip(prompts, test, strict=True)]
+# --------------------------------------------------------------------------- per-request log
+class RunLog:
+    """``requests.jsonl``: a header naming the run, then one line per finished request, flushed at once."""
+
+    def __init__(self, path: Path, signature: dict[str, Any], resume: bool) -> None:
+        self.path = path
+        self.done: dict[tuple[str, int], dict[str, Any]] = {}
+        if resume and path.is_file():
+            lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+            if not lines or lines[0].get("kind") != "header":
+                raise ResumeMismatch(
+                    f"{path} has no header line: it is not a solo bench log; remove it or drop --resume."
+                )
+            if lines[0].get("signature") != signature:
+                raise ResumeMismatch(
+                    f"{path} was written by a different run (workload, requests, sampling or targets differ): "
+                    f"resume with the same command line, or use another --out."
+                )
+            for line in lines[1:]:
+                if line.get("kind") == "request":
+                    self.done[(line["config"], line["index"])] = line
+            self.file = path.open("a", encoding="utf-8")
+        else:
+            if path.is_file() and not resume:
+                raise ValueError(f"{path} exists: pass --resume to continue that run, or choose another --out.")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = path.open("w", encoding="utf-8")
+            self._write({"kind": "header", "version": LOG_VERSION, "signature": signature})
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        self.file.write(json.dumps(obj) + "\n")
+        self.file.flush()
+
+    def add(self, config: str, index: int, entry: dict[str, Any]) -> None:
+        line = {"kind": "request", "config": config, "index": index, **entry}
+        self.done[(config, index)] = line
+        self._write(line)
+
+    def close(self) -> None:
+        self.file.close()
 
 
-def synthetic_requests(
-    vocab: int, count: int, input_len: int, output_len: int, sampling: SamplingParams, seed: int = 0
-) -> list[Request]:
-    gen = torch.Generator().manual_seed(seed)
-    params = GenerationParams(max_tokens=output_len, sampling=sampling, ignore_eos=True)
-    return [Request(torch.randint(10, vocab, (input_len,), generator=gen).tolist(), params) for _ in range(count)]
+def entry_of(outcome: Outcome, request: Request) -> dict[str, Any]:
+    """The log line of one finished request."""
+    entry: dict[str, Any] = {"record": asdict(outcome.record), "text": outcome.text}
+    if outcome.tokens_estimated:
+        entry["tokens_estimated"] = True
+    if outcome.extra:
+        entry["extra"] = outcome.extra
+    if request.target is not None:
+        entry["target"] = request.target
+        if not outcome.record.failed:
+            g = gsm8k.grade(outcome.text, request.target)
+            entry["correct_strict"], entry["correct_flexible"] = g.strict, g.flexible
+        else:
+            entry["correct_strict"] = entry["correct_flexible"] = False
+    return entry
 
 
-def repeat_requests(count: int, length: int, output_len: int, sampling: SamplingParams, seed: int = 0) -> list[Request]:
-    gen = torch.Generator().manual_seed(seed)
-    params = GenerationParams(max_tokens=output_len, sampling=sampling, ignore_eos=True)
-    digits = torch.randint(0, 10, (count,), generator=gen).tolist()
-    return [Request(str(d) * length, params) for d in digits]
+def record_of(entry: dict[str, Any]) -> RequestRecord:
+    return RequestRecord(**entry["record"])
 
 
-def run(engine: Engine, requests: list[Request]) -> tuple[list[RequestRecord], list[bool], float]:
-    records, correct = [], []
-    start = time.perf_counter()
-    for req in requests:
-        times: list[float] = []
-        generation = engine.stream(req.prompt, req.params)
-        for event in generation:
-            if not times or event.elapsed_s != times[-1]:
-                times.append(event.elapsed_s)
-        result = generation.result
-        assert result is not None
-        s = result.stats
-        itl = [b - a for a, b in zip(times, times[1:], strict=False)]
-        per_pos = list(s.accepted_per_position or [])
-        records.append(
-            RequestRecord(
-                prompt_tokens=s.prompt_tokens,
-                output_tokens=s.completion_tokens,
-                ttft_s=s.ttft_s,
-                latency_s=s.total_s,
-                itl_s=itl,
-                drafted_tokens=s.drafted_tokens or 0,
-                accepted_tokens=s.accepted_tokens or 0,
-                verify_rounds=s.verify_rounds or 0,
-                accepted_per_position=per_pos,
-                finish_reason=result.finish_reason,
-            )
-        )
-        if req.target is not None:
-            correct.append(gsm8k.grade(result.text, req.target).strict)
-    return records, correct, time.perf_counter() - start
+# --------------------------------------------------------------------------- running
+class Progress:
+    """A progress bar with running output tok/s and accept length (tqdm on stderr)."""
+
+    def __init__(self, name: str, total: int, initial: int, enabled: bool) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, initial=initial, desc=name, unit="req", disable=not enabled, file=sys.stderr)
+        self.tokens = 0
+        self.busy_s = 0.0
+        self.rounds = self.accepted = self.failed = 0
+
+    def update(self, record: RequestRecord) -> None:
+        self.tokens += record.output_tokens
+        self.busy_s += record.latency_s
+        self.rounds += record.verify_rounds
+        self.accepted += record.accepted_tokens
+        self.failed += record.failed
+        post = {"tok/s": f"{self.tokens / self.busy_s:.1f}" if self.busy_s > 0 else "-"}
+        if self.rounds:
+            post["accept"] = f"{1 + self.accepted / self.rounds:.2f}"
+        if self.failed:
+            post["failed"] = str(self.failed)
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
-def compare_configs(engines: dict[str, Engine], requests: list[Request], warmup: int = 1) -> dict[str, Any]:
-    report: dict[str, Any] = {"configs": {}}
-    correctness = {}
-    for name, engine in engines.items():
+def run_target(
+    target: Target,
+    requests: Sequence[Request],
+    log: RunLog,
+    warmup: int = 1,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Serve every request not yet in the log; returns the config's measurements (entries in request
+    order, wall time, and acceptance counters read from the server when it reports none per request)."""
+    todo = [i for i in range(len(requests)) if (target.name, i) not in log.done]
+    metrics_before = _read_metrics(target) if todo else None
+    if todo:
         for req in requests[:warmup]:  # first-call costs (allocation, compilation) stay out of the numbers
-            engine.generate(req.prompt, req.params)
-        records, correct, wall = run(engine, requests)
-        summary = summarize(records, wall)
-        if correct:
-            summary["accuracy_strict"] = gsm8k.accuracy(correct)
-            correctness[name] = correct
-        summary["engine"] = engine.describe()
-        report["configs"][name] = summary
-    names = list(engines)
-    if len(names) == 2:
-        a, b = (report["configs"][n] for n in names)
-        if a["decode_throughput"]:
-            report["decode_speedup"] = b["decode_throughput"] / a["decode_throughput"]
-        if len(correctness) == 2:
-            n01, n10, p = gsm8k.mcnemar(correctness[names[0]], correctness[names[1]])
-            report["mcnemar"] = {"only_first_correct": n01, "only_second_correct": n10, "p_value": p}
-    return report
+            target.run(req)
+    bar = Progress(target.name, len(requests), len(requests) - len(todo), progress)
+    for i in range(len(requests)):
+        if (target.name, i) in log.done:
+            continue
+        start = time.perf_counter()
+        outcome = target.run(requests[i])
+        entry = entry_of(outcome, requests[i])
+        entry["wall_s"] = time.perf_counter() - start
+        log.add(target.name, i, entry)
+        bar.update(outcome.record)
+    bar.close()
+    entries = [log.done[(target.name, i)] for i in range(len(requests))]
+    result: dict[str, Any] = {"entries": entries, "target": target.describe()}
+    if metrics_before is not None:
+        after = _read_metrics(target)
+        if after is not None:
+            delta = promcounters.spec_delta(metrics_before, after)
+            if delta is not None and delta.verify_rounds > 0:
+                result["server_counters"] = asdict(delta) | {"accept_length": delta.accept_length}
+            gauges = promcounters.gauges(after)
+            if gauges:
+                result["server_gauges"] = gauges
+    return result
 
 
-def print_table(report: dict[str, Any], out=sys.stdout) -> None:
-    header = (
-        f"{'config':<12}{'reqs':>5}{'acc%':>7}{'TTFT ms':>9}{'TPOT ms':>9}{'dec tok/s':>10}{'accept':>8}  per-position"
-    )
-    print(header, file=out)
-    for name, s in report["configs"].items():
-        acc = f"{100 * s['accuracy_strict']:.1f}" if "accuracy_strict" in s else "-"
-        accept = f"{s['accept_length']:.2f}" if s.get("accept_length") else "-"
-        per = " ".join(f"{p:.2f}" for p in s.get("per_position_acceptance") or [])
-        print(
-            f"{name:<12}{s['completed']:>5}{acc:>7}{s['mean_ttft_ms']:>9.1f}{s['mean_tpot_ms']:>9.2f}"
-            f"{s['decode_throughput']:>10.1f}{accept:>8}  {per}",
-            file=out,
-        )
-    if "decode_speedup" in report:
-        print(f"decode speed ratio (second / first): {report['decode_speedup']:.3f}x", file=out)
-    if "mcnemar" in report:
-        m = report["mcnemar"]
-        print(
-            f"accuracy McNemar: {m['only_first_correct']} vs {m['only_second_correct']} discordant, "
-            f"p = {m['p_value']:.3f}",
-            file=out,
-        )
+def _read_metrics(target: Target) -> dict[str, float] | None:
+    if not isinstance(target, OpenAITarget):
+        return None
+    response = target.get("/metrics")
+    return promcounters.parse_metrics(response.text) if response is not None else None
 
 
-def main(args: argparse.Namespace, engine: Engine) -> int:
-    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-    if args.workload == "gsm8k":
-        data = Path(args.data) if args.data else DEFAULT_GSM8K
-        if not (data / "test.jsonl").is_file():
-            raise ValueError(f"{data}/test.jsonl not found: pass --data DIR holding GSM8K test.jsonl and train.jsonl.")
-        requests = gsm8k_requests(data, args.num_prompts, sampling, args.output_len)
-    elif args.workload == "repeat":
-        requests = repeat_requests(args.num_prompts, args.input_len, args.output_len, sampling, args.seed or 0)
-    else:
-        vocab = engine.model.config.vocab_size
-        requests = synthetic_requests(
-            vocab, args.num_prompts, args.input_len, args.output_len, sampling, args.seed or 0
-        )
-    engines = {}
-    if args.baseline and not isinstance(engine.decoder, PlainDecoder):
-        baseline = Engine(engine.model, engine.tokenizer, PlainDecoder(engine.model))
-        if engine.graphs_max_len is not None:  # the same step machinery as the optimized run
-            baseline.enable_cuda_graphs(engine.graphs_max_len)
-        engines["baseline"] = baseline
-    engines["mtp" if not isinstance(engine.decoder, PlainDecoder) else "plain"] = engine
-    report = compare_configs(engines, requests)
-    report["workload"] = {
-        "name": args.workload,
-        "requests": len(requests),
-        "model": str(args.model),
-        "sampling": vars(sampling),
-    }
-    print_table(report)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
-    return 0
-
-
+# --------------------------------------------------------------------------- the command
 WORKLOADS = {
-    "gsm8k": "GSM8K test questions, lm-eval 5-shot, graded",
-    "synthetic": "random prompt tokens, fixed output length, eos ignored",
+    "gsm8k": "GSM8K test questions, lm-eval 5-shot, graded (all 1,319 by default)",
+    "synthetic": "random prompt ids, fixed input and output lengths, eos ignored",
     "repeat": "one digit repeated, fixed output length: an upper bound for acceptance",
+    "jsonl": "your own prompts: one JSON object per line, optional sampling per line",
 }
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--num-prompts", type=int, default=20)
+def sampling_of(args: argparse.Namespace) -> SamplingParams:
+    """Sampling from the flags, a --preset filling what was not given."""
+    preset = workloads.PRESETS.get(args.preset or "", {})
+    temperature = args.temperature if args.temperature is not None else preset.get("temperature", 0.0)
+    top_k = args.top_k if args.top_k is not None else int(preset.get("top_k", 0))
+    top_p = args.top_p if args.top_p is not None else preset.get("top_p", 1.0)
+    return SamplingParams(temperature, top_k, top_p, args.seed)
+
+
+def build_requests(args: argparse.Namespace, vocab: int | None) -> list[Request]:
+    sampling = sampling_of(args)
+    seed = args.seed or 0
+    if args.workload == "gsm8k":
+        return workloads.gsm8k_requests(args.num_prompts, sampling, args.output_len or 256, args.data)
+    if args.workload == "jsonl":
+        return workloads.jsonl_requests(args.file, args.num_prompts, sampling, args.output_len or 128)
+    count, output_len = args.num_prompts or 20, args.output_len or 128
+    if args.workload == "repeat":
+        return workloads.repeat_requests(count, args.input_len, output_len, sampling, seed)
+    vocab = args.vocab_size or vocab
+    if vocab is None:
+        raise ValueError("synthetic against --url needs --vocab-size N (the server's vocabulary) to draw prompt ids.")
+    return workloads.synthetic_requests(vocab, count, args.input_len, output_len, sampling, seed)
+
+
+def default_out(workload: str) -> Path:
+    return Path("bench_runs") / f"{workload}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_bench(args: argparse.Namespace, targets: list[Target], vocab: int | None = None) -> dict[str, Any]:
+    """Run the workload against each target in turn and write the outputs; returns the report."""
+    requests = build_requests(args, vocab)
+    out = Path(args.out) if args.out else default_out(args.workload)
+    signature = {
+        "workload": args.workload,
+        "requests": len(requests),
+        "prompts": report.fingerprint([r.prompt for r in requests]),
+        "params": report.fingerprint([asdict(r.params) for r in requests]),
+        "targets": [t.name for t in targets],
+    }
+    log = RunLog(out / LOG_NAME, signature, args.resume)
+    if log.done:
+        print(f"solo bench: resuming {out / LOG_NAME}: {len(log.done)} requests already done", file=sys.stderr)
+    start = time.time()
+    try:
+        results = {t.name: run_target(t, requests, log, args.warmup, not args.no_progress) for t in targets}
+    finally:
+        log.close()
+    workload = {
+        "name": args.workload,
+        "requests": len(requests),
+        "sampling": asdict(requests[0].params.sampling),
+        "max_tokens": requests[0].params.max_tokens,
+        "stop": list(requests[0].params.stop),
+        "ignore_eos": requests[0].params.ignore_eos,
+    }
+    rep = report.build(results, workload, report.stamp(args), started=start)
+    report.write_outputs(rep, out, plots=not args.no_plots)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(rep, indent=2, default=str))
+    print(report.markdown(rep))
+    print(f"\nsolo bench: wrote {out}/report.json, report.md, plots and {LOG_NAME}", file=sys.stderr)
+    return rep
+
+
+def engine_targets(engine: Any, baseline: bool) -> list[Target]:
+    """The configured engine, preceded by plain decoding on the same model with --baseline."""
+    from solo.engine.decoder import PlainDecoder
+    from solo.engine.engine import Engine
+
+    plain = isinstance(engine.decoder, PlainDecoder)
+    targets: list[Target] = []
+    if baseline and not plain:
+        other = Engine(engine.model, engine.tokenizer, PlainDecoder(engine.model))
+        if engine.graphs_max_len is not None:  # the same step machinery as the optimized run
+            other.enable_cuda_graphs(engine.graphs_max_len)
+        targets.append(EngineTarget(other, "baseline"))
+    elif baseline:
+        raise ValueError(
+            "--baseline compares plain decoding with speculative decoding: add --speculative-algorithm NEXTN."
+        )
+    targets.append(EngineTarget(engine, "optimized" if targets else ("plain" if plain else "speculative")))
+    return targets
+
+
+def url_target(args: argparse.Namespace) -> OpenAITarget:
+    if args.baseline:
+        raise ValueError(
+            "--baseline runs plain decoding in-process; against --url run each server separately and "
+            "compare the reports: solo bench compare A/report.json B/report.json."
+        )
+    if not args.url.startswith(("http://", "https://")):
+        raise ValueError(f"--url {args.url}: give the API root, e.g. http://127.0.0.1:8000/v1.")
+    return OpenAITarget(args.url, "server", args.api_key, args.model_name, args.request_timeout)
+
+
+def add_arguments(p: argparse.ArgumentParser, workload: str | None = None) -> None:
+    """The options of `solo bench WORKLOAD` besides the model options."""
+    if workload == "jsonl":
+        p.add_argument("file", help="one JSON object per line: prompt, optional max_tokens/temperature/.../answer")
+    p.add_argument("--url", default=None, help="an OpenAI-compatible server's API root, e.g. http://HOST:PORT/v1")
+    p.add_argument("--api-key", default=None, help="bearer token for --url")
+    p.add_argument("--model-name", default=None, help="the 'model' field sent to --url (default: none)")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take (--url)")
+    p.add_argument(
+        "--num-prompts", type=int, default=None, help="requests (default: all 1,319 GSM8K questions; 20 otherwise)"
+    )
     p.add_argument("--input-len", type=int, default=256, help="synthetic: prompt tokens; repeat: characters")
-    p.add_argument("--output-len", type=int, default=128, help="max new tokens")
+    p.add_argument("--output-len", type=int, default=None, help="max new tokens (default: 256 for gsm8k, else 128)")
+    p.add_argument("--vocab-size", type=int, default=None, help="synthetic with --url: the server's vocabulary")
     p.add_argument("--data", default=None, help="GSM8K folder with test.jsonl and train.jsonl")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument(
+        "--preset",
+        choices=sorted(workloads.PRESETS),
+        default=None,
+        help="sampling preset; seed-table4: temperature 0.6, top-p 0.95, top-k 29 (the seed's GSM8K run)",
+    )
+    p.add_argument("--temperature", type=float, default=None, help="default 0 (greedy)")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--baseline", action="store_true", help="also run plain decoding on the same requests")
-    p.add_argument("--json", default=None, help="write the full report to this file")
+    p.add_argument("--baseline", action="store_true", help="also run plain decoding on the same requests (engine)")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured requests before each configuration")
+    p.add_argument("--out", default=None, help="output folder (default: bench_runs/WORKLOAD-TIME)")
+    p.add_argument("--resume", action="store_true", help="continue the run whose requests.jsonl is in --out")
+    p.add_argument("--json", default=None, help="also write the report to this file")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_compare_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", help="baseline report.json (optionally REPORT:CONFIG, default its first configuration)")
+    p.add_argument("b", help="optimized report.json (optionally REPORT:CONFIG, default its last configuration)")
+    p.add_argument("--out", default=None, help="write the comparison's report.json and report.md here")
+
+
+def main_compare(args: argparse.Namespace) -> int:
+    rep = report.compare_files(args.a, args.b)
+    if args.out:
+        report.write_outputs(rep, Path(args.out), plots=True)
+    print(report.markdown(rep))
+    return 0

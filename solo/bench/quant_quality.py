@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from solo.bench import gsm8k
-from solo.bench.harness import DEFAULT_GSM8K as GSM8K
+from solo.bench.workloads import load_gsm8k_split
 from solo.fastpath import load_accelerated
 from solo.model.cache import HybridCache
 from solo.tokenizer import Tokenizer
@@ -42,13 +42,11 @@ def default_prompts(directory: Path, count: int, seed: int = 0) -> list[list[int
     random token ids (tiny random test models, whose byte vocabulary has no words)."""
     tok = Tokenizer.from_dir(directory)
     if tok.vocab_size > 1000:  # a real vocabulary: real text, never silently random ids
-        if not (GSM8K / "test.jsonl").is_file():
-            raise FileNotFoundError(
-                f"GSM8K not found at {GSM8K}: put test.jsonl and train.jsonl in ../shared/data/gsm8k "
-                "or .data/gsm8k of the checkout."
-            )
-        test = gsm8k.load_gsm8k(GSM8K / "test.jsonl")[:count]
-        prompts = gsm8k.build_prompts(test, gsm8k.load_gsm8k(GSM8K / "train.jsonl"))
+        try:
+            test, train = load_gsm8k_split("test")[:count], load_gsm8k_split("train")
+        except ValueError as e:
+            raise FileNotFoundError(f"GSM8K not found: {e}") from None
+        prompts = gsm8k.build_prompts(test, train)
         return [tok.encode(p)[-384:] for p in prompts]
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(6, tok.vocab_size, (48,), generator=gen).tolist() for _ in range(count)]
