@@ -95,6 +95,7 @@ def test_check_cli_passes_with_correct_wiring_and_reports_json():
         "moe_backend": "ACTIVE",
         "lm_head": "ACTIVE",
         "block_fp8": "ACTIVE",
+        "decode_step": "OFF",  # auto on a CPU: the reference decode step, with the reason
         "draft_head": "ACTIVE",
         "mtp": "ACTIVE",
         "kernels": "OFF",
@@ -199,3 +200,50 @@ def test_watchdog_warns_when_accept_length_stays_low(tiny_checkpoints, caplog):
         engine.generate(list(range(6, 20)), GenerationParams(max_tokens=90, ignore_eos=True))
     assert engine.watchdog.warnings >= 1
     assert any("accept length" in r.message for r in caplog.records)
+
+
+class _FakeHumming(TorchMoE):
+    """The torch reference dressed as the Humming backend, with a cache folder of its own: the start-up
+    check must show the compiled kernels it finds there, and fail when there are none."""
+
+    name = "humming"
+
+    def __init__(self, inner: TorchMoE, cache_dir: Path) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.cache_dir = cache_dir
+
+    def compile_evidence(self):
+        from solo.kernels.humming_moe import humming_artifacts
+        from solo.kernels.moe import CompileEvidence
+
+        return CompileEvidence("humming", str(self.cache_dir), humming_artifacts(str(self.cache_dir)))
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_humming_kernel_check_shows_its_compiled_kernels_or_fails(tiny_checkpoints, tmp_path, cached):
+    from solo.preflight.checks import check_kernels
+
+    cache = tmp_path / "humming"
+    cache.mkdir()
+    if cached:
+        (cache / "gemm_sm90_n1536_k2560.cubin").write_bytes(b"\x7fELF fake cubin")
+    engine = Engine.from_pretrained(tiny_checkpoints["b"][0], lm_head="fp32")
+    for module in engine.model.modules():
+        if isinstance(module, SparseMoE):
+            module.experts = _FakeHumming(module.experts, cache)
+    check = check_kernels(engine, "humming")
+    if cached:
+        assert check.status == ACTIVE and check.evidence["moe"]["artifacts"] == 1
+        assert check.evidence["moe"]["examples"][0].endswith(".cubin")
+    else:
+        assert check.status == FAILED and "no compiled humming kernel" in check.reason
+
+
+def test_fused_decode_step_on_a_cpu_is_refused_with_the_fix(tiny_checkpoints):
+    path = str(tiny_checkpoints["a"][0])
+    proc = solo("generate", "--model", path, "--decode-step", "fused", "--max-tokens", "2", "hi")
+    assert proc.returncode == 1 and "--decode-step fused" in proc.stderr and "--device cuda" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = solo("check", "--model", path, "--json")
+    check = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}["decode_step"]
+    assert check["status"] == "OFF" and "NVIDIA GPU" in check["evidence"]["reason"]

@@ -91,6 +91,9 @@ def summarize_config(result: dict[str, Any]) -> dict[str, Any]:
     wall = sum(e.get("wall_s", e["record"]["latency_s"]) for e in entries)
     s = summarize(records, wall)
     s["target"] = result.get("target", {})
+    traffic = s["target"].get("bytes_per_token_at_1k")
+    # achieved bandwidth: a decode step's bytes (at 1K positions) x decode tok/s (None: unknown, a server)
+    s["decode_gb_per_s"] = traffic * s["decode_throughput"] / 1e9 if traffic and s["decode_throughput"] else None
     s["errors"] = dict(Counter(r.error or "unknown error" for r in records if r.failed))
     s["tokens_estimated"] = sum(1 for e in entries if e.get("tokens_estimated"))
     graded = [e for e in entries if "correct_strict" in e]
@@ -223,6 +226,7 @@ ROWS: tuple[tuple[str, str, float, str], ...] = (
     # label, summary key, scale, format
     ("Decode tok/s (1000 / mean TPOT)", "decode_throughput", 1.0, ".2f"),
     ("Output tok/s (tokens / wall time)", "output_throughput", 1.0, ".2f"),
+    ("Decode GB/s (bytes per step x decode tok/s)", "decode_gb_per_s", 1.0, ".2f"),
     ("TPOT mean (ms)", "mean_tpot_ms", 1.0, ".2f"),
     ("TPOT median (ms)", "median_tpot_ms", 1.0, ".2f"),
     ("ITL mean (ms)", "mean_itl_ms", 1.0, ".2f"),

@@ -20,6 +20,7 @@ import torch
 from solo.engine.decoder import Decoder, PlainDecoder, Round
 from solo.engine.graphs import GraphCapture
 from solo.engine.request import GenerationParams, GenerationResult, GenerationStats, StreamEvent
+from solo.engine.traffic import decode_traffic
 from solo.model.cache import HybridCache
 from solo.model.ling import LingForCausalLM
 from solo.speculative.acceptance import AcceptanceCounter, AcceptanceWatchdog
@@ -71,7 +72,8 @@ class Engine:
         # acceptance over every request of the process, and the watchdog that reads it
         self.acceptance = AcceptanceCounter(self.decoder.num_draft_positions)
         self.watchdog = AcceptanceWatchdog() if self.decoder.speculative else None
-        self.bytes_per_token: int | None = None  # decode-step traffic, for GB/s (set by the caller)
+        self._traffic = decode_traffic(model, 0)  # a decode step's bytes, the KV cache's excepted
+        self._cache_bytes_per_position = decode_traffic(model, 1).mla_cache
         self._active: weakref.ref[Generation] | None = None
 
     @classmethod
@@ -104,6 +106,10 @@ class Engine:
             engine.enable_cuda_graphs(max_context)
         return engine
 
+    def bytes_per_token(self, context: int) -> int:
+        """Bytes one decode step reads and writes at `context` cached positions (solo.engine.traffic)."""
+        return self._traffic.total + self._cache_bytes_per_position * context
+
     def describe(self) -> dict[str, Any]:
         """What is really in use: the LM head's weights, the routed-expert backend, dtype, device."""
         from solo.model.layers import block_fp8_linears
@@ -120,6 +126,8 @@ class Engine:
             "block_fp8": {"layers": len(fp8), "bytes": sum(m.nbytes for m in fp8)},
             "decoder": type(self.decoder).__name__,
             "cuda_graphs": self.decoder.graph_report(),
+            "decode_step": "fused" if self.model.decode_step is not None else "reference",
+            "bytes_per_token_at_1k": self.bytes_per_token(1024),
         }
 
     # ------------------------------------------------------------------ caches
@@ -241,7 +249,8 @@ class Engine:
             rounds.close()
             generation.done = True
             end = end or time.perf_counter()
-            stats = _finish_stats(stats, out_ids, start, first_token_at, end, counts, self.bytes_per_token)
+            context = len(ids) + len(out_ids) // 2  # the mean position of the request's decode steps
+            stats = _finish_stats(stats, out_ids, start, first_token_at, end, counts, self.bytes_per_token(context))
             generation.result = GenerationResult(text.text, out_ids, finish, stats)
 
     def _count(self, round_: Round, counts: AcceptanceCounter) -> None:
