@@ -9,10 +9,11 @@ from pathlib import Path
 
 import torch
 
+from solo.assets import bundled_model_path
 from solo.kernels.registry import MOE_BACKENDS
 from solo.quantization.lm_head import LM_HEAD_MODES
 
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "ling-gsm8k-tiny"
+DEFAULT_MODEL = bundled_model_path()
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -14,10 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from solo.assets import bundled_model
 from solo.bench.plots import PLOTS
 
 ROOT = Path(__file__).resolve().parents[1]
-BUNDLED = ROOT / "models" / "ling-gsm8k-tiny"
+BUNDLED = bundled_model()
 
 # GSM8K-shaped examples (question, worked answer ending in #### N), written by the tests themselves
 TRAIN = [

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from solo.assets import bundled_model
 from solo.checkpoint.loader import load_model
 from solo.model.cache import HybridCache
 from solo.model.kda import kda_recurrent
@@ -22,8 +23,8 @@ from solo.testing.tiny import write_byte_tokenizer
 from solo.training import train as T
 
 ROOT = Path(__file__).resolve().parents[1]
-BUNDLED_BF16 = ROOT / "models" / "ling-gsm8k-tiny-bf16"
-BUNDLED = ROOT / "models" / "ling-gsm8k-tiny"
+BUNDLED_BF16 = bundled_model("ling-gsm8k-tiny-bf16")
+BUNDLED = bundled_model()
 
 SMALL = dict(
     vocab_size=300,

@@ -9,11 +9,10 @@ reproduce plain decoding.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
+from solo.assets import bundled_model
 from solo.bench.quant_quality import compare, default_prompts, position_logits
 from solo.checkpoint.loader import load_model
 from solo.engine.engine import Engine, GenerationParams
@@ -23,7 +22,7 @@ from solo.speculative.nextn import NextNDecoder, SpeculativeConfig
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-BUNDLED = Path(__file__).resolve().parent.parent / "models" / "ling-gsm8k-tiny"
+BUNDLED = bundled_model()
 GPU = dict(device="cuda", dtype=torch.bfloat16, moe_backend="triton", lm_head="fp8", block_fp8="on")
 
 

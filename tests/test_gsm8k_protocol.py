@@ -28,33 +28,21 @@ from solo.bench.metrics import RequestRecord, percentile, summarize
 from solo.bench.workloads import load_gsm8k_split
 
 
-def _split(name: str) -> list[Example] | None:
-    """GSM8K through the bench's one loader (the packaged copy once it exists, else .data/gsm8k)."""
-    try:
-        return load_gsm8k_split(name)
-    except ValueError:
-        return None
-
-
-needs_data = pytest.mark.skipif(_split("test") is None, reason="GSM8K data not available (packaged or .data/gsm8k)")
-
-
 @pytest.fixture(scope="module")
 def train() -> list[Example]:
-    """GSM8K train split."""
-    return _split("train")
+    """GSM8K train split (the copy shipped in the package)."""
+    return load_gsm8k_split("train")
 
 
 @pytest.fixture(scope="module")
 def test_set() -> list[Example]:
     """GSM8K test split."""
-    return _split("test")
+    return load_gsm8k_split("test")
 
 
 # ---------------------------------------------------------------- loading and prompts
 
 
-@needs_data
 def test_load(train: list[Example], test_set: list[Example]) -> None:
     assert len(train) == 7473 and len(test_set) == 1319
     first = train[0]
@@ -71,7 +59,6 @@ def test_target_from_answer() -> None:
         target_from_answer("no marker")
 
 
-@needs_data
 def test_prompt_format_matches_lm_eval(train: list[Example], test_set: list[Example]) -> None:
     raw_train = [{"question": ex.question, "answer": ex.answer} for ex in train]  # as stored in the file
     rnd = random.Random(1234)  # one generator, one draw of 5 per test question, in order
@@ -82,7 +69,6 @@ def test_prompt_format_matches_lm_eval(train: list[Example], test_set: list[Exam
         assert build_fewshot_prompt(test_set[i].question, train, index=i) == expected
 
 
-@needs_data
 def test_prompt_structure(train: list[Example], test_set: list[Example]) -> None:
     q = test_set[0].question
     prompt = build_fewshot_prompt(q, train, index=0)
@@ -98,7 +84,6 @@ def test_prompt_structure(train: list[Example], test_set: list[Example]) -> None
     assert fewshot_indices(0, len(train)) == [6374, 3610, 957, 61, 742]
 
 
-@needs_data
 def test_prompt_deterministic_and_order_free(train: list[Example], test_set: list[Example]) -> None:
     late = build_fewshot_prompt(test_set[40].question, train, index=40)
     early = build_fewshot_prompt(test_set[3].question, train, index=3)
@@ -109,7 +94,6 @@ def test_prompt_deterministic_and_order_free(train: list[Example], test_set: lis
     assert len({p.split("\n\n")[0] for p in all_prompts}) > 30  # shots vary per question
 
 
-@needs_data
 def test_no_leakage_full_test_set(train: list[Example], test_set: list[Example]) -> None:
     for i, ex in enumerate(test_set):
         shots = select_shots(ex.question, train, index=i)

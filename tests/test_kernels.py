@@ -31,6 +31,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from solo.assets import bundled_model  # noqa: E402
 from solo.kernels import triton_fp8  # noqa: E402
 from solo.kernels.moe import MXFP4Experts, TorchMoE, swiglu  # noqa: E402
 from solo.kernels.triton_fp8 import Fp8Config, fp8_block_linear, fp8_rowwise_linear  # noqa: E402
@@ -239,7 +240,7 @@ def test_moe_check_proves_both_kernel_families_ran():
     from solo.engine.engine import Engine
     from solo.preflight.checks import ACTIVE, check_moe_backend
 
-    bundled = Path(__file__).resolve().parents[1] / "models" / "ling-gsm8k-tiny"
+    bundled = bundled_model()
     engine = Engine.from_pretrained(bundled, dtype=torch.bfloat16, moe_backend="triton", lm_head="bf16")
     check = check_moe_backend(engine, "triton")
     assert check.status == ACTIVE, check.reason

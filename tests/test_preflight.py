@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from solo.assets import bundled_model
 from solo.engine.engine import Engine, GenerationParams
 from solo.kernels.moe import TorchMoE
 from solo.model.moe import SparseMoE
@@ -20,7 +21,7 @@ from solo.quantization.convert import quantize_checkpoint
 from solo.quantization.lm_head import DenseHead
 from solo.speculative.nextn import SpeculativeConfig
 
-BUNDLED = Path(__file__).resolve().parent.parent / "models" / "ling-gsm8k-tiny"
+BUNDLED = bundled_model()
 
 
 def solo(*args, env=None):

@@ -6,13 +6,13 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from solo.assets import bundled_model
 from solo.bench.quant_quality import compare, position_logits
 from solo.checkpoint.loader import load_model
 from solo.checkpoint.reader import CheckpointError
@@ -266,7 +266,7 @@ def test_unknown_quant_method_is_named(fp4_pair, tmp_path):
         load_model(bad2)
 
 
-BUNDLED = Path(__file__).resolve().parent.parent / "models"
+BUNDLED = bundled_model().parent
 
 
 def test_fp8_head_agreement_on_the_trained_bundled_model():

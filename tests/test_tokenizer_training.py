@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import random
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models
 
+from solo.assets import gsm8k_file
 from solo.training.tokenizer import (
     RESERVED_TOKENS,
     ROLE_TOKENS,
@@ -22,15 +24,14 @@ from solo.training.tokenizer import (
     train_tokenizer_from_texts,
 )
 
-GSM8K_TRAIN = Path("/work/shared/data/gsm8k/train.jsonl")
-pytestmark = pytest.mark.skipif(not GSM8K_TRAIN.exists(), reason="GSM8K data not available")
+GSM8K_TRAIN = gsm8k_file("train")  # the packaged copy (gzip)
 
 
 @pytest.fixture(scope="module")
 def subset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The first 300 lines of GSM8K train."""
     path = tmp_path_factory.mktemp("gsm8k") / "train300.jsonl"
-    with GSM8K_TRAIN.open(encoding="utf-8") as f:
+    with gzip.open(GSM8K_TRAIN, "rt", encoding="utf-8") as f:
         lines = [next(f) for _ in range(300)]
     path.write_text("".join(lines), encoding="utf-8")
     return path
@@ -126,7 +127,7 @@ def test_round_trip_random_unicode(tok: Tokenizer) -> None:
 
 
 def test_round_trip_gsm8k(tok: Tokenizer) -> None:
-    with GSM8K_TRAIN.open(encoding="utf-8") as f:
+    with gzip.open(GSM8K_TRAIN, "rt", encoding="utf-8") as f:
         records = [json.loads(line) for line in itertools.islice(f, 1000)]
     for r in records:
         s = f"Question: {r['question']}\nAnswer: {r['answer']}"

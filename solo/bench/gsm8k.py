@@ -29,7 +29,6 @@ Pure Python; no model is needed. What it does, exactly:
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import re
@@ -38,6 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+
+from solo.assets import gsm8k_file, read_jsonl
 
 FEWSHOT_SEED = 1234
 NUM_SHOTS = 5
@@ -67,16 +68,20 @@ def target_from_answer(answer: str) -> str:
 
 
 def load_gsm8k(path: Path | str) -> list[Example]:
-    """Read a GSM8K jsonl file (lines of ``{"question", "answer"}``), in file order."""
-    examples = []
-    with Path(path).open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            question, answer = record["question"], record["answer"]
-            examples.append(Example(question, answer, target_from_answer(answer)))
-    return examples
+    """Read a GSM8K jsonl file (lines of ``{"question", "answer"}``; ``.gz`` compressed or not), in
+    file order."""
+    return [Example(r["question"], r["answer"], target_from_answer(r["answer"])) for r in read_jsonl(path)]
+
+
+def load_split(split: str, data_dir: Path | str | None = None) -> list[Example]:
+    """GSM8K ``split`` ("train" or "test"): ``data_dir/{split}.jsonl`` when a folder is given, else the
+    copy shipped inside the package (solo/assets/gsm8k)."""
+    if data_dir is None:
+        return load_gsm8k(gsm8k_file(split))
+    path = Path(data_dir) / f"{split}.jsonl"
+    if not path.is_file():
+        raise ValueError(f"{path} not found: --data DIR must be a folder holding GSM8K's train.jsonl and test.jsonl")
+    return load_gsm8k(path)
 
 
 def format_question(question: str) -> str:

@@ -22,24 +22,14 @@ from solo.bench.targets import Request
 from solo.engine.request import GenerationParams
 from solo.engine.sampling import SamplingParams
 
-_ROOT = Path(__file__).resolve().parents[2]
-LOCAL_GSM8K = _ROOT / ".data" / "gsm8k"  # a git-ignored copy in the checkout
-
 SEED_TABLE4 = {"temperature": 0.6, "top_p": 0.95, "top_k": 29}
 """The seed's Table 4 sampling (all 1,319 GSM8K questions, 5-shot): ``--preset seed-table4``."""
 PRESETS: dict[str, dict[str, float]] = {"seed-table4": SEED_TABLE4, "greedy": {"temperature": 0.0, "top_p": 1.0}}
 
 
 def load_gsm8k_split(split: str, data_dir: str | Path | None = None) -> list[gsm8k.Example]:
-    """GSM8K ``split`` ("train" or "test"): from ``data_dir`` when given, else the packaged copy
-    (solo.bench.gsm8k.load_split, when this build has it), else the checkout's ``.data/gsm8k``."""
-    if data_dir is None and hasattr(gsm8k, "load_split"):
-        return gsm8k.load_split(split)  # type: ignore[attr-defined]
-    folder = Path(data_dir) if data_dir is not None else LOCAL_GSM8K
-    path = folder / f"{split}.jsonl"
-    if not path.is_file():
-        raise ValueError(f"{path} not found: pass --data DIR, a folder holding GSM8K's train.jsonl and test.jsonl.")
-    return gsm8k.load_gsm8k(path)
+    """GSM8K ``split`` ("train" or "test"): from ``data_dir`` when given, else the packaged copy."""
+    return gsm8k.load_split(split, data_dir)
 
 
 def gsm8k_requests(

@@ -48,6 +48,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from solo.assets import gsm8k_file, read_jsonl
 from solo.tokenizer import SPECIAL_TOKENS  # the one list of Ling special tokens, ids 0..5 in this order
 
 PAD_TOKEN, ROLE_OPEN_TOKEN, ROLE_CLOSE_TOKEN, EOS_TOKEN, THINK_OPEN_TOKEN, THINK_CLOSE_TOKEN = SPECIAL_TOKENS
@@ -112,19 +113,13 @@ def iter_gsm8k_texts(train_jsonl: Path, max_examples: int | None = None) -> Iter
 
     Per example: the question, the answer, and the prompt form ``"Question: {q}\\nAnswer: {a}"``.
     """
-    with Path(train_jsonl).open(encoding="utf-8") as f:
-        count = 0
-        for line in f:
-            if not line.strip():
-                continue
-            if max_examples is not None and count >= max_examples:
-                break
-            record = json.loads(line)
-            question, answer = record["question"], record["answer"]
-            yield question
-            yield answer
-            yield f"Question: {question}\nAnswer: {answer}"
-            count += 1
+    for count, record in enumerate(read_jsonl(train_jsonl)):
+        if max_examples is not None and count >= max_examples:
+            break
+        question, answer = record["question"], record["answer"]
+        yield question
+        yield answer
+        yield f"Question: {question}\nAnswer: {answer}"
 
 
 def new_tokenizer() -> Tokenizer:
@@ -187,7 +182,9 @@ def save_tokenizer(tok: Tokenizer, path: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point: train on ``--data`` and write ``--out``."""
     parser = argparse.ArgumentParser(prog="python -m solo.training.tokenizer", description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, required=True, help="GSM8K train.jsonl")
+    parser.add_argument(
+        "--data", type=Path, default=gsm8k_file("train"), help="GSM8K train.jsonl[.gz] (default: the packaged copy)"
+    )
     parser.add_argument("--vocab-size", type=int, default=2048)
     parser.add_argument("--max-examples", type=int, default=None, help="use only the first N lines")
     parser.add_argument("--out", type=Path, default=Path("tokenizer.json"))

@@ -42,6 +42,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from solo.assets import gsm8k_file, read_jsonl
+
 # ============================================================================ configuration
 
 
@@ -635,13 +637,7 @@ def parameter_counts(c: TinyConfig) -> dict[str, int]:
 
 def gsm8k_documents(path: str | Path) -> list[str]:
     """GSM8K jsonl -> documents in the lm-eval shot format."""
-    docs = []
-    with Path(path).open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                docs.append(f"Question: {r['question']}\nAnswer: {r['answer']}")
-    return docs
+    return [f"Question: {r['question']}\nAnswer: {r['answer']}" for r in read_jsonl(path)]
 
 
 class Packer:
@@ -1016,10 +1012,10 @@ def measure(ckpt: str, data: str, test: str | None, prompts: int) -> dict[str, A
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m solo.training.train", description=__doc__.split("\n")[0])
-    p.add_argument("--data", required=True, help="GSM8K train.jsonl")
+    p.add_argument("--data", default=str(gsm8k_file("train")), help="GSM8K train.jsonl[.gz] (default: packaged)")
     p.add_argument("--out", help="output folder (checkpoint, tokenizer, training_log.json)")
     p.add_argument("--measure", metavar="CKPT", help="evaluate an exported checkpoint instead of training")
-    p.add_argument("--test-data", help="GSM8K test.jsonl (for --measure: accept length on 5-shot prompts)")
+    p.add_argument("--test-data", help="GSM8K test.jsonl[.gz] (for --measure: accept length on 5-shot prompts)")
     p.add_argument("--prompts", type=int, default=3)
     for f in fields(TrainArgs):
         if f.name in ("data", "out"):
