@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from solo.bench import harness, promcounters, report
-from solo.bench.metrics import summarize
+from solo.bench.metrics import RequestRecord, summarize
 from solo.bench.targets import OpenAITarget, Outcome, Request, completion_body, parse_stream
 from solo.engine.request import GenerationParams
 from solo.engine.sampling import SamplingParams
@@ -450,3 +450,34 @@ def test_completion_body_omits_what_is_default():
         "stream_options": {"include_usage": True},
         "ignore_eos": True,
     }
+
+
+class _OrderTarget:
+    """A target that records the order in which requests reach it (shared list across targets)."""
+
+    def __init__(self, name: str, calls: list[tuple[str, str]]) -> None:
+        self.name, self.calls = name, calls
+
+    def run(self, request: Request) -> Outcome:
+        self.calls.append((self.name, str(request.prompt)))
+        return Outcome(RequestRecord(prompt_tokens=1, output_tokens=2, ttft_s=0.01, latency_s=0.02), " #### 1")
+
+    def describe(self) -> dict:
+        return {"kind": "fake", "name": self.name}
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_interleave_alternates_the_configurations_request_by_request(tmp_path, interleave):
+    calls: list[tuple[str, str]] = []
+    targets = [_OrderTarget("baseline", calls), _OrderTarget("optimized", calls)]
+    prompts = write_prompts(tmp_path, 3)
+    args = args_for(tmp_path, argv=[str(prompts), *(["--interleave"] if interleave else [])])
+    rep = harness.run_bench(args, targets)
+    order = [name for name, _ in calls]
+    if interleave:
+        assert order == ["baseline", "optimized"] * 3
+    else:
+        assert order == ["baseline"] * 3 + ["optimized"] * 3
+    assert list(rep["configs"]) == ["baseline", "optimized"]
+    assert all(c["completed"] == 3 and c["accuracy_strict"] == pytest.approx(1 / 3) for c in rep["configs"].values())
+    assert "comparison" in rep

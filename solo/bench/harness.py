@@ -1,7 +1,8 @@
 """`solo bench WORKLOAD`: one client, one protocol, against the in-process engine or any OpenAI-compatible server.
 
 Targets: the engine loaded from ``--model`` (with ``--baseline`` also plain decoding on the same
-requests, one run after the other, so the A/B is side by side), or ``--url http://HOST:PORT/v1``.
+requests, one run after the other, or request by request with ``--interleave``, so the A/B is side by
+side), or ``--url http://HOST:PORT/v1``.
 Workloads: solo.bench.workloads. Metrics: solo.bench.metrics (vLLM / SGLang names). Output, in
 ``--out DIR``: ``report.json`` (stamped with commit, versions, device, model and every flag),
 ``report.md`` (the seed's Table-4 layout), PNG plots, and ``requests.jsonl``, the per-request log
@@ -125,6 +126,49 @@ class Progress:
         self.bar.close()
 
 
+class TargetRun:
+    """One configuration's share of a run: its warm-up, its requests not yet in the log, its progress bar
+    and the server counters read before and after."""
+
+    def __init__(self, target: Target, requests: Sequence[Request], log: RunLog, warmup: int, progress: bool):
+        self.target, self.requests, self.log = target, requests, log
+        todo = [i for i in range(len(requests)) if (target.name, i) not in log.done]
+        self.metrics_before = _read_metrics(target) if todo else None
+        if todo:
+            for req in requests[:warmup]:  # first-call costs (allocation, compilation) stay out of the numbers
+                target.run(req)
+        self.bar = Progress(target.name, len(requests), len(requests) - len(todo), progress)
+
+    def run(self, i: int) -> None:
+        """Serve request ``i`` unless the log already has it."""
+        if (self.target.name, i) in self.log.done:
+            return
+        start = time.perf_counter()
+        outcome = self.target.run(self.requests[i])
+        entry = entry_of(outcome, self.requests[i])
+        entry["wall_s"] = time.perf_counter() - start
+        self.log.add(self.target.name, i, entry)
+        self.bar.update(outcome.record)
+
+    def finish(self) -> dict[str, Any]:
+        """The config's measurements: entries in request order, the target, and acceptance counters read
+        from the server when it reports none per request."""
+        self.bar.close()
+        name = self.target.name
+        entries = [self.log.done[(name, i)] for i in range(len(self.requests))]
+        result: dict[str, Any] = {"entries": entries, "target": self.target.describe()}
+        if self.metrics_before is not None:
+            after = _read_metrics(self.target)
+            if after is not None:
+                delta = promcounters.spec_delta(self.metrics_before, after)
+                if delta is not None and delta.verify_rounds > 0:
+                    result["server_counters"] = asdict(delta) | {"accept_length": delta.accept_length}
+                gauges = promcounters.gauges(after)
+                if gauges:
+                    result["server_gauges"] = gauges
+        return result
+
+
 def run_target(
     target: Target,
     requests: Sequence[Request],
@@ -132,36 +176,24 @@ def run_target(
     warmup: int = 1,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Serve every request not yet in the log; returns the config's measurements (entries in request
-    order, wall time, and acceptance counters read from the server when it reports none per request)."""
-    todo = [i for i in range(len(requests)) if (target.name, i) not in log.done]
-    metrics_before = _read_metrics(target) if todo else None
-    if todo:
-        for req in requests[:warmup]:  # first-call costs (allocation, compilation) stay out of the numbers
-            target.run(req)
-    bar = Progress(target.name, len(requests), len(requests) - len(todo), progress)
+    """Serve every request not yet in the log on one target; returns its measurements."""
+    run = TargetRun(target, requests, log, warmup, progress)
     for i in range(len(requests)):
-        if (target.name, i) in log.done:
-            continue
-        start = time.perf_counter()
-        outcome = target.run(requests[i])
-        entry = entry_of(outcome, requests[i])
-        entry["wall_s"] = time.perf_counter() - start
-        log.add(target.name, i, entry)
-        bar.update(outcome.record)
-    bar.close()
-    entries = [log.done[(target.name, i)] for i in range(len(requests))]
-    result: dict[str, Any] = {"entries": entries, "target": target.describe()}
-    if metrics_before is not None:
-        after = _read_metrics(target)
-        if after is not None:
-            delta = promcounters.spec_delta(metrics_before, after)
-            if delta is not None and delta.verify_rounds > 0:
-                result["server_counters"] = asdict(delta) | {"accept_length": delta.accept_length}
-            gauges = promcounters.gauges(after)
-            if gauges:
-                result["server_gauges"] = gauges
-    return result
+        run.run(i)
+    return run.finish()
+
+
+def run_interleaved(
+    targets: Sequence[Target], requests: Sequence[Request], log: RunLog, warmup: int = 1, progress: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Request 0 on every target, then request 1 on every target, ...: on a machine whose speed drifts
+    (shared cores, clocks, other jobs) both sides of an A/B see the same conditions, so their ratio
+    stays honest even when the absolute numbers move."""
+    runs = [TargetRun(t, requests, log, warmup, progress) for t in targets]
+    for i in range(len(requests)):
+        for run in runs:
+            run.run(i)
+    return {run.target.name: run.finish() for run in runs}
 
 
 def _read_metrics(target: Target) -> dict[str, float] | None:
@@ -225,7 +257,10 @@ def run_bench(args: argparse.Namespace, targets: list[Target], vocab: int | None
         print(f"solo bench: resuming {out / LOG_NAME}: {len(log.done)} requests already done", file=sys.stderr)
     start = time.time()
     try:
-        results = {t.name: run_target(t, requests, log, args.warmup, not args.no_progress) for t in targets}
+        if getattr(args, "interleave", False) and len(targets) > 1:
+            results = run_interleaved(targets, requests, log, args.warmup, not args.no_progress)
+        else:
+            results = {t.name: run_target(t, requests, log, args.warmup, not args.no_progress) for t in targets}
     finally:
         log.close()
     workload = {
@@ -303,6 +338,11 @@ def add_arguments(p: argparse.ArgumentParser, workload: str | None = None) -> No
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--baseline", action="store_true", help="also run plain decoding on the same requests (engine)")
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="with --baseline: run each request on both configurations in turn (fair on a machine whose speed drifts)",
+    )
     p.add_argument("--warmup", type=int, default=1, help="unmeasured requests before each configuration")
     p.add_argument("--out", default=None, help="output folder (default: bench_runs/WORKLOAD-TIME)")
     p.add_argument("--resume", action="store_true", help="continue the run whose requests.jsonl is in --out")
