@@ -7,6 +7,7 @@ import json
 import math
 import types
 
+import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
@@ -131,3 +132,24 @@ def test_swiglu_clamps_match_formula(tmp_path):
     assert float((expected - unclamped).abs().max() / unclamped.abs().max()) > 1e-2  # the clamp matters
     got = solo_logits(tmp_path, ids)
     assert float((got - expected).abs().max() / expected.abs().max()) <= 1e-4
+
+
+@pytest.mark.parametrize("chunk_size", [16, 64])
+def test_kda_chunked_prefill_equals_the_token_by_token_recurrence(chunk_size):
+    """Both prefill chunk sizes (16 on a CPU, 64 on a GPU: solo.model.kda.prefill_chunk_size) give the
+    recurrence's outputs and final state, across a partial last chunk and from a non-zero state."""
+    from solo.model.kda import kda_chunked, kda_recurrent
+
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    tokens, heads, d_k, d_v = 150, 3, 16, 24
+    q = torch.randn(tokens, heads, d_k, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(tokens, heads, d_k, generator=gen), dim=-1)
+    v = torch.randn(tokens, heads, d_v, generator=gen)
+    g = -torch.rand(tokens, heads, d_k, generator=gen) * 0.7
+    beta = torch.rand(tokens, heads, generator=gen)
+    start = torch.randn(heads, d_k, d_v, generator=gen) * 0.3
+    state_ref, state = start.clone(), start.clone()
+    expected = kda_recurrent(q, k, v, g, beta, state_ref)
+    out = kda_chunked(q, k, v, g, beta, state, chunk_size)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state, state_ref, rtol=1e-4, atol=1e-4)

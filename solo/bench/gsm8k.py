@@ -80,7 +80,10 @@ def load_split(split: str, data_dir: Path | str | None = None) -> list[Example]:
         return load_gsm8k(gsm8k_file(split))
     path = Path(data_dir) / f"{split}.jsonl"
     if not path.is_file():
-        raise ValueError(f"{path} not found: --data DIR must be a folder holding GSM8K's train.jsonl and test.jsonl")
+        raise ValueError(
+            f"{path} not found: pass --data DIR, a folder holding GSM8K's train.jsonl and test.jsonl "
+            "(or leave --data out: solo ships GSM8K)"
+        )
     return load_gsm8k(path)
 
 

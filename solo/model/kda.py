@@ -23,6 +23,14 @@ from solo.model.layers import GatedRMSNorm, Linear, l2_normalize
 RECURRENT_MAX_TOKENS = 16  # up to this many tokens per call run the token-by-token form
 
 
+def prefill_chunk_size(device: torch.device) -> int:
+    """The chunk of `kda_chunked` for a prefill on `device`. A chunk costs C^2 d_k multiply-adds per
+    token in its [C, C, d_k] decay tensor and one pass of the chunk loop: a CPU is bound by the former
+    (16: 2.8x faster than 64 on a 1,236-token GSM8K prompt at the bundled model's shape, and closer to
+    the token-by-token form), a GPU by the launches of the latter."""
+    return 16 if device.type == "cpu" else 64
+
+
 def kda_recurrent(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -165,7 +173,7 @@ class KimiDeltaAttention(nn.Module):
             states = None if history is None else history.states
             o = kda_recurrent(q, k, v, g, beta, state.recurrent, states)
         else:
-            o = kda_chunked(q, k, v, g, beta, state.recurrent)
+            o = kda_chunked(q, k, v, g, beta, state.recurrent, prefill_chunk_size(q.device))
         gate = self.g_proj(x).view(shape)
         o = self.o_norm(o.to(x.dtype), gate).reshape(num_tokens, -1)
         return self.dense(o)

@@ -84,9 +84,25 @@ class Fp8RowwiseHead(nn.Module):
         }
 
 
+_E4M3_TABLES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _e4m3_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The 256 values of FP8 E4M3 (NaN codes included) in `dtype`: all exact in bf16, fp16 and fp32."""
+    key = (device, dtype)
+    if key not in _E4M3_TABLES:
+        codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+        _E4M3_TABLES[key] = codes.to(torch.float32).to(device=device, dtype=dtype)
+    return _E4M3_TABLES[key]
+
+
 def reference_fp8_rowwise_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x @ (weight * scale)^T, as the GPU kernel computes it: the dot product of x with the FP8 values,
+    then the row scale (fp32). The codes are decoded through a 256-entry table, exactly the values a
+    cast gives and twice as fast on a CPU, where this runs on every decoded token."""
     dtype = x.dtype if x.dtype in (torch.float32, torch.bfloat16, torch.float16) else torch.float32
-    return F.linear(x, formats.dequantize_fp8_rowwise(weight, scale, dtype))
+    values = torch.take(_e4m3_table(weight.device, dtype), weight.view(torch.uint8).long())
+    return (F.linear(x.to(dtype), values).float() * scale.float()).to(dtype)
 
 
 def build(head: nn.Module, mode: str) -> nn.Module:
