@@ -242,7 +242,14 @@ def test_humming_kernel_check_shows_its_compiled_kernels_or_fails(tiny_checkpoin
 
 def test_fused_decode_step_on_a_cpu_is_refused_with_the_fix(tiny_checkpoints):
     path = str(tiny_checkpoints["a"][0])
-    proc = solo("generate", "--model", path, "--decode-step", "fused", "--max-tokens", "2", "hi")
+    # TRITON_INTERPRET (set by the interpreter tests of this session) would let the step run on a CPU
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "solo.cli", "generate", "--model", path, "--decode-step", "fused", "hi"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 1 and "--decode-step fused" in proc.stderr and "--device cuda" in proc.stderr
     assert "Traceback" not in proc.stderr
     proc = solo("check", "--model", path, "--json")
