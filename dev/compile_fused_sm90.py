@@ -243,10 +243,15 @@ def other_variants():
                 BLOCK_E=router.FusedRouter.BLOCK_E,
                 BLOCK_K=512,
                 HID_POW2=4096,
+                SELECT=tokens == 1,
             ),
             1,
             3,
         )
+        if tokens > 1:
+            select_ptrs = dict(scores_ptr="fp32", bias_ptr="fp32", ids_ptr="i32", wts_ptr="fp32", count_ptr="i32")
+            consts = dict(E=512, GROUPS=8, KEEP_GROUPS=4, TOPK=8, RENORM=True)
+            yield f"router_select T={tokens}", router._router_select, select_ptrs, consts, 1, 3
     norm_ptrs = dict(x_ptr="bf16", w_ptr="bf16", o_ptr="bf16", count_ptr="i32")
     yield "rmsnorm", router._rmsnorm, norm_ptrs, dict(K=2560, BLOCK=4096), 4, 3
 

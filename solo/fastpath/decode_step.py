@@ -37,7 +37,7 @@ from solo.model.ling import DecoderLayer, LingForCausalLM, NextNLayer
 from solo.model.mla import MultiLatentAttention
 from solo.model.moe import SparseMoE, SwiGLUMLP
 
-FAMILIES = ("gemv", "kda", "mla_prep", "mla_attend", "mla_combine", "router", "rmsnorm")
+FAMILIES = ("gemv", "kda", "mla_prep", "mla_attend", "mla_combine", "router", "router_select", "rmsnorm")
 
 
 def _fuse_rows(linears: list[Linear], name: str) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
@@ -175,6 +175,7 @@ class _MoE:
             gate.renormalize,
             gate.scaling,
             step.counter("router"),
+            step.counter("router_select"),  # verification only: the tokens' selections in parallel
         )
         self.shared_gate_up = self.shared_down = None
         if moe.shared_experts is not None:
