@@ -1,8 +1,9 @@
 """Train the bundled tiny Ling-3.0 model (KDA + MLA, grouped MoE, NEXTN) on GSM8K train.
 
-The training model here is batched ([B, T, H]) and differentiable; its modules carry the checkpoint's
-tensor names, so the export is (almost) its state dict. It computes exactly what solo's batch-1
-inference model computes:
+The training model is solo.model's own (solo.model.ling.LingBackbone: the same KDA, MLA, norm,
+router, SwiGLU and rotary modules, so the same tensor names and formulas), run batched ([B, T, H])
+and differentiably from a zero state; the export is (almost) its state dict. It computes exactly
+what solo's batch-1 inference model computes:
 
 * trunk: KDA layers (short convs, L2-normed q/k, safe gate, delta rule, gated o_norm) and MLA layers
   (latent kv, interleaved RoPE, head-wise sigmoid gate), dense first layer, grouped sigmoid-routed
@@ -328,7 +329,8 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def init_weights(model: TrainModel, seed: int) -> None:
-    """GPT-style init: N(0, 0.02), output projections scaled by 1/sqrt(2 L); transformers' KDA gate init."""
+    """GPT-style init: N(0, 0.02), output projections scaled by 1/sqrt(2 L); transformers' KDA gate init.
+    Training-only (solo loads weights, it never initialises them)."""
     gen = torch.Generator().manual_seed(seed)
     depth = 2 * (model.config.num_hidden_layers + 1)
     with torch.no_grad():
@@ -643,6 +645,9 @@ def train(a: TrainArgs) -> dict[str, Any]:
         "heldout": [],
         "params": parameter_counts(config),
     }
+    # dropout draws from here on, whatever building the modules drew: on a GPU (the bundled run) the
+    # CUDA generator was untouched anyway, so this changes nothing there
+    torch.manual_seed(a.seed)
     batches = packer.batches(a.batch)
     total = a.steps
     best: tuple[float, int, dict[str, torch.Tensor]] | None = None
