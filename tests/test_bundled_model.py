@@ -18,7 +18,8 @@ import torch
 from solo.assets import bundled_model
 from solo.checkpoint.loader import load_model
 from solo.model.cache import HybridCache
-from solo.model.kda import kda_recurrent
+from solo.model.kda import kda_chunked_scan, kda_recurrent, unit_lower_inverse
+from solo.model.layers import l2_normalize
 from solo.testing.tiny import write_byte_tokenizer
 from solo.training import train as T
 
@@ -51,6 +52,8 @@ def _small_model(seed: int = 0) -> T.TrainModel:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if not p.requires_grad:  # expert_bias, set below
+                continue
             if p.dim() >= 2 and "conv1d" not in name:
                 p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
             elif p.dim() == 1 and not name.endswith(("A_log", "dt_bias")):
@@ -68,15 +71,15 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out / "ckpt"
 
 
-def test_kda_chunked_matches_recurrence() -> None:
+def test_kda_chunked_scan_matches_recurrence() -> None:
     torch.manual_seed(0)
     b, t, h, dk, dv = 2, 37, 3, 8, 5
-    q = T.l2norm(torch.randn(b, t, h, dk, dtype=torch.float64)) * dk**-0.5
-    k = T.l2norm(torch.randn(b, t, h, dk, dtype=torch.float64))
+    q = l2_normalize(torch.randn(b, t, h, dk, dtype=torch.float64)) * dk**-0.5
+    k = l2_normalize(torch.randn(b, t, h, dk, dtype=torch.float64))
     v = torch.randn(b, t, h, dv, dtype=torch.float64)
     g = -5 * torch.sigmoid(3 * torch.randn(b, t, h, dk, dtype=torch.float64))  # down to the bound
     beta = torch.sigmoid(torch.randn(b, t, h, dtype=torch.float64))
-    out = T.kda_chunked(q, k, v, g, beta)
+    out = kda_chunked_scan(q, k, v, g, beta)
     for i in range(b):
         state = torch.zeros(h, dk, dv, dtype=torch.float64)
         ref = kda_recurrent(q[i], k[i], v[i], g[i], beta[i], state)
@@ -86,7 +89,7 @@ def test_kda_chunked_matches_recurrence() -> None:
 def test_unit_lower_inverse() -> None:
     lower = torch.randn(4, 16, 16, dtype=torch.float64).tril(-1)
     eye = torch.eye(16, dtype=torch.float64)
-    torch.testing.assert_close(T.unit_lower_inverse(lower) @ (eye + lower), eye.expand(4, 16, 16))
+    torch.testing.assert_close(unit_lower_inverse(lower) @ (eye + lower), eye.expand(4, 16, 16))
 
 
 def test_export_names_and_dtypes(exported: Path) -> None:
@@ -116,7 +119,7 @@ def test_solo_matches_training_model(exported: Path) -> None:
     ref = T.load_checkpoint(exported)  # the BF16-rounded weights, in fp32
     solo = load_model(exported)
     gen = torch.Generator().manual_seed(1)
-    for length in (1, 9, 40):
+    for length in (1, 9, 40):  # 40: solo's prefill runs KDA in chunks, the training model in 3 of 16
         ids = torch.randint(0, SMALL["vocab_size"], (1, length), generator=gen)
         hidden = ref.hidden(ids)
         cache = HybridCache(solo.config, 64, "cpu", torch.float32, with_nextn=True)
@@ -132,6 +135,38 @@ def test_solo_matches_training_model(exported: Path) -> None:
             solo.draft_forward(ids[0, 1:p], solo_hidden[: p - 1], torch.arange(1, p), cache)
             d2 = solo.draft_forward(ids[0, p : p + 1], d1[p - 2 : p - 1], torch.tensor([p]), cache)
             torch.testing.assert_close(solo.logits(d2)[0], ref.logits(step2)[0, p], rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_batched_training_forward_matches_solo_per_sequence(exported: Path) -> None:
+    """A batch [B, T] through the training model gives, row by row, solo's batch-1 logits (main and
+    NEXTN step 1); T = 150 spans several of solo's KDA prefill chunks and 10 training chunks."""
+    ref = T.load_checkpoint(exported)
+    solo = load_model(exported)
+    ids = torch.randint(0, SMALL["vocab_size"], (3, 150), generator=torch.Generator().manual_seed(4))
+    hidden = ref.hidden(ids)
+    (step1,) = ref.drafts(ids, hidden, 1)
+    for row in range(ids.shape[0]):
+        cache = HybridCache(solo.config, ids.shape[1], "cpu", torch.float32, with_nextn=True)
+        solo_hidden = solo.prefill(ids[row], cache, chunk=64)
+        torch.testing.assert_close(solo.logits(solo_hidden), ref.logits(hidden)[row], rtol=1e-4, atol=1e-4)
+        d1 = solo.draft_prefill(ids[row, 1:], solo_hidden[:-1], cache, chunk=64)
+        torch.testing.assert_close(solo.logits(d1), ref.logits(step1)[row, 1:], rtol=1e-4, atol=1e-4)
+
+
+def test_training_model_trains_every_weight_but_the_router_bias() -> None:
+    """The training model is built from solo.model's (frozen) modules: every weight must be made
+    trainable again and get a gradient from the losses; expert_bias moves only by balancing."""
+    model = _small_model().train()
+    batch = torch.randint(0, SMALL["vocab_size"], (2, 33), generator=torch.Generator().manual_seed(3))
+    losses = T.compute_losses(model, batch, mtp_steps=2, distill=0.5)
+    (losses["lm"] + losses["mtp1"] + losses["mtp2"]).backward()
+    for name, p in model.named_parameters():
+        if name.endswith("expert_bias"):
+            assert not p.requires_grad and p.grad is None, name
+        else:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert all(m.load.sum() > 0 for m in model.moe_layers())
 
 
 @torch.no_grad()

@@ -7,7 +7,8 @@ Per head, with state S [d_k, d_v], for each token t:
     o_t = S^T q_t
 `kda_recurrent` runs this token by token (decode, verification); `kda_chunked` computes the same
 thing a chunk at a time (prefill), solving the intra-chunk dependency of the u_t as one
-unit-lower-triangular system.
+unit-lower-triangular system. `kda_chunked_scan` is the batched, differentiable form from a zero
+state that solo.training trains with (the chunks' states by a parallel scan, matmuls only).
 """
 
 from __future__ import annotations
@@ -107,6 +108,74 @@ def kda_chunked(
     return out.transpose(0, 1)[:num_tokens]
 
 
+def unit_lower_inverse(lower: torch.Tensor) -> torch.Tensor:
+    """(I + L)^-1 for strictly lower-triangular L [..., C, C] (C a power of two), by doubling the
+    inverted diagonal blocks: inv([[A, 0], [X, D]]) = [[A^-1, 0], [-D^-1 X A^-1, D^-1]]. Batched
+    matmuls only (fast on both CPU and GPU, unlike batched triangular solves of tiny matrices)."""
+    size = lower.shape[-1]
+    inv = torch.eye(size, dtype=lower.dtype, device=lower.device).expand_as(lower)
+    block = 1
+    while block < size:
+        n = size // block
+        shape = (*lower.shape[:-2], n, block, n, block)
+        lb = lower.reshape(shape).transpose(-3, -2)  # [..., n, n, b, b]
+        ib = inv.reshape(shape).transpose(-3, -2).clone()
+        even = torch.arange(0, n, 2, device=lower.device)
+        ib[..., even + 1, even, :, :] = (
+            -ib[..., even + 1, even + 1, :, :] @ lb[..., even + 1, even, :, :] @ ib[..., even, even, :, :]
+        )
+        inv = ib.transpose(-3, -2).reshape(lower.shape)
+        block *= 2
+    return inv
+
+
+def kda_chunked_scan(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, chunk: int = 16
+) -> torch.Tensor:
+    """Batched, differentiable KDA from a zero state: q, k, g [B, T, H, d_k], v [B, T, H, d_v],
+    beta [B, T, H] (fp32) -> o [B, T, H, d_v]. Needs the safe gate (g >= lower_bound).
+
+    Inside a chunk (cumulative log decay G, G >= chunk * lower_bound, so e^{+-G} stays finite in fp32)
+    the intra-chunk terms are plain matmuls of (x e^{G}) and (k e^{-G}); the WY form U = U0 - W S
+    leaves a linear recurrence S_{n+1} = A_n S_n + B_n across chunks, solved by a parallel scan.
+    """
+    bsz, length, heads, dk = k.shape
+    dv = v.shape[-1]
+    pad = (-length) % chunk
+    if pad:  # zero k and beta, zero log-decay: padded tokens change nothing before them
+        q, k, v, g = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v, g))
+        beta = F.pad(beta, (0, 0, 0, pad))
+    n = (length + pad) // chunk
+
+    def split(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, d] -> [B, H, N, C, d]
+        return x.reshape(bsz, n, chunk, heads, -1).permute(0, 3, 1, 2, 4)
+
+    q, k, v, g = split(q), split(k), split(v), split(g)
+    beta = beta.reshape(bsz, n, chunk, heads).permute(0, 3, 1, 2)[..., None]  # [B, H, N, C, 1]
+    cum = g.cumsum(3)
+    last = cum[:, :, :, -1:]  # [B, H, N, 1, dk]
+    qg, kg, kinv = q * cum.exp(), k * cum.exp(), k * (-cum).exp()
+    kend = k * (last - cum).exp()
+    ones = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device)
+    strict, incl = ones.tril(-1), ones.tril()
+    lower = (kg @ kinv.transpose(-1, -2)) * beta * strict
+    scores = (qg @ kinv.transpose(-1, -2)) * incl
+    solved = unit_lower_inverse(lower) @ torch.cat([beta * v, beta * kg], -1)
+    u0, w = solved.split([dv, dk], dim=-1)
+    # S_{n+1} = A_n S_n + B_n with A_n = diag(e^{G_last}) - kend^T W, B_n = kend^T U0
+    a = torch.diag_embed(last.squeeze(-2).exp()) - kend.transpose(-1, -2) @ w  # [B, H, N, dk, dk]
+    b = kend.transpose(-1, -2) @ u0  # [B, H, N, dk, dv]
+    offset = 1
+    while offset < n:  # inclusive scan: b[n] becomes the state after chunk n
+        b = torch.cat([b[:, :, :offset], a[:, :, offset:] @ b[:, :, :-offset] + b[:, :, offset:]], 2)
+        a = torch.cat([a[:, :, :offset], a[:, :, offset:] @ a[:, :, :-offset]], 2)
+        offset *= 2
+    states = torch.cat([torch.zeros_like(b[:, :, :1]), b[:, :, :-1]], 2)  # state before each chunk
+    u = u0 - w @ states
+    o = qg @ states + scores @ u  # [B, H, N, C, dv]
+    return o.permute(0, 2, 3, 1, 4).reshape(bsz, n * chunk, heads, dv)[:, :length]
+
+
 class KimiDeltaAttention(nn.Module):
     def __init__(self, config: LingConfig) -> None:
         super().__init__()
@@ -139,8 +208,8 @@ class KimiDeltaAttention(nn.Module):
         ).float()
 
     def forget_gate(self, x: torch.Tensor) -> torch.Tensor:
-        """Per-channel log decay g [T, H, d] in fp32."""
-        gate_in = self.f_proj(x).float().view(-1, self.num_heads, self.head_dim) + self.dt_bias.float().view(
+        """Per-channel log decay g [..., T, H, d] in fp32 (x [..., T, hidden])."""
+        gate_in = self.f_proj(x).float().unflatten(-1, (self.num_heads, self.head_dim)) + self.dt_bias.float().view(
             self.num_heads, self.head_dim
         )
         rate = self.A_log.float().exp()[:, None]
@@ -159,24 +228,35 @@ class KimiDeltaAttention(nn.Module):
         out = F.conv1d(window[None], self.conv_weight[:, None, :], groups=window.shape[0])[0]
         return F.silu(out).t()  # [T, 3D] fp32
 
-    def forward(self, x: torch.Tensor, state: KDAState, history: KDAHistory | None = None) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        shape = (num_tokens, self.num_heads, self.head_dim)
-        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        q, k, v = self.short_conv(qkv, state.conv, history).chunk(3, dim=-1)
+    def qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """The q, k, v projections side by side [..., T, 3D] (what the short conv reads)."""
+        return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+
+    def delta_inputs(
+        self, conv_out: torch.Tensor, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The short conv's output [..., T, 3D] and the layer input x [..., T, hidden] -> the
+        delta rule's q (L2-normalised, times d^-1/2), k (L2-normalised), v [..., T, H, d], the log
+        decay g [..., T, H, d] and beta [..., T, H]."""
+        shape = (*x.shape[:-1], self.num_heads, self.head_dim)
+        q, k, v = conv_out.chunk(3, dim=-1)
         q = l2_normalize(q.reshape(shape)) * self.head_dim**-0.5
         k = l2_normalize(k.reshape(shape))
-        v = v.reshape(shape)
-        g = self.forget_gate(x)
-        beta = torch.sigmoid(self.b_proj(x).float())
-        if history is not None or num_tokens <= RECURRENT_MAX_TOKENS:
+        return q, k, v.reshape(shape), self.forget_gate(x), torch.sigmoid(self.b_proj(x).float())
+
+    def gated_norm(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """o [..., T, H, d] -> o_norm(o, g_proj(x)) flattened to [..., T, H*d] (what `dense` reads)."""
+        return self.o_norm(o, self.g_proj(x).unflatten(-1, (self.num_heads, self.head_dim))).flatten(-2)
+
+    def forward(self, x: torch.Tensor, state: KDAState, history: KDAHistory | None = None) -> torch.Tensor:
+        conv_out = self.short_conv(self.qkv(x), state.conv, history)
+        q, k, v, g, beta = self.delta_inputs(conv_out, x)
+        if history is not None or x.shape[0] <= RECURRENT_MAX_TOKENS:
             states = None if history is None else history.states
             o = kda_recurrent(q, k, v, g, beta, state.recurrent, states)
         else:
             o = kda_chunked(q, k, v, g, beta, state.recurrent, prefill_chunk_size(q.device))
-        gate = self.g_proj(x).view(shape)
-        o = self.o_norm(o.to(x.dtype), gate).reshape(num_tokens, -1)
-        return self.dense(o)
+        return self.dense(self.gated_norm(o.to(x.dtype), x))
 
 
 class _DepthwiseConvWeight(nn.Module):

@@ -184,8 +184,7 @@ class RotaryEmbedding(nn.Module):
 
     @staticmethod
     def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [T, ..., d]; cos/sin [T, d/2] broadcast over the middle dimensions."""
-        shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[1],)
-        cos, sin = cos.view(shape), sin.view(shape)
+        """x [..., d]; cos/sin [..., d/2] broadcast against x's pairs (e.g. [T, 1, d/2] for x [T, heads, d],
+        or for a batch [B, T, heads, d])."""
         even, odd = x[..., 0::2], x[..., 1::2]
         return torch.cat([even * cos - odd * sin, odd * cos + even * sin], dim=-1)

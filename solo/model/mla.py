@@ -54,6 +54,21 @@ class MultiLatentAttention(nn.Module):
             return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         return self.q_proj(x)
 
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [..., T, hidden], cos/sin [T, rope/2] -> q_nope [..., T, heads, nope], the rotated
+        q_rope [..., T, heads, rope], the normalised latent [..., T, rank] and the rotated shared
+        k_rope [..., T, rope]: what the cache stores and what attends it (the training model runs
+        this on batches [B, T, hidden])."""
+        q = self.queries(x).unflatten(-1, (self.num_heads, self.nope_dim + self.rope_dim))
+        q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
+        q_rope = RotaryEmbedding.rotate(q_rope, cos[:, None], sin[:, None])
+        latent, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        latent = self.kv_a_layernorm(latent)
+        k_rope = RotaryEmbedding.rotate(k_rope, cos, sin)
+        return q_nope, q_rope, latent, k_rope
+
     def forward(
         self,
         x: torch.Tensor,
@@ -62,13 +77,7 @@ class MultiLatentAttention(nn.Module):
         cache: MLACache,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        cos, sin = cos_sin
-        q = self.queries(x).view(num_tokens, self.num_heads, self.nope_dim + self.rope_dim)
-        q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
-        q_rope = RotaryEmbedding.rotate(q_rope, cos, sin)
-        latent, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        latent = self.kv_a_layernorm(latent)
-        k_rope = RotaryEmbedding.rotate(k_rope, cos, sin)
+        q_nope, q_rope, latent, k_rope = self.project(x, *cos_sin)
         cache.latent.index_copy_(0, positions, latent.to(cache.latent.dtype))
         cache.rope.index_copy_(0, positions, k_rope.to(cache.rope.dtype))
 

@@ -1,8 +1,9 @@
 """Train the bundled tiny Ling-3.0 model (KDA + MLA, grouped MoE, NEXTN) on GSM8K train.
 
-The training model here is batched ([B, T, H]) and differentiable; its modules carry the checkpoint's
-tensor names, so the export is (almost) its state dict. It computes exactly what solo's batch-1
-inference model computes:
+The training model is solo.model's own (solo.model.ling.LingBackbone: the same KDA, MLA, norm,
+router, SwiGLU and rotary modules, so the same tensor names and formulas), run batched ([B, T, H])
+and differentiably from a zero state; the export is (almost) its state dict. It computes exactly
+what solo's batch-1 inference model computes:
 
 * trunk: KDA layers (short convs, L2-normed q/k, safe gate, delta rule, gated o_norm) and MLA layers
   (latent kv, interleaved RoPE, head-wise sigmoid gate), dense first layer, grouped sigmoid-routed
@@ -43,6 +44,13 @@ from safetensors.torch import save_file
 from torch import nn
 
 from solo.assets import gsm8k_file, read_jsonl
+from solo.config import LingConfig
+from solo.kernels.moe import swiglu
+from solo.model.kda import KimiDeltaAttention, kda_chunked_scan
+from solo.model.layers import Linear, RotaryEmbedding
+from solo.model.ling import DecoderLayer, LingBackbone, NextNLayer
+from solo.model.mla import MultiLatentAttention
+from solo.model.moe import Router, SwiGLUMLP
 
 # ============================================================================ configuration
 
@@ -133,11 +141,13 @@ class TinyConfig:
             "bos_token_id": None,
         }
 
+    def ling_config(self) -> LingConfig:
+        """The config solo reads from the export (what builds the model's modules)."""
+        return LingConfig.from_dict(self.to_checkpoint_config())
+
     @classmethod
     def from_checkpoint_config(cls, raw: dict[str, Any]) -> TinyConfig:
         """Read back a config.json written by `to_checkpoint_config` (either spelling)."""
-        from solo.config import LingConfig
-
         c = LingConfig.from_dict(raw)
         values = {f.name: getattr(c, f.name) for f in fields(cls) if f.name not in ("eos_token_id",)}
         values["linear_head_dim"] = c.linear_head_dim
@@ -146,251 +156,66 @@ class TinyConfig:
 
 
 # ============================================================================ model
+#
+# The layers are solo.model's own modules (solo.model.ling.LingBackbone: KDA, MLA, RMSNorm, SwiGLU,
+# router, rotary), so the parameters, their names and every formula are the inference model's. What
+# follows is what only training needs: batched, differentiable forwards of those modules from a zero
+# state, the routed experts as one dense-equivalent SwiGLU, residual dropout and the unrolled NEXTN.
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
-class ConvWeight(nn.Module):
-    """A depthwise conv weight [D, 1, K] under the checkpoint's `*_conv1d.weight` name."""
-
-    def __init__(self, channels: int, kernel: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(channels, 1, kernel))
+def kda_forward(attn: KimiDeltaAttention, x: torch.Tensor) -> torch.Tensor:
+    """solo's KDA layer on a batch x [B, T, H] from a zero state. Training-specific: the short conv is
+    one padded conv1d (differentiable in its weights, no conv state) and the delta rule the parallel
+    chunk form (solo.model.kda.kda_chunked_scan); gates, delta rule and output norm run in fp32."""
+    qkv = attn.qkv(x).transpose(1, 2)  # [B, 3D, T]
+    weight = torch.cat([c.weight for c in (attn.q_conv1d, attn.k_conv1d, attn.v_conv1d)]).to(qkv.dtype)
+    qkv = F.silu(F.conv1d(F.pad(qkv, (attn.kernel_size - 1, 0)), weight, groups=weight.shape[0]))
+    with torch.autocast(x.device.type, enabled=False):
+        q, k, v, g, beta = attn.delta_inputs(qkv.transpose(1, 2).float(), x)
+        o = attn.gated_norm(kda_chunked_scan(q, k, v, g, beta), x)
+    return attn.dense(o.to(x.dtype))
 
 
-def linear(i: int, o: int) -> nn.Linear:
-    return nn.Linear(i, o, bias=False)
-
-
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
-
-
-def unit_lower_inverse(lower: torch.Tensor) -> torch.Tensor:
-    """(I + L)^-1 for strictly lower-triangular L [..., C, C] (C a power of two), by doubling the
-    inverted diagonal blocks: inv([[A, 0], [X, D]]) = [[A^-1, 0], [-D^-1 X A^-1, D^-1]]. Batched
-    matmuls only (fast on both CPU and GPU, unlike batched triangular solves of tiny matrices)."""
-    size = lower.shape[-1]
-    inv = torch.eye(size, dtype=lower.dtype, device=lower.device).expand_as(lower)
-    block = 1
-    while block < size:
-        n = size // block
-        shape = (*lower.shape[:-2], n, block, n, block)
-        lb = lower.reshape(shape).transpose(-3, -2)  # [..., n, n, b, b]
-        ib = inv.reshape(shape).transpose(-3, -2).clone()
-        even = torch.arange(0, n, 2, device=lower.device)
-        ib[..., even + 1, even, :, :] = (
-            -ib[..., even + 1, even + 1, :, :] @ lb[..., even + 1, even, :, :] @ ib[..., even, even, :, :]
-        )
-        inv = ib.transpose(-3, -2).reshape(lower.shape)
-        block *= 2
-    return inv
-
-
-def kda_chunked(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, chunk: int = 16
-) -> torch.Tensor:
-    """Batched, differentiable KDA from a zero state: q, k, g [B, T, H, dk], v [B, T, H, dv],
-    beta [B, T, H] (fp32) -> o [B, T, H, dv].
-
-    Inside a chunk (cumulative log decay G, G >= chunk * lower_bound, so e^{+-G} stays finite in fp32)
-    the intra-chunk terms are plain matmuls of (x e^{G}) and (k e^{-G}); the WY form U = U0 - W S
-    leaves a linear recurrence S_{n+1} = A_n S_n + B_n across chunks, solved by a parallel scan.
-    """
-    bsz, length, heads, dk = k.shape
-    dv = v.shape[-1]
-    pad = (-length) % chunk
-    if pad:  # zero k and beta, zero log-decay: padded tokens change nothing before them
-        q, k, v, g = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v, g))
-        beta = F.pad(beta, (0, 0, 0, pad))
-    n = (length + pad) // chunk
-
-    def split(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, d] -> [B, H, N, C, d]
-        return x.reshape(bsz, n, chunk, heads, -1).permute(0, 3, 1, 2, 4)
-
-    q, k, v, g = split(q), split(k), split(v), split(g)
-    beta = beta.reshape(bsz, n, chunk, heads).permute(0, 3, 1, 2)[..., None]  # [B, H, N, C, 1]
-    cum = g.cumsum(3)
-    last = cum[:, :, :, -1:]  # [B, H, N, 1, dk]
-    qg, kg, kinv = q * cum.exp(), k * cum.exp(), k * (-cum).exp()
-    kend = k * (last - cum).exp()
-    ones = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device)
-    strict, incl = ones.tril(-1), ones.tril()
-    lower = (kg @ kinv.transpose(-1, -2)) * beta * strict
-    scores = (qg @ kinv.transpose(-1, -2)) * incl
-    solved = unit_lower_inverse(lower) @ torch.cat([beta * v, beta * kg], -1)
-    u0, w = solved.split([dv, dk], dim=-1)
-    # S_{n+1} = A_n S_n + B_n with A_n = diag(e^{G_last}) - kend^T W, B_n = kend^T U0
-    a = torch.diag_embed(last.squeeze(-2).exp()) - kend.transpose(-1, -2) @ w  # [B, H, N, dk, dk]
-    b = kend.transpose(-1, -2) @ u0  # [B, H, N, dk, dv]
-    offset = 1
-    while offset < n:  # inclusive scan: b[n] becomes the state after chunk n
-        b = torch.cat([b[:, :, :offset], a[:, :, offset:] @ b[:, :, :-offset] + b[:, :, offset:]], 2)
-        a = torch.cat([a[:, :, :offset], a[:, :, offset:] @ a[:, :, :-offset]], 2)
-        offset *= 2
-    states = torch.cat([torch.zeros_like(b[:, :, :1]), b[:, :, :-1]], 2)  # state before each chunk
-    u = u0 - w @ states
-    o = qg @ states + scores @ u  # [B, H, N, C, dv]
-    return o.permute(0, 2, 3, 1, 4).reshape(bsz, n * chunk, heads, dv)[:, :length]
-
-
-class KimiDeltaAttention(nn.Module):
-    def __init__(self, c: TinyConfig) -> None:
-        super().__init__()
-        h, self.heads, self.dim = c.hidden_size, c.num_attention_heads, c.linear_head_dim
-        d = self.heads * self.dim
-        self.lower_bound = c.kda_lower_bound
-        self.q_proj, self.k_proj, self.v_proj = linear(h, d), linear(h, d), linear(h, d)
-        self.q_conv1d = ConvWeight(d, c.conv_kernel_size)
-        self.k_conv1d = ConvWeight(d, c.conv_kernel_size)
-        self.v_conv1d = ConvWeight(d, c.conv_kernel_size)
-        self.A_log = nn.Parameter(torch.empty(self.heads))
-        self.dt_bias = nn.Parameter(torch.empty(d))
-        self.f_proj, self.b_proj, self.g_proj = linear(h, d), linear(h, self.heads), linear(h, d)
-        self.o_norm = RMSNorm(self.dim, c.rms_norm_eps)
-        self.dense = linear(d, h)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        bsz, length, _ = x.shape
-        shape = (bsz, length, self.heads, self.dim)
-        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
-        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1).transpose(1, 2)
-        weight = torch.cat([c.weight for c in convs]).to(qkv.dtype)
-        kernel = weight.shape[-1]
-        qkv = F.silu(F.conv1d(F.pad(qkv, (kernel - 1, 0)), weight, groups=weight.shape[0]))
-        q, k, v = qkv.transpose(1, 2).float().chunk(3, dim=-1)
-        with torch.autocast(x.device.type, enabled=False):
-            q = l2norm(q.reshape(shape)) * self.dim**-0.5
-            k = l2norm(k.reshape(shape))
-            gate_in = self.f_proj(x).float().view(shape) + self.dt_bias.float().view(self.heads, self.dim)
-            g = self.lower_bound * torch.sigmoid(self.A_log.float().exp()[:, None] * gate_in)
-            beta = torch.sigmoid(self.b_proj(x).float())
-            o = kda_chunked(q, k, v.reshape(shape), g, beta)
-            o = self.o_norm(o) * torch.sigmoid(self.g_proj(x).float().view(shape))
-        return self.dense(o.to(x.dtype).reshape(bsz, length, -1))
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Interleaved RoPE on x [B, h, T, d]; cos/sin [T, d/2]; output de-interleaved (as solo)."""
-    even, odd = x[..., 0::2], x[..., 1::2]
-    return torch.cat([even * cos - odd * sin, odd * cos + even * sin], dim=-1)
-
-
-class MultiLatentAttention(nn.Module):
-    def __init__(self, c: TinyConfig) -> None:
-        super().__init__()
-        h, self.heads = c.hidden_size, c.num_attention_heads
-        self.nope, self.rope, self.vdim, self.rank = (
-            c.qk_nope_head_dim,
-            c.qk_rope_head_dim,
-            c.v_head_dim,
-            c.kv_lora_rank,
-        )
-        self.q_proj = linear(h, self.heads * (self.nope + self.rope))
-        self.kv_a_proj_with_mqa = linear(h, self.rank + self.rope)
-        self.kv_a_layernorm = RMSNorm(self.rank, c.rms_norm_eps)
-        self.kv_b_proj = linear(self.rank, self.heads * (self.nope + self.vdim))
-        self.g_proj = linear(h, self.heads)
-        self.dense = linear(self.heads * self.vdim, h)
-        self.scale = (self.nope + self.rope) ** -0.5
-
-    def qkv(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [B, T, H] -> q, k [B, h, T, nope+rope], v [B, h, T, v]."""
-        bsz, length, _ = x.shape
-        q = self.q_proj(x).view(bsz, length, self.heads, -1).transpose(1, 2)
-        q = torch.cat([q[..., : self.nope], rotate(q[..., self.nope :], cos, sin)], -1)
-        latent, k_rope = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], -1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(bsz, length, self.heads, -1).transpose(1, 2)
-        k_rope = rotate(k_rope[:, None], cos, sin).expand(-1, self.heads, -1, -1)
-        k = torch.cat([kv[..., : self.nope], k_rope], -1)
-        return q, k, kv[..., self.nope :]
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        sink: bool = False,
-        prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Causal attention; `sink`: position 0 has a zero key and value (the unwritten NEXTN slot);
-        `prefix` (k, v of step-1 NEXTN slots): attend those strictly before each query, plus itself."""
-        bsz, length, _ = x.shape
-        q, k, v = self.qkv(x, cos, sin)
-        if sink:
-            keep = torch.ones(length, 1, device=x.device, dtype=k.dtype)
-            keep[0] = 0
-            k, v = k * keep, v * keep
-        if prefix is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
-        else:
-            pos = torch.arange(length, device=x.device)
-            mask = torch.cat([pos[None, :] < pos[:, None], pos[None, :] == pos[:, None]], 1)
-            out = F.scaled_dot_product_attention(
-                q,
-                torch.cat([prefix[0], k], 2),
-                torch.cat([prefix[1], v], 2),
-                attn_mask=mask,
-                scale=self.scale,
-            )
-        gate = torch.sigmoid(self.g_proj(x).float()).to(out.dtype).transpose(1, 2)[..., None]
-        out = (out * gate).transpose(1, 2).reshape(bsz, length, -1)
-        return self.dense(out), (k, v)
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, hidden: int, inter: int) -> None:
-        super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = (
-            linear(hidden, inter),
-            linear(hidden, inter),
-            linear(inter, hidden),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class Router(nn.Module):
-    def __init__(self, c: TinyConfig) -> None:
-        super().__init__()
-        self.c = c
-        self.weight = nn.Parameter(torch.empty(c.num_experts, c.hidden_size))
-        self.register_buffer("expert_bias", torch.zeros(c.num_experts))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, H] -> dense routing weights [N, E] (zero for unselected experts), fp32."""
-        c = self.c
-        with torch.autocast(x.device.type, enabled=False):
-            scores = torch.sigmoid(F.linear(x.float(), self.weight.float()))
-        biased = scores.detach() + self.expert_bias
-        if c.n_group > 1 and c.topk_group < c.n_group:
-            grouped = biased.view(-1, c.n_group, c.num_experts // c.n_group)
-            kept = grouped.topk(2, dim=-1).values.sum(-1).topk(c.topk_group, dim=-1).indices
-            group_mask = torch.zeros(grouped.shape[:2], dtype=torch.bool, device=x.device).scatter_(1, kept, True)
-            biased = grouped.masked_fill(~group_mask[..., None], float("-inf")).flatten(1)
-        ids = biased.topk(c.num_experts_per_tok, dim=-1).indices
-        weights = scores.gather(1, ids)
-        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20) * c.routed_scaling_factor
-        return torch.zeros_like(scores).scatter(1, ids, weights)
+def mla_forward(
+    attn: MultiLatentAttention,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    sink: bool = False,
+    prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """solo's MLA layer on a batch x [B, T, H], causal. Training-specific: keys and values expanded
+    per head (kv_b_proj applied, not absorbed) for one SDPA call; `sink`: position 0 has a zero key
+    and value (the unwritten NEXTN slot); `prefix` (k, v of step-1 NEXTN slots): attend those strictly
+    before each query, plus itself. Returns the output and this call's (k, v) [B, h, T, *]."""
+    bsz, length, _ = x.shape
+    q_nope, q_rope, latent, k_rope = attn.project(x, cos, sin)
+    q = torch.cat([q_nope.transpose(1, 2), q_rope.transpose(1, 2)], -1)  # [B, h, T, nope+rope]
+    kv = attn.kv_b_proj(latent).view(bsz, length, attn.num_heads, -1).transpose(1, 2)
+    k = torch.cat([kv[..., : attn.nope_dim], k_rope[:, None].expand(-1, attn.num_heads, -1, -1)], -1)
+    v = kv[..., attn.nope_dim :]
+    if sink:
+        keep = torch.ones(length, 1, device=x.device, dtype=k.dtype)
+        keep[0] = 0
+        k, v = k * keep, v * keep
+    if prefix is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scale)
+    else:
+        pos = torch.arange(length, device=x.device)
+        mask = torch.cat([pos[None, :] < pos[:, None], pos[None, :] == pos[:, None]], 1)
+        k_all, v_all = torch.cat([prefix[0], k], 2), torch.cat([prefix[1], v], 2)
+        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=attn.scale)
+    gate = torch.sigmoid(attn.g_proj(x).float()).to(out.dtype).transpose(1, 2)[..., None]
+    out = (out * gate).transpose(1, 2).reshape(bsz, length, -1)
+    return attn.dense(out), (k, v)
 
 
 class Experts(nn.Module):
-    """Routed experts as [E, I, H] / [E, H, I] stacks, evaluated as one weighted SwiGLU of width E*I."""
+    """Routed experts as [E, I, H] / [E, H, I] stacks, evaluated as one SwiGLU of width E*I whose
+    units are weighted by the dense routing weights (zero for unselected experts): equal to the
+    sparse sum, and training-specific because every expert keeps its gradient path."""
 
-    def __init__(self, c: TinyConfig) -> None:
+    def __init__(self, c: LingConfig) -> None:
         super().__init__()
         e, h, i = c.num_experts, c.hidden_size, c.moe_intermediate_size
         self.gate_proj = nn.Parameter(torch.empty(e, i, h))
@@ -399,77 +224,49 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, routing: torch.Tensor) -> torch.Tensor:
         e, i, h = self.gate_proj.shape
-        act = F.silu(F.linear(x, self.gate_proj.reshape(e * i, h))) * F.linear(x, self.up_proj.reshape(e * i, h))
+        act = swiglu(F.linear(x, self.gate_proj.reshape(e * i, h)), F.linear(x, self.up_proj.reshape(e * i, h)), None)
         act = act * routing.to(act.dtype).repeat_interleave(i, dim=1)
         return F.linear(act, self.down_proj.permute(1, 0, 2).reshape(h, e * i))
 
 
 class SparseMoE(nn.Module):
-    def __init__(self, c: TinyConfig) -> None:
+    """solo's router (fp32 scores) and shared expert around the dense-equivalent `Experts`; counts
+    each expert's tokens in training (for the auxiliary-loss-free balancing of `expert_bias`)."""
+
+    def __init__(self, c: LingConfig) -> None:
         super().__init__()
         self.gate = Router(c)
         self.experts = Experts(c)
-        self.shared_experts = SwiGLU(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts)
+        self.shared_experts = SwiGLUMLP(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts)
         self.register_buffer("load", torch.zeros(c.num_experts), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        routing = self.gate(flat)
+        with torch.autocast(x.device.type, enabled=False):
+            weights, ids = self.gate(flat)
+        routing = torch.zeros(flat.shape[0], self.gate.num_experts, device=x.device, dtype=weights.dtype)
+        routing = routing.scatter(1, ids, weights)
         if self.training:
             self.load += (routing > 0).sum(0).float()
         return (self.experts(flat, routing) + self.shared_experts(flat)).view_as(x)
 
 
-class DecoderLayer(nn.Module):
-    def __init__(self, c: TinyConfig, layer: int, dropout: float) -> None:
-        super().__init__()
-        self.is_mla = c.is_mla(layer)
-        self.attention: nn.Module = MultiLatentAttention(c) if self.is_mla else KimiDeltaAttention(c)
-        self.mlp: nn.Module = SparseMoE(c) if c.is_moe(layer) else SwiGLU(c.hidden_size, c.intermediate_size)
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, **attn: Any
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-        h = self.attention(self.input_layernorm(x), cos, sin, **attn)
-        kv = None
-        if isinstance(h, tuple):
-            h, kv = h
-        x = x + self.dropout(h)
-        x = x + self.dropout(self.mlp(self.post_attention_layernorm(x)))
-        return x, kv
-
-
-class NextNLayer(DecoderLayer):
-    def __init__(self, c: TinyConfig, dropout: float) -> None:
-        super().__init__(c, c.num_hidden_layers, dropout)
-        h = c.hidden_size
-        self.enorm, self.hnorm = RMSNorm(h, c.rms_norm_eps), RMSNorm(h, c.rms_norm_eps)
-        self.eh_proj = linear(2 * h, h)
-        self.final_layernorm = RMSNorm(h, c.rms_norm_eps)
-
-
-class Backbone(nn.Module):
-    def __init__(self, c: TinyConfig, dropout: float) -> None:
-        super().__init__()
-        self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
-        layers: list[nn.Module] = [DecoderLayer(c, i, dropout) for i in range(c.num_hidden_layers)]
-        self.layers = nn.ModuleList([*layers, NextNLayer(c, dropout)])
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-
-
 class TrainModel(nn.Module):
-    """The batched training twin of solo.model.ling.LingForCausalLM (same tensor names)."""
+    """solo.model's Ling backbone and LM head (same modules, same tensor names), trained batched."""
 
     def __init__(self, c: TinyConfig, dropout: float = 0.0) -> None:
         super().__init__()
         self.config = c
-        self.model = Backbone(c, dropout)
-        self.lm_head = linear(c.hidden_size, c.vocab_size)
-        inv = 1.0 / c.rope_theta ** (torch.arange(0, c.qk_rope_head_dim, 2).float() / c.qk_rope_head_dim)
-        self.register_buffer("inv_freq", inv, persistent=False)
+        ling = c.ling_config()
+        self.model = LingBackbone(ling)
+        for layer in self.model.layers:
+            if ling.is_moe(layer.layer):
+                layer.mlp = SparseMoE(ling)  # in place: the parameter order stays the checkpoint's
+        self.lm_head = Linear(c.hidden_size, c.vocab_size)
+        self.rotary = RotaryEmbedding(ling)
+        self.dropout = nn.Dropout(dropout)  # on each residual branch
+        for name, p in self.named_parameters():  # solo's modules are frozen; expert_bias is not learned
+            p.requires_grad_(not name.endswith("expert_bias"))
 
     @property
     def nextn(self) -> NextNLayer:
@@ -481,15 +278,26 @@ class TrainModel(nn.Module):
         return [m for m in self.modules() if isinstance(m, SparseMoE)]
 
     def rope(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = torch.arange(length, device=self.inv_freq.device).float()[:, None] * self.inv_freq[None]
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        return self.rotary.cos_sin(torch.arange(length, device=self.rotary.inv_freq.device), dtype)
+
+    def block(
+        self, layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, **attn: Any
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """One decoder layer on [B, T, H], with residual dropout; returns its MLA (k, v), if any."""
+        h, kv = layer.input_layernorm(x), None
+        if layer.is_mla:
+            h, kv = mla_forward(layer.attention, h, cos, sin, **attn)
+        else:
+            h = kda_forward(layer.attention, h)
+        x = x + self.dropout(h)
+        return x + self.dropout(layer.mlp(layer.post_attention_layernorm(x))), kv
 
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B, T] -> final-norm hidden states [B, T, H] (what feeds the LM head)."""
         x = self.model.word_embeddings(ids)
         cos, sin = self.rope(ids.shape[1], _compute_dtype(x))
         for layer in self.model.layers[: self.config.num_hidden_layers]:
-            x, _ = layer(x, cos, sin)
+            x, _ = self.block(layer, x, cos, sin)
         return self.model.norm(x)
 
     def drafts(self, ids: torch.Tensor, hidden: torch.Tensor, steps: int) -> list[torch.Tensor]:
@@ -503,9 +311,9 @@ class TrainModel(nn.Module):
             shifted = F.pad(prev[:, :-1], (0, 0, 1, 0))
             x = nextn.eh_proj(torch.cat([emb, nextn.hnorm(shifted)], -1)).float()
             if step == 0:
-                x, prefix = nextn(x, cos, sin, sink=True)
+                x, prefix = self.block(nextn, x, cos, sin, sink=True)
             else:
-                x, _ = nextn(x, cos, sin, prefix=prefix)
+                x, _ = self.block(nextn, x, cos, sin, prefix=prefix)
             prev = nextn.final_layernorm(x)
             out.append(prev)
         return out
@@ -521,11 +329,14 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def init_weights(model: TrainModel, seed: int) -> None:
-    """GPT-style init: N(0, 0.02), output projections scaled by 1/sqrt(2 L); transformers' KDA gate init."""
+    """GPT-style init: N(0, 0.02), output projections scaled by 1/sqrt(2 L); transformers' KDA gate init.
+    Training-only (solo loads weights, it never initialises them)."""
     gen = torch.Generator().manual_seed(seed)
     depth = 2 * (model.config.num_hidden_layers + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if not p.requires_grad:  # expert_bias: starts at zero
+                continue
             if name.endswith("A_log"):
                 p.copy_(torch.empty(p.shape).uniform_(1.0, 16.0, generator=gen).log())
             elif name.endswith("dt_bias"):
@@ -619,8 +430,8 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> Tra
 def parameter_counts(c: TinyConfig) -> dict[str, int]:
     """Total parameters, and those active per token (top-k routed experts, no NEXTN)."""
     model = TrainModel(c)
-    total = sum(p.numel() for p in model.parameters()) + sum(m.gate.expert_bias.numel() for m in model.moe_layers())
-    nextn = sum(p.numel() for p in model.nextn.parameters()) + c.num_experts
+    total = sum(p.numel() for p in model.parameters())  # with each router's expert_bias
+    nextn = sum(p.numel() for p in model.nextn.parameters())
     per_expert = 3 * c.hidden_size * c.moe_intermediate_size
     moe_trunk = c.num_hidden_layers - c.first_k_dense_replace
     inactive = moe_trunk * (c.num_experts - c.num_experts_per_tok) * per_expert
@@ -813,8 +624,9 @@ def train(a: TrainArgs) -> dict[str, Any]:
     model = TrainModel(config, a.dropout)
     init_weights(model, a.seed)
     model.to(a.device).train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "conv1d" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "conv1d" not in n)]
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in params if p.dim() >= 2 and "conv1d" not in n]
+    no_decay = [p for n, p in params if not (p.dim() >= 2 and "conv1d" not in n)]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": a.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=a.lr,
@@ -833,6 +645,9 @@ def train(a: TrainArgs) -> dict[str, Any]:
         "heldout": [],
         "params": parameter_counts(config),
     }
+    # dropout draws from here on, whatever building the modules drew: on a GPU (the bundled run) the
+    # CUDA generator was untouched anyway, so this changes nothing there
+    torch.manual_seed(a.seed)
     batches = packer.batches(a.batch)
     total = a.steps
     best: tuple[float, int, dict[str, torch.Tensor]] | None = None
