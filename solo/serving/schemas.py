@@ -51,11 +51,17 @@ class ApiError(Exception):
 def error_body(
     message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    def clean(text: str | None) -> str | None:  # a message may quote the input: never a lone surrogate
+        return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+    return {"error": {"message": clean(message), "type": type, "param": clean(param), "code": code}}
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    def check(self) -> None:
+        """Checks across fields, after the types (ApiError naming the field)."""
 
 
 class StreamOptions(Strict):
@@ -231,6 +237,7 @@ class ChatRequest(SamplingFields):
     store: StrictBool | None = None
     metadata: Any = None
     service_tier: StrictStr | None = None
+    safety_identifier: StrictStr | None = None  # an end-user id, like `user`: generation does not read it
 
     def refusals(self) -> list[tuple[str, str]]:
         out = []
@@ -312,7 +319,8 @@ def parse_body(model: type[Strict], raw: bytes) -> Any:
     except (ValueError, RecursionError) as e:  # e.g. an integer of more than 4300 digits, deep nesting
         raise ApiError(400, f"the body cannot be read as JSON: {e}.") from None
     if not isinstance(data, dict):
-        raise ApiError(400, f"the body must be a JSON object, got {type(data).__name__}.")
+        kinds = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+        raise ApiError(400, f"the body must be a JSON object, got {kinds.get(type(data), 'null')}.")
     bad = _lone_surrogate(data)
     if bad is not None:
         raise ApiError(400, f"{bad}: invalid Unicode (a lone surrogate such as \\ud800).", param=bad)

@@ -13,7 +13,7 @@ import uvicorn
 
 from solo.serving.app import ServeOptions, build_app
 
-__all__ = ["PortInUse", "ServeOptions", "bind", "build_app", "serve"]
+__all__ = ["PortInUse", "ServeOptions", "bind", "build_app", "make_server", "serve"]
 
 
 class PortInUse(ValueError):
@@ -54,7 +54,9 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def serve(engine, sock: socket.socket, options: ServeOptions, log_level: str = "info") -> None:
+def make_server(engine, options: ServeOptions, log_level: str = "info") -> _Server:
+    """The uvicorn server for `engine` (h11 with bounded headers, short keep-alive, a bounded graceful
+    shutdown); `run(sockets=[...])` serves until an exit signal or `should_exit`."""
     app = build_app(engine, options=options)
     config = uvicorn.Config(
         app,
@@ -65,6 +67,11 @@ def serve(engine, sock: socket.socket, options: ServeOptions, log_level: str = "
         log_level=log_level,
         access_log=False,
     )
+    return _Server(config, app)
+
+
+def serve(engine, sock: socket.socket, options: ServeOptions, log_level: str = "info") -> None:
+    server = make_server(engine, options, log_level)
     host, port = sock.getsockname()[:2]
     print(f"solo serve: {options.model_name} on http://{host}:{port}/v1 (Ctrl-C or SIGTERM stops)", file=sys.stderr)
-    _Server(config, app).run(sockets=[sock])
+    server.run(sockets=[sock])
