@@ -396,7 +396,11 @@ def add_serve(sub) -> None:
     )
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, help="request body limit (default 8 MiB)")
     p.add_argument(
-        "--body-timeout", type=float, default=10.0, metavar="S", help="seconds to receive a request body (default 10)"
+        "--body-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds to receive a request's headers, and again its body (default 10)",
     )
     p.add_argument("--max-header-bytes", type=int, default=16 * 1024, help="request header limit (default 16 KiB)")
     p.set_defaults(func=cmd_serve)

@@ -483,3 +483,16 @@ def test_request_timeout(tiny_engine):
         assert ok.status_code == 200  # the engine was freed
     finally:
         srv.close()
+
+
+def test_slow_headers_and_slow_bodies_are_cut_off(server):
+    """A client that trickles its headers, or sends less body than it announced, loses the
+    connection after the body timeout (1 s here), and the server serves the next client."""
+    port = int(server.base.rsplit(":", 1)[1])
+    start = time.monotonic()
+    got = raw_http(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", timeout_s=15)  # headers never end
+    assert got == b"" and time.monotonic() - start < 5  # closed, not held
+    start = time.monotonic()
+    got = raw_http(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{}", timeout_s=15)
+    assert got.startswith(b"HTTP/1.1 408") and time.monotonic() - start < 5
+    assert httpx.get(f"{server.base}/health", timeout=TIMEOUT).status_code == 200

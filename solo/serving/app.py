@@ -201,7 +201,7 @@ def build_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        closing = worker._closing
+        closing = worker.closing
         body = {
             "status": "shutting_down" if closing else "ok",
             "queue_length": worker.queue_length,

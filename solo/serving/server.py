@@ -1,7 +1,7 @@
 """Running the API: the listening socket is bound before the model loads (a port in use is reported
-at once), uvicorn is configured with bounded headers and keep-alive, and SIGTERM/SIGINT first stop
-the engine worker (queued requests get a 503, the running one stops at its next round) so the
-server exits promptly instead of waiting for long streams."""
+at once), uvicorn is configured with bounded headers (in size and in time) and keep-alive, and
+SIGTERM/SIGINT first stop the engine worker (queued requests get a 503, the running one stops at its
+next round) so the server exits promptly instead of waiting for long streams."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import socket
 import sys
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from solo.serving.app import ServeOptions, build_app
 
@@ -36,6 +37,39 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class HeaderDeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose next request's headers are not complete
+    within `header_timeout_s` of its opening or of its previous response: a client that trickles
+    headers cannot hold a connection (bodies have their own deadline, solo.serving.guard)."""
+
+    header_timeout_s = 10.0
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm_header_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_header_deadline()
+
+    def connection_lost(self, exc) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        super().connection_lost(exc)
+
+    def _arm_header_deadline(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        if not self.transport.is_closing():
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_deadline)
+
+    def _header_deadline(self) -> None:
+        between_requests = self.cycle is None or self.cycle.response_complete
+        if between_requests and not self.transport.is_closing():
+            self.transport.close()
+
+
 class _Server(uvicorn.Server):
     """uvicorn's server; an exit signal also shuts the engine worker down (on the event loop)."""
 
@@ -58,9 +92,10 @@ def make_server(engine, options: ServeOptions, log_level: str = "info") -> _Serv
     """The uvicorn server for `engine` (h11 with bounded headers, short keep-alive, a bounded graceful
     shutdown); `run(sockets=[...])` serves until an exit signal or `should_exit`."""
     app = build_app(engine, options=options)
+    protocol = type("Protocol", (HeaderDeadlineProtocol,), {"header_timeout_s": options.limits.body_timeout_s})
     config = uvicorn.Config(
         app,
-        http="h11",
+        http=protocol,
         h11_max_incomplete_event_size=max(64 * 1024, 4 * options.limits.max_header_bytes),
         timeout_keep_alive=5,
         timeout_graceful_shutdown=10,

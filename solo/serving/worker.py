@@ -155,6 +155,10 @@ class EngineWorker:
     def busy(self) -> bool:
         return self._current is not None
 
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
     def submit(self, plan: Plan, loop: asyncio.AbstractEventLoop, timeout_s: float | None = None) -> Job:
         with self._cond:
             if self._closing:
