@@ -106,6 +106,18 @@ def test_a_dropped_2000_token_stream_frees_the_engine_within_a_round(server):
     assert made < 100, f"the dropped stream went on to {made} tokens"
 
 
+def test_a_non_streaming_client_that_gives_up_frees_the_engine(server):
+    base = server.base
+    idle = min(completion_latency(base) for _ in range(2))
+    cancelled = counter(base, "solo_requests_cancelled_total", reason="disconnect")
+    body = {"prompt": QUESTION, "max_tokens": 2000, "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{base}/v1/completions", json=body, timeout=httpx.Timeout(1.0))
+    took = completion_latency(base)  # ~2,000 tokens (many seconds) would be left of the abandoned one
+    assert took < idle + 1.5, (took, idle)
+    assert counter(base, "solo_requests_cancelled_total", reason="disconnect") == cancelled + 1
+
+
 def test_two_hundred_concurrent_streams_complete_in_arrival_order(server):
     async def main():
         limits = httpx.Limits(max_connections=500, max_keepalive_connections=0)
