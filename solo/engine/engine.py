@@ -243,11 +243,12 @@ class Engine:
         hidden = self.model.prefill(torch.tensor(ids, device=self.model.device), cache)
         out = [PromptLogprob(ids[0], None, None)]
         targets = torch.tensor(ids[1:], device=self.model.device)
+        vocab = self.model.config.vocab_size
         for begin in range(0, len(ids) - 1, SCORE_CHUNK):
             end = min(begin + SCORE_CHUNK, len(ids) - 1)  # hidden state i predicts token i + 1
             logprobs = torch.log_softmax(self.model.logits(hidden[begin:end]), -1)
             chosen = targets[begin:end]
-            packed = torch.cat([logprobs.gather(-1, chosen[:, None]), *_top(logprobs, top)], dim=-1)
+            packed = torch.cat([logprobs.gather(-1, chosen[:, None]), *_top(logprobs, min(top, vocab))], dim=-1)
             for row, token in zip(packed.tolist(), chosen.tolist(), strict=True):
                 logprob, alternatives = unpack_logprobs(row)
                 out.append(PromptLogprob(token, logprob, alternatives))

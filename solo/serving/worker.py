@@ -145,7 +145,10 @@ class EngineWorker:
 
     # ------------------------------------------------------------------ handler side
     def start(self) -> None:
-        self._thread.start()
+        """Start the thread (idempotent: the app's lifespan starts it, a first job would too)."""
+        with self._cond:
+            if not self._thread.is_alive() and not self._closing:
+                self._thread.start()
 
     @property
     def queue_length(self) -> int:
@@ -173,6 +176,7 @@ class EngineWorker:
                     code="queue_full",
                     headers={"Retry-After": str(wait)},
                 )
+            self.start()
             job = Job(plan, loop, timeout_s, self)
             self._queue.append(job)
             self.metrics.queue_length.set(len(self._queue))
@@ -203,6 +207,8 @@ class EngineWorker:
             self._cond.notify_all()
 
     def join(self, timeout: float | None = None) -> bool:
+        if self._thread.ident is None:  # never started
+            return True
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
