@@ -337,15 +337,34 @@ def add_bench(sub) -> None:
 
 # --------------------------------------------------------------------------- serve
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    import os
 
     from solo.engine.engine import Engine
-    from solo.serving.server import build_app
+    from solo.serving.guard import Limits
+    from solo.serving.server import ServeOptions, bind, serve
 
-    engine = Engine.from_pretrained(args.model, **load_options(args))
-    preflight(engine, args)
-    name = args.served_model_name or Path(args.model).name
-    uvicorn.run(build_app(engine, name, args.default_max_tokens), host=args.host, port=args.port, log_level="info")
+    if args.max_queue is not None and args.max_queue < 0:
+        raise UsageError(f"--max-queue must be >= 0, got {args.max_queue}.")
+    if args.request_timeout is not None and not args.request_timeout > 0:
+        raise UsageError(f"--request-timeout must be > 0 seconds, got {args.request_timeout}.")
+    if args.default_max_tokens < 1:
+        raise UsageError(f"--default-max-tokens must be >= 1, got {args.default_max_tokens}.")
+    api_key = args.api_key or os.environ.get("SOLO_API_KEY") or None
+    sock = bind(args.host, args.port)  # before the model loads: a port in use fails at once
+    try:
+        engine = Engine.from_pretrained(args.model, **load_options(args))
+        preflight(engine, args)
+        options = ServeOptions(
+            model_name=args.served_model_name or Path(args.model).name,
+            default_max_tokens=args.default_max_tokens,
+            max_queue=args.max_queue,
+            request_timeout_s=args.request_timeout,
+            api_key=api_key,
+            limits=Limits(args.max_body_bytes, args.body_timeout, args.max_header_bytes),
+        )
+        serve(engine, sock, options)
+    finally:
+        sock.close()
     return 0
 
 
@@ -356,7 +375,34 @@ def add_serve(sub) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="model id in the API (default: folder name)")
-    p.add_argument("--default-max-tokens", type=int, default=256)
+    p.add_argument("--default-max-tokens", type=int, default=256, help="when a request sets none (default 256)")
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=None,
+        help="requests that may wait for the engine; more get 429 with Retry-After (default: unbounded)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds from arrival to the last token (queue wait included); past it: 504 (default: none)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health and /metrics (or SOLO_API_KEY)",
+    )
+    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, help="request body limit (default 8 MiB)")
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds to receive a request's headers, and again its body (default 10)",
+    )
+    p.add_argument("--max-header-bytes", type=int, default=16 * 1024, help="request header limit (default 16 KiB)")
     p.set_defaults(func=cmd_serve)
 
 

@@ -15,7 +15,17 @@ from typing import Protocol
 import torch
 
 from solo.engine.graphs import EagerStep, GraphCapture, GraphedStep
-from solo.engine.sampling import SamplingParams, make_generator, sample
+from solo.engine.sampling import (
+    LogitAdjuster,
+    SamplingParams,
+    logprob_distribution,
+    make_generator,
+    pack_logprobs,
+    probabilities,
+    sample,
+    sample_from,
+    unpack_logprobs,
+)
 from solo.model.cache import HybridCache
 from solo.model.ling import LingForCausalLM
 
@@ -27,6 +37,8 @@ class Round:
     tokens: list[int]
     drafted: int = 0  # 0: not a verification round (the prefill's token, plain decoding)
     accepted: int = 0  # the leading run of drafts the target kept (positions 0..accepted-1)
+    # when asked for: per token, (its log-probability, [(id, log-probability)] of the most likely)
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 class Decoder(Protocol):
@@ -40,8 +52,11 @@ class Decoder(Protocol):
         """Cache positions a round may write past the last emitted token."""
         ...
 
-    def rounds(self, prompt_ids: torch.Tensor, cache: HybridCache, params: SamplingParams) -> Iterator[Round]:
-        """Prefill the prompt, then yield rounds until the caller stops asking."""
+    def rounds(
+        self, prompt_ids: torch.Tensor, cache: HybridCache, params: SamplingParams, logprobs: bool = False
+    ) -> Iterator[Round]:
+        """Prefill the prompt, then yield rounds until the caller stops asking; with `logprobs`, each
+        round carries its tokens' log-probabilities under the target's sampling distribution."""
         ...
 
     def capture_graphs(self, cache: HybridCache, graphs: GraphCapture) -> None:
@@ -58,9 +73,9 @@ class TokenReader:
     pinned buffer, the decoder queues its next step, and only then waits for the copy (which the
     stream reaches before that step). On a CPU the copy is simply done."""
 
-    def __init__(self, device: torch.device, size: int) -> None:
+    def __init__(self, device: torch.device, size: int, dtype: torch.dtype = torch.long) -> None:
         self.cuda = device.type == "cuda"
-        self.host = torch.empty(size, dtype=torch.long, pin_memory=self.cuda)
+        self.host = torch.empty(size, dtype=dtype, pin_memory=self.cuda)
         self.event = torch.cuda.Event() if self.cuda else None
 
     def start(self, ids: torch.Tensor) -> None:
@@ -68,10 +83,50 @@ class TokenReader:
         if self.event is not None:
             self.event.record()
 
-    def read(self) -> list[int]:
+    def read(self) -> list:
         if self.event is not None:
             self.event.synchronize()
         return self.host.tolist()
+
+
+class LogprobReader(TokenReader):
+    """Packed log-probabilities (solo.engine.sampling.pack_logprobs) of `rows` tokens, read back like
+    token ids; `read_rows` unpacks them."""
+
+    def __init__(self, device: torch.device, rows: int, width: int) -> None:
+        super().__init__(device, rows * width, torch.float32)
+        self.rows, self.width = rows, width
+
+    def read_rows(self) -> list[tuple[float, list[tuple[int, float]]]]:
+        flat = self.read()
+        return [unpack_logprobs(flat[i * self.width : (i + 1) * self.width]) for i in range(self.rows)]
+
+
+def pick_token(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    adjuster: LogitAdjuster | None,
+    logprobs: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sample the next token from one row of logits [1, V]: adjusted (penalties, bias) when
+    `adjuster` is given, which then counts the token. Returns (token [1], packed log-probabilities
+    [1, W] or None)."""
+    if adjuster is not None:
+        logits = adjuster.apply(logits)
+    packed = None
+    if not logprobs:
+        token = sample(logits, params, generator)
+    elif params.greedy:
+        token = logits.argmax(-1)
+        packed = pack_logprobs(logprob_distribution(logits, None, params), token)
+    else:
+        probs = probabilities(logits, params)
+        token = sample_from(probs, generator)
+        packed = pack_logprobs(logprob_distribution(logits, probs, params), token)
+    if adjuster is not None:
+        adjuster.observe(token)
+    return token, packed
 
 
 class PlainDecoder:
@@ -83,6 +138,7 @@ class PlainDecoder:
     def __init__(self, model: LingForCausalLM) -> None:
         self.model = model
         self.step: EagerStep = EagerStep(model)
+        self.adjuster = LogitAdjuster(model.config.vocab_size, model.device)
 
     @property
     def window(self) -> int:
@@ -98,18 +154,27 @@ class PlainDecoder:
             return None
         return {"captured": "decode step", "sizes": self.step.captured_sizes, "replays": self.step.replays}
 
-    def rounds(self, prompt_ids: torch.Tensor, cache: HybridCache, params: SamplingParams) -> Iterator[Round]:
+    def rounds(
+        self, prompt_ids: torch.Tensor, cache: HybridCache, params: SamplingParams, logprobs: bool = False
+    ) -> Iterator[Round]:
         model, device = self.model, self.model.device
         generator = make_generator(params, device)
+        adjuster = self.adjuster if params.adjusted else None
+        if adjuster is not None:
+            adjuster.start(params)
         hidden = model.prefill(prompt_ids, cache)
-        token = sample(model.logits(hidden[-1:]), params, generator)
+        token, packed = pick_token(model.logits(hidden[-1:]), params, generator, adjuster, logprobs)
         position = torch.tensor([prompt_ids.numel()], device=device)
         reader = TokenReader(device, 1)
+        lp_reader = LogprobReader(device, 1, packed.shape[-1]) if packed is not None else None
         while True:
             # the next step is queued before this token is read back: the GPU never waits for the host
             reader.start(token)
+            if lp_reader is not None:
+                lp_reader.start(packed)
             _, logits = self.step(token, position, cache)
-            next_token = sample(logits, params, generator)
+            next_token, next_packed = pick_token(logits, params, generator, adjuster, logprobs)
             position += 1
-            yield Round(reader.read())
-            token = next_token
+            tokens = reader.read()
+            yield Round(tokens, logprobs=lp_reader.read_rows() if lp_reader is not None else None)
+            token, packed = next_token, next_packed

@@ -19,14 +19,25 @@ import torch
 
 from solo.engine.decoder import Decoder, PlainDecoder, Round
 from solo.engine.graphs import GraphCapture
-from solo.engine.request import GenerationParams, GenerationResult, GenerationStats, StreamEvent
+from solo.engine.request import GenerationParams, GenerationResult, GenerationStats, PromptLogprob, StreamEvent
+from solo.engine.sampling import LOGPROB_TOP, unpack_logprobs
 from solo.engine.traffic import decode_traffic
 from solo.model.cache import HybridCache
 from solo.model.ling import LingForCausalLM
 from solo.speculative.acceptance import AcceptanceCounter, AcceptanceWatchdog
 from solo.tokenizer import StreamDecoder, Tokenizer
 
-__all__ = ["Engine", "EngineBusy", "Generation", "GenerationParams", "GenerationResult", "GenerationStats"]
+__all__ = [
+    "Engine",
+    "EngineBusy",
+    "Generation",
+    "GenerationParams",
+    "GenerationResult",
+    "GenerationStats",
+    "PromptLogprob",
+]
+
+SCORE_CHUNK = 256  # prompt positions whose logits are materialised at once when scoring
 
 
 class EngineBusy(RuntimeError):
@@ -136,18 +147,32 @@ class Engine:
         """Extra positions a decoder may write past the last emitted token (verification windows)."""
         return self.decoder.window
 
-    def cache_for(self, length: int) -> HybridCache:
+    @property
+    def max_positions(self) -> int:
+        """Positions one request may use: the model's context, or the CUDA-graph cache if smaller."""
+        limit = self.model.config.max_position_embeddings
+        return min(limit, self.graphs_max_len) if self.graphs_max_len is not None else limit
+
+    def max_new_tokens(self, prompt_tokens: int) -> int:
+        """The most tokens a request with this prompt may generate (< 1: the prompt alone is too long)."""
+        return self.max_positions - prompt_tokens - self.cache_margin
+
+    def check_length(self, length: int) -> None:
+        """Raise ValueError naming the limit when a request needs `length` cache positions."""
         limit = self.model.config.max_position_embeddings
         if length > limit:
             raise ValueError(
                 f"prompt plus max_tokens needs {length} positions; the model supports {limit}. "
-                "Shorten the prompt or lower --max-tokens."
+                "Shorten the prompt or lower max_tokens."
             )
         if self.graphs_max_len is not None and length > self.graphs_max_len:
             raise ValueError(
                 f"prompt plus max_tokens needs {length} positions; the CUDA-graph cache holds "
                 f"{self.graphs_max_len} (--max-context). Raise --max-context or shorten the request."
             )
+
+    def cache_for(self, length: int) -> HybridCache:
+        self.check_length(length)
         if self._cache is None or self._cache.max_len < length:
             self._cache = HybridCache(self.model.config, length, self.model.device, self.model.dtype, with_nextn=True)
         self._cache.reset()
@@ -165,9 +190,11 @@ class Engine:
 
     # ------------------------------------------------------------------ generation
     def encode_prompt(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        """Token ids of a prompt: text is encoded (with `chat`, as one user message of the Ling chat
+        format, its content as plain text), ids are checked against the vocabulary."""
         if isinstance(prompt, str):
-            text = Tokenizer.chat_prompt([{"role": "user", "content": prompt}]) if chat else prompt
-            ids = self.tokenizer.encode(text)
+            tok = self.tokenizer
+            ids = tok.chat_ids([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
         else:
             ids = list(prompt)
         if not ids:
@@ -178,14 +205,17 @@ class Engine:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab}).")
         return ids
 
-    def stream(self, prompt: str | list[int], params: GenerationParams | None = None, chat: bool = False) -> Generation:
-        """Start a request: the prompt is checked now (a bad one raises here), tokens come as the
-        returned `Generation` is iterated; its `result` is set when it ends."""
+    def _check_idle(self) -> None:
         active = self._active() if self._active is not None else None
         if active is not None and not active.done:
             raise EngineBusy(
                 "the engine is serving another request (batch size 1): finish it or close() its Generation first."
             )
+
+    def stream(self, prompt: str | list[int], params: GenerationParams | None = None, chat: bool = False) -> Generation:
+        """Start a request: the prompt is checked now (a bad one raises here), tokens come as the
+        returned `Generation` is iterated; its `result` is set when it ends."""
+        self._check_idle()
         params = params or GenerationParams()
         ids = self.encode_prompt(prompt, chat)
         cache = self.cache_for(len(ids) + params.max_tokens + self.cache_margin)
@@ -198,6 +228,31 @@ class Engine:
         self, prompt: str | list[int], params: GenerationParams | None = None, chat: bool = False
     ) -> GenerationResult:
         return self.stream(prompt, params, chat).finish()
+
+    @torch.inference_mode()
+    def score(self, prompt: str | list[int], top: int = 0) -> list[PromptLogprob]:
+        """Score a prompt (one prefill, no generation): per token, its log-probability given the
+        tokens before it under the model's own distribution (temperature 1, no penalties) and the
+        `top` most likely alternatives. The first token has none. This is what `echo` with
+        `logprobs` and lm-evaluation-harness's loglikelihood requests read."""
+        self._check_idle()
+        if not 0 <= top <= LOGPROB_TOP:
+            raise ValueError(f"top must be in [0, {LOGPROB_TOP}], got {top}")
+        ids = self.encode_prompt(prompt)
+        cache = self.cache_for(len(ids) + 1)
+        hidden = self.model.prefill(torch.tensor(ids, device=self.model.device), cache)
+        out = [PromptLogprob(ids[0], None, None)]
+        targets = torch.tensor(ids[1:], device=self.model.device)
+        vocab = self.model.config.vocab_size
+        for begin in range(0, len(ids) - 1, SCORE_CHUNK):
+            end = min(begin + SCORE_CHUNK, len(ids) - 1)  # hidden state i predicts token i + 1
+            logprobs = torch.log_softmax(self.model.logits(hidden[begin:end]), -1)
+            chosen = targets[begin:end]
+            packed = torch.cat([logprobs.gather(-1, chosen[:, None]), *_top(logprobs, min(top, vocab))], dim=-1)
+            for row, token in zip(packed.tolist(), chosen.tolist(), strict=True):
+                logprob, alternatives = unpack_logprobs(row)
+                out.append(PromptLogprob(token, logprob, alternatives))
+        return out
 
     @torch.inference_mode()
     def _run(
@@ -214,14 +269,15 @@ class Engine:
         start = time.perf_counter()
         first_token_at = end = None
         prompt_tensor = torch.tensor(ids, device=self.model.device)
-        rounds = self.decoder.rounds(prompt_tensor, cache, params.sampling)
+        want_logprobs = params.logprobs is not None
+        rounds = self.decoder.rounds(prompt_tensor, cache, params.sampling, logprobs=want_logprobs)
         try:
             for round_ in rounds:
                 now = time.perf_counter()
                 first_token_at = first_token_at or now
                 self._count(round_, counts)
                 finish = "length"
-                for token in round_.tokens:
+                for i, token in enumerate(round_.tokens):
                     out_ids.append(token)
                     if token in eos:
                         finish = "stop"
@@ -236,7 +292,11 @@ class Engine:
                     safe = max(emitted, len(text.text) - hold) if params.stop else len(text.text)
                     piece, emitted = text.text[emitted:safe], safe
                     finish = "cancelled"  # the caller may close() while this event is out
-                    yield StreamEvent(token, piece, now - start)
+                    if want_logprobs and round_.logprobs is not None:
+                        logprob, alternatives = round_.logprobs[i]
+                        yield StreamEvent(token, piece, now - start, logprob, alternatives[: params.logprobs])
+                    else:
+                        yield StreamEvent(token, piece, now - start)
                     finish = "length"
                     if len(out_ids) >= params.max_tokens:
                         break
@@ -244,7 +304,7 @@ class Engine:
                     break
             end = time.perf_counter()
             if finish != "cancelled" and text.text[emitted:]:  # held back for a stop string, or partial UTF-8
-                yield StreamEvent(out_ids[-1], text.text[emitted:], end - start)
+                yield StreamEvent(out_ids[-1], text.text[emitted:], end - start, flush=True)
         finally:
             rounds.close()
             generation.done = True
@@ -260,6 +320,12 @@ class Engine:
         self.acceptance.record(round_.drafted, round_.accepted)
         if self.watchdog is not None:
             self.watchdog.observe(round_.accepted + 1)
+
+
+def _top(logprobs: torch.Tensor, k: int) -> list[torch.Tensor]:
+    """[values, ids as floats] of the k most likely per row (the packing of unpack_logprobs)."""
+    top = logprobs.topk(k, dim=-1)
+    return [top.values, top.indices.float()]
 
 
 def _find_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from solo.engine.sampling import SamplingParams
+from solo.engine.sampling import LOGPROB_TOP, SamplingParams
 
 
 @dataclass
@@ -14,10 +14,14 @@ class GenerationParams:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # None: no log-probabilities; N: each event carries its token's and the N most likely (0..20)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= LOGPROB_TOP:
+            raise ValueError(f"logprobs must be in [0, {LOGPROB_TOP}], got {self.logprobs}")
 
 
 @dataclass
@@ -45,11 +49,27 @@ class GenerationStats:
 @dataclass
 class StreamEvent:
     """One generated token: its id, the text it completes (may be empty while UTF-8 or a possible
-    stop string is held back), and the time since the request started."""
+    stop string is held back), and the time since the request started. With `logprobs` asked for:
+    the token's log-probability and the most likely alternatives [(id, log-probability)].
+    A `flush` event adds no token: it releases text held back until the end (`token_id` repeats
+    the last token's)."""
 
     token_id: int
     text: str
     elapsed_s: float
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    flush: bool = False
+
+
+@dataclass
+class PromptLogprob:
+    """A prompt token scored in context: its log-probability given the tokens before it (the model's
+    distribution at temperature 1) and the most likely alternatives [(id, log-probability)]."""
+
+    token_id: int
+    logprob: float | None  # None for the first token (nothing precedes it)
+    top_logprobs: list[tuple[int, float]] | None
 
 
 @dataclass

@@ -1,15 +1,24 @@
-"""Sampling: greedy, temperature, top-k, top-p, seeded. Shapes are static and there is no host
+"""Sampling: greedy, temperature, top-k, top-p, seeded; presence/frequency penalties and a logit
+bias; the log-probabilities of what was sampled. Shapes are static and there is no host
 synchronisation, so sampling can live inside a captured decode step.
 
 Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) i.i.d. picks index i with
 probability p_i, without a cumulative-sum search.
+
+Penalties and the bias are applied to the logits before temperature, top-k and top-p, with the
+OpenAI formula ``logit - frequency_penalty * count - presence_penalty * (count > 0) + bias``, where
+``count`` is how often the token occurs among the tokens generated so far (not the prompt). They live
+in `LogitAdjuster`'s fixed device buffers, so a captured graph reads each request's values.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+LOGPROB_TOP = 20  # the most alternatives a caller may ask for; decoders always compute this many
 
 
 @dataclass(frozen=True)
@@ -18,18 +27,85 @@ class SamplingParams:
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1: off
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and -2 <= value <= 2):
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        for token, bias in self.logit_bias:
+            if token < 0 or not (math.isfinite(bias) and -100 <= bias <= 100):
+                raise ValueError(f"logit_bias: token {token} -> {bias}: ids are >= 0 and biases in [-100, 100]")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0
+
+    @property
+    def adjusted(self) -> bool:
+        """Whether the logits are changed before sampling (penalties or a bias)."""
+        return self.penalized or bool(self.logit_bias)
+
+
+class LogitAdjuster:
+    """Penalties and the logit bias of the request in flight, in fixed device buffers: `counts` [V]
+    (occurrences of each token among the generated ones, updated on the device), `bias` [V] and the
+    two penalties. `start` loads a request's values in place, so graphs captured once serve every
+    request."""
+
+    def __init__(self, vocab_size: int, device: torch.device | str) -> None:
+        self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+        self.bias = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+        self.penalties = torch.zeros(2, dtype=torch.float32, device=device)  # presence, frequency
+
+    @property
+    def vocab_size(self) -> int:
+        return self.counts.numel()
+
+    def start(self, params: SamplingParams) -> None:
+        bad = [t for t, _ in params.logit_bias if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias names token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size}).")
+        self.counts.zero_()
+        bias = torch.zeros(self.vocab_size, dtype=torch.float32)
+        for token, value in params.logit_bias:
+            bias[token] = value
+        self.bias.copy_(bias)
+        self.penalties.copy_(torch.tensor([params.presence_penalty, params.frequency_penalty]))
+
+    def apply(self, logits: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
+        """logits [..., V] -> adjusted fp32 logits; `counts` [..., V] overrides the request's counts
+        (positions of a draft chain or a verification window, which count the tokens before them)."""
+        counts = self.counts if counts is None else counts
+        presence, frequency = self.penalties[0], self.penalties[1]
+        return logits.float() - frequency * counts - presence * (counts > 0).float() + self.bias
+
+    def observe(self, tokens: torch.Tensor, weights: torch.Tensor | None = None) -> None:
+        """Count generated `tokens` [N] (each with its weight: 0 for positions that were not kept)."""
+        tokens = tokens.reshape(-1)
+        weights = torch.ones_like(tokens, dtype=torch.float32) if weights is None else weights.float()
+        self.counts.index_add_(0, tokens, weights)
+
+    def window_counts(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Counts at each position of a window that continues with `tokens` [S]: position i counts
+        the request's tokens plus tokens[:i]. Returns [S + 1, V]."""
+        steps = tokens.numel()
+        onehot = torch.zeros(steps + 1, self.vocab_size, dtype=torch.float32, device=self.counts.device)
+        onehot[1:].scatter_(1, tokens.reshape(-1, 1), 1.0)
+        return self.counts + onehot.cumsum(0)
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -64,6 +140,31 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if params.greedy:
         return logits.argmax(-1)
     return sample_from(probabilities(logits, params), generator)
+
+
+def logprob_distribution(logits: torch.Tensor, probs: torch.Tensor | None, params: SamplingParams) -> torch.Tensor:
+    """Log-probabilities reported for sampled tokens: those of the distribution sampled from (after
+    penalties, bias, temperature, top-k and top-p; excluded tokens are -inf). Greedy decoding has no
+    such distribution (it is one-hot), so it reports the adjusted logits' softmax at temperature 1."""
+    if params.greedy or probs is None:
+        return torch.log_softmax(logits.float(), dim=-1)
+    return torch.log(probs)
+
+
+def pack_logprobs(logprobs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """logprobs [N, V], chosen tokens [N] -> [N, 1 + 2 * LOGPROB_TOP] fp32: the chosen token's
+    log-probability, then the LOGPROB_TOP largest values and their ids (as floats: exact below 2**24)."""
+    chosen = logprobs.gather(-1, tokens.reshape(-1, 1))
+    top = logprobs.topk(min(LOGPROB_TOP, logprobs.shape[-1]), dim=-1)
+    return torch.cat([chosen, top.values, top.indices.float()], dim=-1)
+
+
+def unpack_logprobs(row: list[float]) -> tuple[float, list[tuple[int, float]]]:
+    """One packed row -> (the token's log-probability, [(id, log-probability)] most likely first;
+    tokens the distribution excludes are left out)."""
+    k = (len(row) - 1) // 2
+    top = [(int(i), v) for v, i in zip(row[1 : 1 + k], row[1 + k :], strict=True) if math.isfinite(v)]
+    return row[0], top
 
 
 def make_generator(params: SamplingParams, device: torch.device | str) -> torch.Generator | None:

@@ -22,7 +22,10 @@ from solo.model.moe import SparseMoE
 from solo.speculative.acceptance import AcceptanceCounter
 
 ACTIVE, FAILED, OFF = "ACTIVE", "FAILED", "OFF"
-KNOWN_ENV = {"SOLO_CACHE_DIR": "folder for compiled kernels (default ~/.cache/solo)"}
+KNOWN_ENV = {
+    "SOLO_CACHE_DIR": "folder for compiled kernels (default ~/.cache/solo)",
+    "SOLO_API_KEY": "solo serve's API key (like --api-key)",
+}
 HEAD_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp8": "float8_e4m3fn"}
 CALIBRATION_PROMPT = (
     "Question: Janet has 3 boxes with 12 pencils in each box. She gives away 10 pencils. "

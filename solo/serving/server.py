@@ -1,208 +1,112 @@
-"""OpenAI-compatible HTTP API for one engine: /v1/completions, /v1/chat/completions (both with
-streaming), /v1/models, /health and /metrics (acceptance statistics, the watchdog's warnings).
-
-Batch size is 1 by design: requests are served one at a time, in arrival order, so each gets the
-whole machine. Malformed requests get a 400 with a message naming the problem.
-"""
+"""Running the API: the listening socket is bound before the model loads (a port in use is reported
+at once), uvicorn is configured with bounded headers (in size and in time) and keep-alive, and
+SIGTERM/SIGINT first stop the engine worker (queued requests get a 503, the running one stops at its
+next round) so the server exits promptly instead of waiting for long streams."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
-import time
-import uuid
-from collections.abc import Iterator
-from typing import Any, Literal
+import socket
+import sys
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, Field
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from solo.engine.engine import Engine, GenerationParams
-from solo.engine.sampling import SamplingParams
-from solo.tokenizer import Tokenizer
+from solo.serving.app import ServeOptions, build_app
+
+__all__ = ["PortInUse", "ServeOptions", "bind", "build_app", "make_server", "serve"]
 
 
-class SamplingFields(BaseModel):
-    model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=0.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
-    ignore_eos: bool = False
+class PortInUse(ValueError):
+    """The port cannot be bound; the message says which and what to do."""
 
 
-class CompletionRequest(SamplingFields):
-    prompt: str | list[int]
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (SO_REUSEADDR, as uvicorn sets it), or PortInUse."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        message = f"cannot listen on {host}:{port}: {e.strerror or e}. Pick another --port or stop what uses it."
+        raise PortInUse(message) from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
-class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant", "human"]
-    content: str
+class HeaderDeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose next request's headers are not complete
+    within `header_timeout_s` of its opening or of its previous response: a client that trickles
+    headers cannot hold a connection (bodies have their own deadline, solo.serving.guard)."""
+
+    header_timeout_s = 10.0
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm_header_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_header_deadline()
+
+    def connection_lost(self, exc) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        super().connection_lost(exc)
+
+    def _arm_header_deadline(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        if not self.transport.is_closing():
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_deadline)
+
+    def _header_deadline(self) -> None:
+        between_requests = self.cycle is None or self.cycle.response_complete
+        if between_requests and not self.transport.is_closing():
+            self.transport.close()
 
 
-class ChatRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+class _Server(uvicorn.Server):
+    """uvicorn's server; an exit signal also shuts the engine worker down (on the event loop)."""
+
+    def __init__(self, config: uvicorn.Config, app) -> None:
+        super().__init__(config)
+        self._app = app
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets=sockets)
+
+    def handle_exit(self, sig, frame) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._app.state.worker.shutdown)
+        super().handle_exit(sig, frame)
 
 
-def build_app(engine: Engine, model_name: str, default_max_tokens: int = 256) -> FastAPI:
-    app = FastAPI(title="solo", version="0.1.0")
-    lock = threading.Lock()  # one request at a time: batch size 1
-    served = {"requests": 0, "tokens": 0}
-
-    @app.exception_handler(RequestValidationError)
-    async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in exc.errors())
-        return JSONResponse(status_code=400, content=_error(f"invalid request: {problems}"))
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse(status_code=exc.status_code, content=_error(str(exc.detail)))
-
-    def params_of(req: SamplingFields) -> GenerationParams:
-        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-        try:
-            sampling = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed)
-            return GenerationParams(req.max_tokens or default_max_tokens, sampling, stop, req.ignore_eos)
-        except ValueError as e:
-            raise HTTPException(400, str(e)) from e
-
-    def check_model(req: SamplingFields) -> None:
-        if req.model not in (None, model_name):
-            raise HTTPException(404, f"model '{req.model}' is not served here; this server serves '{model_name}'.")
-
-    def generate_events(prompt, params: GenerationParams) -> Iterator[tuple[str, Any]]:
-        with lock:
-            try:
-                generation = engine.stream(prompt, params)
-                for event in generation:
-                    yield "token", event
-            except ValueError as e:
-                yield "error", str(e)
-                return
-            result = generation.result
-            served["requests"] += 1
-            served["tokens"] += len(result.token_ids)
-            yield "done", result
-
-    def run_to_end(prompt, params):
-        for kind, payload in generate_events(prompt, params):
-            if kind == "error":
-                raise HTTPException(400, payload)
-            if kind == "done":
-                return payload
-        raise HTTPException(500, "generation ended without a result")
-
-    def usage(result) -> dict[str, Any]:
-        s = result.stats
-        return {
-            "prompt_tokens": s.prompt_tokens,
-            "completion_tokens": s.completion_tokens,
-            "total_tokens": s.prompt_tokens + s.completion_tokens,
-            "solo_stats": s.to_dict(),
-        }
-
-    def stream_response(prompt, params, chat: bool) -> StreamingResponse:
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        created = int(time.time())
-        kind_name = "chat.completion.chunk" if chat else "text_completion"
-
-        def chunk(text: str | None, finish: str | None, extra: dict | None = None) -> str:
-            if chat:
-                delta = {} if text is None else {"content": text}
-                choice = {"index": 0, "delta": delta, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": text or "", "finish_reason": finish}
-            body = {"id": rid, "object": kind_name, "created": created, "model": model_name, "choices": [choice]}
-            body.update(extra or {})
-            return f"data: {json.dumps(body)}\n\n"
-
-        def body() -> Iterator[str]:
-            if chat:
-                yield f"data: {json.dumps({'id': rid, 'object': kind_name, 'created': created, 'model': model_name, 'choices': [{'index': 0, 'delta': {'role': 'assistant'}, 'finish_reason': None}]})}\n\n"  # noqa: E501
-            for kind, payload in generate_events(prompt, params):
-                if kind == "token" and payload.text:
-                    yield chunk(payload.text, None)
-                elif kind == "error":
-                    yield f"data: {json.dumps(_error(payload))}\n\n"
-                elif kind == "done":
-                    yield chunk(None if chat else "", payload.finish_reason, {"usage": usage(payload)})
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(body(), media_type="text/event-stream")
-
-    @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
-        check_model(req)
-        params = params_of(req)
-        if req.stream:
-            return stream_response(req.prompt, params, chat=False)
-        result = await asyncio.to_thread(run_to_end, req.prompt, params)
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": model_name,
-            "usage": usage(result),
-            "choices": [{"index": 0, "text": result.text, "finish_reason": result.finish_reason, "logprobs": None}],
-        }
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatRequest):
-        check_model(req)
-        params = params_of(req)
-        prompt = Tokenizer.chat_prompt([m.model_dump() for m in req.messages])
-        if req.stream:
-            return stream_response(prompt, params, chat=True)
-        result = await asyncio.to_thread(run_to_end, prompt, params)
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model_name,
-            "usage": usage(result),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": result.text},
-                    "finish_reason": result.finish_reason,
-                }
-            ],
-        }
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "solo"}]}
-
-    @app.get("/health")
-    async def health():
-        return {"status": "ok", "engine": engine.describe()}
-
-    @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics():
-        lines = [f"solo_requests_total {served['requests']}", f"solo_generated_tokens_total {served['tokens']}"]
-        totals, watchdog = engine.acceptance, engine.watchdog
-        if watchdog is not None:
-            lines += [
-                f"solo_spec_verify_rounds_total {totals.rounds}",
-                f"solo_spec_draft_tokens_total {totals.drafted}",
-                f"solo_spec_accepted_tokens_total {totals.accepted}",
-                f"solo_spec_accept_length {totals.accept_length or 0:.4f}",
-                f"solo_spec_rolling_accept_length {watchdog.rolling_accept_length or 0:.4f}",
-                f"solo_spec_low_acceptance_warnings_total {watchdog.warnings}",
-            ]
-            lines += [
-                f'solo_spec_position_acceptance{{position="{i}"}} {r:.4f}' for i, r in enumerate(totals.per_position())
-            ]
-        return "\n".join(lines) + "\n"
-
-    return app
+def make_server(engine, options: ServeOptions, log_level: str = "info") -> _Server:
+    """The uvicorn server for `engine` (h11 with bounded headers, short keep-alive, a bounded graceful
+    shutdown); `run(sockets=[...])` serves until an exit signal or `should_exit`."""
+    app = build_app(engine, options=options)
+    protocol = type("Protocol", (HeaderDeadlineProtocol,), {"header_timeout_s": options.limits.body_timeout_s})
+    config = uvicorn.Config(
+        app,
+        http=protocol,
+        h11_max_incomplete_event_size=max(64 * 1024, 4 * options.limits.max_header_bytes),
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=10,
+        log_level=log_level,
+        access_log=False,
+    )
+    return _Server(config, app)
 
 
-def _error(message: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": "invalid_request_error"}}
+def serve(engine, sock: socket.socket, options: ServeOptions, log_level: str = "info") -> None:
+    server = make_server(engine, options, log_level)
+    host, port = sock.getsockname()[:2]
+    print(f"solo serve: {options.model_name} on http://{host}:{port}/v1 (Ctrl-C or SIGTERM stops)", file=sys.stderr)
+    server.run(sockets=[sock])

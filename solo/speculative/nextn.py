@@ -13,6 +13,12 @@ tokens (`--speculative-num-draft-tokens`, default 4):
      hidden state give d'_2..d'_S.
 Every shape is fixed by S, so the round needs no host synchronisation before its tokens are read.
 
+Penalties and the logit bias (solo.engine.sampling.LogitAdjuster) are applied at every position of
+the verification window and of the draft chain with the counts *at that position* (the generated
+tokens plus the drafts before it), so target and draft see exactly what plain decoding would, and
+acceptance stays lossless. Log-probabilities of emitted tokens are the target's, from the
+verification logits (after the same adjustments).
+
 The draft computes its logits with the target's LM head *module* (`draft_head`, the same object),
 so whatever the head's quantization, draft and target agree on it.
 """
@@ -25,9 +31,19 @@ from dataclasses import dataclass
 
 import torch
 
-from solo.engine.decoder import Round, TokenReader
+from solo.engine.decoder import LogprobReader, Round, TokenReader, pick_token
 from solo.engine.graphs import EagerStep, GraphCapture, graph_safe_generators
-from solo.engine.sampling import SamplingParams, make_generator, probabilities, sample_from
+from solo.engine.sampling import (
+    LOGPROB_TOP,
+    LogitAdjuster,
+    SamplingParams,
+    logprob_distribution,
+    make_generator,
+    pack_logprobs,
+    probabilities,
+    sample_from,
+    unpack_logprobs,
+)
 from solo.model.cache import HybridCache
 from solo.model.ling import LingForCausalLM
 from solo.speculative.acceptance import accept_drafts
@@ -71,6 +87,7 @@ class RoundState:
     drafts: torch.Tensor  # [S] drafted tokens after it
     draft_probs: torch.Tensor  # [S, V] the distributions they were drawn from
     emitted: torch.Tensor  # [S + 2]: the verified drafts, the next token, the accepted count
+    logprobs: torch.Tensor  # [S + 1, 1 + 2 * top]: packed log-probabilities per window position
 
     @classmethod
     def allocate(cls, steps: int, model: LingForCausalLM) -> RoundState:
@@ -82,6 +99,7 @@ class RoundState:
             drafts=torch.zeros(steps, **long),
             draft_probs=torch.zeros(steps, vocab, dtype=torch.float32, device=device),
             emitted=torch.zeros(steps + 2, **long),
+            logprobs=torch.zeros(steps + 1, 1 + 2 * min(LOGPROB_TOP, vocab), dtype=torch.float32, device=device),
         )
 
 
@@ -100,6 +118,7 @@ class NextNDecoder:
         self.draft_head = model.lm_head  # the module itself, never a copy of its weight tensor
         self.num_draft_positions = self.config.num_steps
         self.step = EagerStep(model)
+        self.adjuster = LogitAdjuster(model.config.vocab_size, model.device)
         self._history: tuple[int, dict] | None = None
         self._state: tuple[int, RoundState] | None = None
         self.graphs: GraphCapture | None = None  # set by capture_graphs: rounds replay from graphs
@@ -135,26 +154,37 @@ class NextNDecoder:
         Returns (drafts [S], draft probabilities [S, V])."""
         tokens, dists = [], []
         hidden = first_hidden
+        counts = self.adjuster.counts if params.adjusted else None
         for step in range(self.config.num_steps):
-            q = probabilities(self.draft_logits(hidden), params)
+            logits = self.draft_logits(hidden)
+            if counts is not None:
+                logits = self.adjuster.apply(logits, counts)
+            q = probabilities(logits, params)
             token = sample_from(q, generator)
             tokens.append(token)
             dists.append(q)
             if step + 1 < self.config.num_steps:
                 hidden = self.model.draft_forward(token, hidden, position + 1 + step, cache)
+                if counts is not None:  # the next draft position counts this draft
+                    counts = counts.index_add(0, token, torch.ones_like(token, dtype=torch.float32))
         return torch.cat(tokens), torch.cat(dists)
 
-    def rounds(self, prompt_ids: torch.Tensor, cache: HybridCache, params: SamplingParams) -> Iterator[Round]:
+    def rounds(
+        self, prompt_ids: torch.Tensor, cache: HybridCache, params: SamplingParams, logprobs: bool = False
+    ) -> Iterator[Round]:
         model, device = self.model, self.model.device
         steps = self.config.num_steps
         generator = make_generator(params, device)
         state = self.state_for(cache)
-        run_round = self._round_runner(cache, params, generator)  # may capture (and reset the cache)
+        run_round = self._round_runner(cache, params, generator, logprobs)  # may capture (and reset the cache)
+        adjuster = self.adjuster if params.adjusted else None
+        if adjuster is not None:  # after any capture: its warm-up runs count tokens too
+            adjuster.start(params)
 
         n = prompt_ids.numel()
         hidden = model.prefill(prompt_ids, cache)
-        last = sample_from(probabilities(model.logits(hidden[-1:]), params), generator)
-        yield Round([int(last.item())])
+        last, packed = pick_token(model.logits(hidden[-1:]), params, generator, adjuster, logprobs)
+        yield Round([int(last.item())], logprobs=[unpack_logprobs(packed[0].tolist())] if logprobs else None)
         draft_hidden = model.draft_prefill(torch.cat([prompt_ids[1:], last]), hidden, cache)
         state.position.fill_(n)  # position of `last`
         drafts, draft_probs = self.draft_chain(draft_hidden[-1:], state.position, cache, params, generator)
@@ -163,15 +193,19 @@ class NextNDecoder:
         state.draft_probs.copy_(draft_probs)
 
         reader = TokenReader(device, steps + 2)
+        lp_reader = LogprobReader(device, steps + 1, state.logprobs.shape[-1]) if logprobs else None
         run_round()
         while True:
             # the round's tokens are read back while the next round is already queued (its one host
             # synchronisation overlaps the GPU's work; a round past the last one read is harmless)
             reader.start(state.emitted)
+            if lp_reader is not None:
+                lp_reader.start(state.logprobs)
             run_round()
             emitted = reader.read()
             accepted = emitted[-1]
-            yield Round(emitted[:accepted] + [emitted[steps]], drafted=steps, accepted=accepted)
+            rows = lp_reader.read_rows()[: accepted + 1] if lp_reader is not None else None
+            yield Round(emitted[:accepted] + [emitted[steps]], drafted=steps, accepted=accepted, logprobs=rows)
 
     def graph_report(self) -> dict | None:
         """None when rounds run eagerly; else what was captured and how often it replayed."""
@@ -192,10 +226,16 @@ class NextNDecoder:
         return self._state[1]
 
     def round(
-        self, state: RoundState, cache: HybridCache, params: SamplingParams, generator: torch.Generator | None
+        self,
+        state: RoundState,
+        cache: HybridCache,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        logprobs: bool = False,
     ) -> None:
         """One verification round, in place on `state`: verify [last, drafts], accept, roll the KDA
-        states back, draft the next chain. `state.emitted` receives [drafts..., next token, accepted].
+        states back, draft the next chain. `state.emitted` receives [drafts..., next token, accepted],
+        `state.logprobs` (with `logprobs`) the target's log-probabilities of the window's tokens.
         Static shapes, no host synchronisation: safe to capture in a CUDA graph."""
         model, steps = self.model, self.config.num_steps
         history = self.history_for(cache)
@@ -203,10 +243,19 @@ class NextNDecoder:
         window = torch.cat([state.last, state.drafts])
         positions = state.position + offsets
         verify_hidden, verify_logits = self.step(window, positions, cache, history)
+        if params.adjusted:  # position i counts the drafts before it
+            verify_logits = self.adjuster.apply(verify_logits, self.adjuster.window_counts(state.drafts))
         target_probs = probabilities(verify_logits, params)
         accepted, last = accept_drafts(target_probs[None], state.draft_probs[None], state.drafts[None], generator)
         cache.rollback_kda(history, accepted + 1)
         state.emitted.copy_(torch.cat([state.drafts, last, accepted]))
+        if params.adjusted or logprobs:
+            # the token at each window position: the kept drafts, then the new token (repeated past it)
+            kept = torch.where(offsets < accepted, torch.cat([state.drafts, last]), last)
+            if params.adjusted:
+                self.adjuster.observe(kept, (offsets <= accepted).float())
+            if logprobs:
+                state.logprobs.copy_(pack_logprobs(logprob_distribution(verify_logits, target_probs, params), kept))
 
         slot_tokens = torch.where(offsets == accepted, last, torch.cat([state.drafts, last]))
         draft_hidden = model.draft_forward(slot_tokens, verify_hidden, positions + 1, cache)
@@ -218,17 +267,20 @@ class NextNDecoder:
         state.drafts.copy_(drafts)
         state.draft_probs.copy_(draft_probs)
 
-    def _round_runner(self, cache: HybridCache, params: SamplingParams, generator: torch.Generator | None):
+    def _round_runner(
+        self, cache: HybridCache, params: SamplingParams, generator: torch.Generator | None, logprobs: bool = False
+    ):
         """The round as a callable: a CUDA-graph replay when graphs are on, else eager."""
         state = self.state_for(cache)
         if self.graphs is None or (generator is not None and not graph_safe_generators()):
             if self.graphs is not None:
                 self.eager_sampled_rounds = True  # shown by graph_report(); no silent change
                 log.warning("this torch cannot register a generator in a CUDA graph: sampled rounds run eagerly")
-            return lambda: self.round(state, cache, params, generator)
-        key = (id(cache), params.temperature, params.top_k, params.top_p, generator is None)
+            return lambda: self.round(state, cache, params, generator, logprobs)
+        # penalty and bias values live in the adjuster's buffers: only whether they apply shapes the graph
+        key = (id(cache), params.temperature, params.top_k, params.top_p, generator is None, params.adjusted, logprobs)
         if key not in self._round_graphs:
-            self._round_graphs[key] = self._capture_round(state, cache, params, generator)
+            self._round_graphs[key] = self._capture_round(state, cache, params, generator, logprobs)
         graph, graph_generator = self._round_graphs[key]
         if graph_generator is not None:  # a new request's generator: its seed feeds the captured RNG
             graph_generator.graphsafe_set_state(generator.graphsafe_get_state())
@@ -241,7 +293,9 @@ class NextNDecoder:
 
         return replay
 
-    def _capture_round(self, state, cache, params, generator) -> tuple[torch.cuda.CUDAGraph, torch.Generator | None]:
+    def _capture_round(
+        self, state, cache, params, generator, logprobs: bool = False
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Generator | None]:
         """Capture the round (with its own registered generator when sampling). Warm-up runs
         scribble on the cache and state: reset afterwards (this runs before the request's prefill)."""
         assert self.graphs is not None
@@ -249,6 +303,8 @@ class NextNDecoder:
         if generator is not None:
             graph_generator = torch.Generator(device=state.last.device)
             graph_generator.manual_seed(0)
-        graph, _ = self.graphs.capture(lambda: self.round(state, cache, params, graph_generator), graph_generator)
+        graph, _ = self.graphs.capture(
+            lambda: self.round(state, cache, params, graph_generator, logprobs), graph_generator
+        )
         cache.reset()
         return graph, graph_generator
