@@ -64,20 +64,57 @@ def models():
     return config, ref, fast
 
 
-def test_decode_and_verification_equal_the_reference(models):
-    config, ref, fast = models
-    prompt = torch.randint(0, config.vocab_size, (9,))
-    window = torch.randint(0, config.vocab_size, (4,))
+def routing_margin(router, x: torch.Tensor) -> float:
+    """The smallest gap, over tokens, between what the router keeps and what it drops (groups ranked by
+    their top-2 sum, then experts among the kept groups): below bf16 rounding, the fused step and the
+    reference may route the token differently, a tie-break, not an error of either."""
+    scores = torch.sigmoid(torch.nn.functional.linear(x.float(), router.weight.float()))
+    biased = scores + router.expert_bias.float()
+    margins = []
+    if router.n_group > 1 and router.topk_group < router.n_group:
+        grouped = biased.view(-1, router.n_group, router.num_experts // router.n_group)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1).sort(-1, descending=True).values
+        margins.append(group_scores[:, router.topk_group - 1] - group_scores[:, router.topk_group])
+        kept = grouped.topk(2, dim=-1).values.sum(-1).topk(router.topk_group, dim=-1).indices
+        mask = torch.zeros(grouped.shape[:2], dtype=torch.bool).scatter_(1, kept, True)
+        biased = grouped.masked_fill(~mask[..., None], float("-inf")).flatten(1)
+    ranked = biased.sort(-1, descending=True).values
+    margins.append(ranked[:, router.top_k - 1] - ranked[:, router.top_k])
+    return float(torch.stack(margins).min())
+
+
+def run_both(config, ref, fast, prompt, window):
     caches = [HybridCache(config, 32, "cpu", torch.bfloat16, with_nextn=True) for _ in range(2)]
     outs = []
-    with torch.inference_mode():
-        for model, cache in zip((ref, fast), caches, strict=True):
-            model.prefill(prompt, cache)  # 9 tokens: the reference layers in both
-            one = model(prompt[-1:], torch.tensor([9]), cache)
-            history = cache.new_history(4)
-            four = model(window, torch.arange(10, 14), cache, kda_history=history)
-            draft = model.draft_forward(window[:1], one, torch.tensor([10]), cache)
-            outs.append((one, model.logits(one), four, model.logits(four), draft, history))
+    router_inputs: list[torch.Tensor] = []
+    routers = [m for m in ref.modules() if type(m).__name__ == "Router"]
+    hooks = [r.register_forward_pre_hook(lambda mod, args: router_inputs.append((mod, args[0]))) for r in routers]
+    try:
+        with torch.inference_mode():
+            for model, cache in zip((ref, fast), caches, strict=True):
+                model.prefill(prompt, cache)  # 9 tokens: the reference layers in both
+                one = model(prompt[-1:], torch.tensor([9]), cache)
+                history = cache.new_history(4)
+                four = model(window, torch.arange(10, 14), cache, kda_history=history)
+                draft = model.draft_forward(window[:1], one, torch.tensor([10]), cache)
+                outs.append((one, model.logits(one), four, model.logits(four), draft, history))
+    finally:
+        for h in hooks:
+            h.remove()
+    margin = min(routing_margin(mod, x) for mod, x in router_inputs)
+    return outs, caches, margin
+
+
+def test_decode_and_verification_equal_the_reference(models):
+    config, ref, fast = models
+    for _ in range(8):  # fresh inputs until no token's routing is a near-tie (at most a few draws)
+        prompt = torch.randint(0, config.vocab_size, (9,))
+        window = torch.randint(0, config.vocab_size, (4,))
+        outs, caches, margin = run_both(config, ref, fast, prompt, window)
+        if margin > 1e-3:  # measured: a flip at 2.8e-4 gave 8e-2, clear margins 5e-3 to 7e-3
+            break
+    else:
+        pytest.fail(f"8 random draws all routed a token within 1e-3 of a tie (last margin {margin:.2e})")
     (h1, l1, h4, l4, d1, hist1), (h1f, l1f, h4f, l4f, d1f, hist1f) = outs
     assert rel(h1f, h1) < 2e-2 and rel(l1f, l1) < 2e-2
     assert rel(h4f, h4) < 2e-2 and rel(l4f, l4) < 2e-2
