@@ -137,3 +137,24 @@ def test_a_token_count_it_was_not_built_for_runs_the_reference_layers(models):
     with torch.inference_mode():
         fast(torch.randint(0, config.vocab_size, (3,)), torch.arange(3), cache)  # 3: not a served count
     assert fast.decode_step.launches() == before
+
+
+def test_the_router_selects_several_tokens_as_it_selects_each_alone():
+    """Verification routes its tokens in a second launch, one program per token: the same experts and
+    weights as the one-token kernel gives each token, bit for bit (fresh random router and inputs)."""
+    from solo.kernels.fused_router import FusedRouter
+
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    experts, hidden, tokens = 16, 256, 4
+    weight = (torch.randn(experts, hidden, generator=gen) * 0.05).to(torch.bfloat16)
+    bias = torch.randn(experts, generator=gen) * 0.1
+    norm = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(torch.bfloat16)
+    x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
+    counters = torch.zeros(2, dtype=torch.int32)
+    router = FusedRouter(weight, bias, norm, 1e-6, 4, 4, 2, True, 2.5, counters[0:1], counters[1:2])
+    xn, ids, wts = router(x)
+    alone = [router(x[i : i + 1]) for i in range(tokens)]
+    assert torch.equal(ids, torch.cat([a[1] for a in alone]))
+    assert torch.equal(wts, torch.cat([a[2] for a in alone]))
+    assert torch.equal(xn, torch.cat([a[0] for a in alone]))
+    assert counters.tolist() == [1 + tokens, 1]  # scores: 5 launches; the separate selection: 1
