@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end GPU run of the engine on the bundled model (lent H200). Carry `.data` (GSM8K copy).
+# End-to-end GPU run of the engine on the bundled model (lent H200); GSM8K comes from the package.
 set -uo pipefail
 export PYTHONPATH=$PWD SOLO_CACHE_DIR=/tmp/solo_cache PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
