@@ -481,3 +481,22 @@ def test_interleave_alternates_the_configurations_request_by_request(tmp_path, i
     assert list(rep["configs"]) == ["baseline", "optimized"]
     assert all(c["completed"] == 3 and c["accuracy_strict"] == pytest.approx(1 / 3) for c in rep["configs"].values())
     assert "comparison" in rep
+
+
+def test_report_only_reports_an_interrupted_ab_on_the_requests_both_sides_finished(tmp_path):
+    calls: list[tuple[str, str]] = []
+    targets = [_OrderTarget("baseline", calls), _OrderTarget("optimized", calls)]
+    argv = [str(write_prompts(tmp_path, 3)), "--interleave"]
+    harness.run_bench(args_for(tmp_path, argv=argv), targets)
+    log = tmp_path / "run" / harness.LOG_NAME
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(lines[:4]) + "\n")  # header, baseline 0, optimized 0, baseline 1: cut there
+    calls.clear()
+    rep = harness.run_bench(args_for(tmp_path, argv=[*argv, "--report-only"]), targets)
+    assert calls == []  # nothing served
+    assert rep["workload"]["requests"] == 1 and rep["workload"]["of_requests"] == 3
+    assert all(c["completed"] == 1 for c in rep["configs"].values())
+    assert "1 of 3 requests (interrupted" in (tmp_path / "run" / "report.md").read_text()
+    (tmp_path / "run" / harness.LOG_NAME).unlink()
+    with pytest.raises(ValueError, match="--report-only: .* not found"):
+        harness.run_bench(args_for(tmp_path, argv=[*argv, "--report-only"]), targets)

@@ -252,6 +252,8 @@ def run_bench(args: argparse.Namespace, targets: list[Target], vocab: int | None
         "params": report.fingerprint([asdict(r.params) for r in requests]),
         "targets": [t.name for t in targets],
     }
+    if getattr(args, "report_only", False):
+        return report_from_log(args, targets, requests, out, signature)
     log = RunLog(out / LOG_NAME, signature, args.resume)
     if log.done:
         print(f"solo bench: resuming {out / LOG_NAME}: {len(log.done)} requests already done", file=sys.stderr)
@@ -263,7 +265,18 @@ def run_bench(args: argparse.Namespace, targets: list[Target], vocab: int | None
             results = {t.name: run_target(t, requests, log, args.warmup, not args.no_progress) for t in targets}
     finally:
         log.close()
-    workload = {
+    rep = report.build(results, workload_of(args, requests), report.stamp(args), started=start)
+    report.write_outputs(rep, out, plots=not args.no_plots)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(rep, indent=2, default=str))
+    print(report.markdown(rep))
+    print(f"\nsolo bench: wrote {out}/report.json, report.md, plots and {LOG_NAME}", file=sys.stderr)
+    return rep
+
+
+def workload_of(args: argparse.Namespace, requests: Sequence[Request]) -> dict[str, Any]:
+    return {
         "name": args.workload,
         "requests": len(requests),
         "sampling": asdict(requests[0].params.sampling),
@@ -271,13 +284,27 @@ def run_bench(args: argparse.Namespace, targets: list[Target], vocab: int | None
         "stop": list(requests[0].params.stop),
         "ignore_eos": requests[0].params.ignore_eos,
     }
-    rep = report.build(results, workload, report.stamp(args), started=start)
+
+
+def report_from_log(
+    args: argparse.Namespace, targets: list[Target], requests: Sequence[Request], out: Path, signature: dict[str, Any]
+) -> dict[str, Any]:
+    """``--report-only``: the report of the run logged in ``out`` (same command line), serving nothing. An
+    interrupted run reports the requests done on every configuration, so an A/B stays paired."""
+    path = out / LOG_NAME
+    if not path.is_file():
+        raise ValueError(f"--report-only: {path} not found; give the --out of an earlier run.")
+    log = RunLog(path, signature, resume=True)
+    log.close()
+    done = [i for i in range(len(requests)) if all((t.name, i) in log.done for t in targets)]
+    if not done:
+        raise ValueError(f"--report-only: {path} holds no request done on every configuration yet.")
+    results = {t.name: {"entries": [log.done[(t.name, i)] for i in done], "target": t.describe()} for t in targets}
+    workload = workload_of(args, requests) | {"requests": len(done), "of_requests": len(requests)}
+    rep = report.build(results, workload, report.stamp(args))
     report.write_outputs(rep, out, plots=not args.no_plots)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rep, indent=2, default=str))
     print(report.markdown(rep))
-    print(f"\nsolo bench: wrote {out}/report.json, report.md, plots and {LOG_NAME}", file=sys.stderr)
+    print(f"\nsolo bench: wrote {out}/report.json, report.md and plots from {LOG_NAME}", file=sys.stderr)
     return rep
 
 
@@ -346,6 +373,12 @@ def add_arguments(p: argparse.ArgumentParser, workload: str | None = None) -> No
     p.add_argument("--warmup", type=int, default=1, help="unmeasured requests before each configuration")
     p.add_argument("--out", default=None, help="output folder (default: bench_runs/WORKLOAD-TIME)")
     p.add_argument("--resume", action="store_true", help="continue the run whose requests.jsonl is in --out")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write the report of the run logged in --out (same command line) without serving a request; "
+        "an interrupted run reports the requests done on every configuration",
+    )
     p.add_argument("--json", default=None, help="also write the report to this file")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -256,8 +256,11 @@ def markdown(rep: dict[str, Any]) -> str:
     pair = len(cfgs) == 2
     w = rep["workload"]
     s0 = w.get("sampling", {})
+    count = f"{w.get('requests')} requests"
+    if w.get("of_requests", w.get("requests")) != w.get("requests"):
+        count = f"{w.get('requests')} of {w.get('of_requests')} requests (interrupted: those done by every config)"
     title = (
-        f"{w.get('name')}: {w.get('requests')} requests, max {w.get('max_tokens')} tokens, temperature "
+        f"{w.get('name')}: {count}, max {w.get('max_tokens')} tokens, temperature "
         f"{s0.get('temperature')}, top-p {s0.get('top_p')}, top-k {s0.get('top_k')}"
     )
     head = ["Metric", *names] + (["Difference"] if pair else [])

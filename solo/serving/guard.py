@@ -3,7 +3,8 @@ authentication, and the count of responses by status.
 
 Before a route runs, the whole body is read here within `body_timeout_s` (a body shorter than its
 Content-Length, or one trickled byte by byte, gets a 408 and the connection is closed) and at most
-`max_body_bytes` of it (413). Headers beyond `max_header_bytes` get a 431. Every refusal is a JSON
+`max_body_bytes` of it (413, after reading and dropping the rest up to 8x the limit, so that a client
+still sending reads the answer instead of a reset). Headers beyond `max_header_bytes` get a 431. Every refusal is a JSON
 error in the OpenAI shape. After the body, the route's `receive` passes straight through, so a
 client's disconnect still reaches the route (which cancels its job).
 """
@@ -63,6 +64,7 @@ class RequestGuard:
             if not length.isdigit():
                 return await reply(counted, 400, f"Content-Length {length[:40]!r} is not a number.", close=True)
             if int(length) > limits.max_body_bytes:
+                await _drain(receive, limits, asyncio.get_running_loop().time() + limits.body_timeout_s)
                 return await reply(
                     counted, 413, f"the body ({length} bytes) exceeds {limits.max_body_bytes} bytes.", close=True
                 )
@@ -83,6 +85,8 @@ class RequestGuard:
                 return None  # the client left before its request was complete
             body += message.get("body", b"")
             if len(body) > limits.max_body_bytes:
+                if message.get("more_body", False):
+                    await _drain(receive, limits, deadline)
                 return await reply(counted, 413, f"the body exceeds {limits.max_body_bytes} bytes.", close=True)
             if not message.get("more_body", False):
                 break
@@ -101,6 +105,25 @@ class RequestGuard:
         value = _header(headers, b"authorization") or ""
         scheme, _, token = value.partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key or b"")
+
+
+DRAIN_FACTOR = 8  # an oversized body is read (and dropped) up to 8x the limit before the 413
+
+
+async def _drain(receive, limits: Limits, deadline: float) -> None:
+    """Read and drop the rest of an oversized body, so that a client still sending it reads the 413
+    instead of a connection reset; bounded in bytes and time, after which the connection is closed
+    unread."""
+    loop = asyncio.get_running_loop()
+    budget = DRAIN_FACTOR * limits.max_body_bytes
+    while budget > 0:
+        try:
+            message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            return
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+        budget -= len(message.get("body", b""))
 
 
 def _header(headers, name: bytes) -> str | None:
