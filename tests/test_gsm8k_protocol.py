@@ -18,6 +18,7 @@ from solo.bench.gsm8k import (
     fewshot_indices,
     grade,
     is_correct,
+    load_split,
     mcnemar,
     normalize_number,
     select_shots,
@@ -25,19 +26,18 @@ from solo.bench.gsm8k import (
     truncate_at_stop,
 )
 from solo.bench.metrics import RequestRecord, percentile, summarize
-from solo.bench.workloads import load_gsm8k_split
 
 
 @pytest.fixture(scope="module")
 def train() -> list[Example]:
     """GSM8K train split (the copy shipped in the package)."""
-    return load_gsm8k_split("train")
+    return load_split("train")
 
 
 @pytest.fixture(scope="module")
 def test_set() -> list[Example]:
     """GSM8K test split."""
-    return load_gsm8k_split("test")
+    return load_split("test")
 
 
 # ---------------------------------------------------------------- loading and prompts

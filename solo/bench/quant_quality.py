@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 
 from solo.bench import gsm8k
-from solo.bench.workloads import load_gsm8k_split
 from solo.fastpath import load_accelerated
 from solo.model.cache import HybridCache
 from solo.tokenizer import Tokenizer
@@ -43,7 +42,7 @@ def default_prompts(directory: Path, count: int, seed: int = 0) -> list[list[int
     tok = Tokenizer.from_dir(directory)
     if tok.vocab_size > 1000:  # a real vocabulary: real text, never silently random ids
         try:
-            test, train = load_gsm8k_split("test")[:count], load_gsm8k_split("train")
+            test, train = gsm8k.load_split("test")[:count], gsm8k.load_split("train")
         except ValueError as e:
             raise FileNotFoundError(f"GSM8K not found: {e}") from None
         prompts = gsm8k.build_prompts(test, train)

@@ -27,18 +27,13 @@ SEED_TABLE4 = {"temperature": 0.6, "top_p": 0.95, "top_k": 29}
 PRESETS: dict[str, dict[str, float]] = {"seed-table4": SEED_TABLE4, "greedy": {"temperature": 0.0, "top_p": 1.0}}
 
 
-def load_gsm8k_split(split: str, data_dir: str | Path | None = None) -> list[gsm8k.Example]:
-    """GSM8K ``split`` ("train" or "test"): from ``data_dir`` when given, else the packaged copy."""
-    return gsm8k.load_split(split, data_dir)
-
-
 def gsm8k_requests(
     count: int | None, sampling: SamplingParams, max_tokens: int, data_dir: str | Path | None = None
 ) -> list[Request]:
     """The first ``count`` GSM8K test questions (all when None), 5-shot prompts."""
-    test = load_gsm8k_split("test", data_dir)
+    test = gsm8k.load_split("test", data_dir)
     test = test if count is None else test[:count]
-    train = load_gsm8k_split("train", data_dir)
+    train = gsm8k.load_split("train", data_dir)
     prompts = gsm8k.build_prompts(test, train)
     params = GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=gsm8k.STOP_SEQUENCES)
     return [Request(p, params, ex.target) for p, ex in zip(prompts, test, strict=True)]

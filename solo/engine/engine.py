@@ -20,7 +20,7 @@ import torch
 from solo.engine.decoder import Decoder, PlainDecoder, Round
 from solo.engine.graphs import GraphCapture
 from solo.engine.request import GenerationParams, GenerationResult, GenerationStats, PromptLogprob, StreamEvent
-from solo.engine.sampling import LOGPROB_TOP, unpack_logprobs
+from solo.engine.sampling import LOGPROB_TOP, pack_logprobs, unpack_logprobs
 from solo.engine.traffic import decode_traffic
 from solo.model.cache import HybridCache
 from solo.model.ling import LingForCausalLM
@@ -243,15 +243,13 @@ class Engine:
         hidden = self.model.prefill(torch.tensor(ids, device=self.model.device), cache)
         out = [PromptLogprob(ids[0], None, None)]
         targets = torch.tensor(ids[1:], device=self.model.device)
-        vocab = self.model.config.vocab_size
         for begin in range(0, len(ids) - 1, SCORE_CHUNK):
             end = min(begin + SCORE_CHUNK, len(ids) - 1)  # hidden state i predicts token i + 1
             logprobs = torch.log_softmax(self.model.logits(hidden[begin:end]), -1)
             chosen = targets[begin:end]
-            packed = torch.cat([logprobs.gather(-1, chosen[:, None]), *_top(logprobs, min(top, vocab))], dim=-1)
-            for row, token in zip(packed.tolist(), chosen.tolist(), strict=True):
+            for row, token in zip(pack_logprobs(logprobs, chosen).tolist(), chosen.tolist(), strict=True):
                 logprob, alternatives = unpack_logprobs(row)
-                out.append(PromptLogprob(token, logprob, alternatives))
+                out.append(PromptLogprob(token, logprob, alternatives[:top]))
         return out
 
     @torch.inference_mode()
@@ -320,12 +318,6 @@ class Engine:
         self.acceptance.record(round_.drafted, round_.accepted)
         if self.watchdog is not None:
             self.watchdog.observe(round_.accepted + 1)
-
-
-def _top(logprobs: torch.Tensor, k: int) -> list[torch.Tensor]:
-    """[values, ids as floats] of the k most likely per row (the packing of unpack_logprobs)."""
-    top = logprobs.topk(k, dim=-1)
-    return [top.values, top.indices.float()]
 
 
 def _find_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:

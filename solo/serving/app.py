@@ -153,13 +153,7 @@ def build_app(
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
-        if model_id != opts.model_name:
-            raise ApiError(
-                404,
-                f"model '{model_id}' is not served here; this server serves '{opts.model_name}'.",
-                param="model",
-                code="model_not_found",
-            )
+        check_model(model_id)
         return model_card()
 
     @app.post("/tokenize")
