@@ -102,8 +102,12 @@ def gemv_variants():
                 HAS_LIMIT=limit,
                 WRITE_XN=False,
                 K_POW2=triton.next_power_of_2(k),
+                DOT=False,
             )
             yield f"gemv {name} T={tokens} {cfg}", g._fused_gemv, ptrs, constexprs, cfg.num_warps, cfg.num_stages
+            if tokens > 1 and scale:  # the tensor-core path (FP8 weights, several tokens)
+                dot = dict(constexprs, DOT=True, BLOCK_T=16, BLOCK_N=64, BLOCK_K=block_k if norm == 2 else 64)
+                yield f"gemv {name} T={tokens} tensor cores", g._fused_gemv, ptrs, dot, 4, 3
     ptrs = dict(GEMV_PTRS, w_ptr="fp8e4nv", s_ptr="fp32", o_ptr="fp32")
     cfg = g.choose_config(vocab, h, 1)
     yield (
@@ -126,6 +130,7 @@ def gemv_variants():
             HAS_LIMIT=False,
             WRITE_XN=False,
             K_POW2=4096,
+            DOT=False,
         ),
         cfg.num_warps,
         cfg.num_stages,

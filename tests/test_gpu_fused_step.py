@@ -112,11 +112,13 @@ def test_greedy_decode_in_graphs_replays_the_fused_step_exactly(setup):
     assert out.token_ids == eager
 
 
-def test_speculation_on_the_fused_step_runs_and_is_checked_at_start_up(setup):
-    """NEXTN rounds on the fused step, in graphs. Exact losslessness is proven on the CPU (fp32, the
-    same decoder code); here verification (4 tokens) and decode (1) run differently tiled bf16 kernels,
-    so a near-tie can go either way and, in a random MoE, change the routing downstream: the runs
-    must agree on most of their tokens, not on all."""
+def test_speculation_on_the_fused_step_in_graphs_replays_it_exactly_and_is_checked_at_start_up(setup):
+    """NEXTN rounds on the fused step (verification on 4 tokens, drafts, acceptance, rollback) inside
+    CUDA graphs emit exactly the tokens and acceptance of the same rounds run eagerly (deterministic
+    kernels), and the start-up check proves the fused kernels ran. Losslessness against plain decoding
+    is proven exactly on the CPU (fp32, the same decoder code); here plain decode (1 token) and
+    verification (4) run differently tiled bf16 kernels, so in a random MoE a near-tie can flip a token
+    and everything after it: their agreement is printed, not asserted."""
     from solo.engine.engine import Engine, GenerationParams
     from solo.preflight.checks import ACTIVE, check_decode_step
     from solo.speculative.nextn import NextNDecoder
@@ -126,17 +128,24 @@ def test_speculation_on_the_fused_step_runs_and_is_checked_at_start_up(setup):
     tok = Tokenizer(synthetic_tokenizer(VOCAB))
     plain = Engine(fused, tok)
     plain.enable_cuda_graphs(512)
-    spec = Engine(fused, tok, NextNDecoder(fused))
-    spec.enable_cuda_graphs(512)
+    graphed = Engine(fused, tok, NextNDecoder(fused))
+    graphed.enable_cuda_graphs(512)
+    eager = Engine(fused, tok, NextNDecoder(fused))
     agreed, total = 0, 0
-    for _ in range(4):
+    before = fused.decode_step.launches()
+    for _ in range(3):
         prompt = torch.randint(0, VOCAB, (int(torch.randint(5, 60, ())),)).tolist()
-        params = GenerationParams(max_tokens=48, ignore_eos=True)
-        a, b = plain.generate(prompt, params).token_ids, spec.generate(prompt, params).token_ids
-        assert a[0] == b[0]  # the prefill's token: the same reference layers in both
-        agreed += next((j for j in range(48) if a[j] != b[j]), 48)
-        total += 48
+        params = GenerationParams(max_tokens=40, ignore_eos=True)
+        a = plain.generate(prompt, params).token_ids
+        b = graphed.generate(prompt, params).token_ids
+        c = eager.generate(prompt, params).token_ids
+        assert b == c
+        agreed += next((j for j in range(40) if a[j] != b[j]), 40)
+        total += 40
+    after = fused.decode_step.launches()
     print(f"\nspeculative vs plain greedy on the fused step: {agreed}/{total} tokens before the first difference")
-    assert spec.acceptance.rounds > 0 and agreed >= total // 2
+    assert graphed.acceptance.rounds == eager.acceptance.rounds > 0
+    assert graphed.acceptance.accepted_at == eager.acceptance.accepted_at
+    assert after["router_select"] > before["router_select"]  # verification's router ran on the fused kernels
     check = check_decode_step(plain, "fused")
     assert check.status == ACTIVE and check.evidence["kda_launches"] > 0, check

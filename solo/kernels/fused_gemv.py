@@ -13,6 +13,8 @@ prologue (on the activation side, recomputed by every program from L2-resident x
               group per head) times sigmoid(gate);
 weights: FP8 E4M3 with 128x128 block scales (folded into x: every scale is a power of two, so the
   product is exact), FP8 with one scale per row (the LM head), or BF16;
+products: one token on the CUDA cores; several FP8 tokens (verification) on the tensor cores, the
+  weight tile as the left operand and the tokens padded to 16 columns (`GemvConfig.dot`);
 epilogue:
   EPI_STORE   out = y;
   EPI_RESIDUAL out = residual + y (+ addend): the residual stream updated in place;
@@ -27,7 +29,11 @@ kernel ran inside captured graphs. Static shapes, no host synchronisation.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
 from dataclasses import dataclass
+from importlib import resources
 
 import torch
 import triton
@@ -129,6 +135,7 @@ def _fused_gemv(
     HAS_LIMIT: tl.constexpr,
     WRITE_XN: tl.constexpr,
     K_POW2: tl.constexpr,
+    DOT: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -146,7 +153,15 @@ def _fused_gemv(
     k_end = tl.minimum(k_begin + K_PER, K)
 
     rstd = tl.zeros((BLOCK_T,), dtype=tl.float32)
-    if NORM == 1:  # RMS over all of K first, in one load (x is a few KB and sits in L2)
+    if NORM == 1 and DOT:  # RMS over K in chunks: 16 padded rows of all of K would not fit in registers
+        ss = tl.zeros((BLOCK_T,), dtype=tl.float32)
+        for c0 in range(0, K, BLOCK_K):
+            rc = c0 + tl.arange(0, BLOCK_K)
+            c_ok = t_ok[:, None] & (rc < K)[None, :]
+            xc = tl.load(x_ptr + rt[:, None] * stride_x + rc[None, :], mask=c_ok, other=0.0).to(tl.float32)
+            ss += tl.sum(xc * xc, axis=1)
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+    elif NORM == 1:  # RMS over all of K first, in one load (x is a few KB and sits in L2)
         rk_all = tl.arange(0, K_POW2)
         x_ok = t_ok[:, None] & (rk_all < K)[None, :]
         xv = tl.load(x_ptr + rt[:, None] * stride_x + rk_all[None, :], mask=x_ok, other=0.0).to(tl.float32)
@@ -157,7 +172,15 @@ def _fused_gemv(
     # multiply-adds on the CUDA cores into [tokens, rows, K chunk] accumulators, summed once after the
     # loop (tensor cores would pad the tokens to 16 rows and stage every weight tile through shared
     # memory: 8x slower for 4 tokens on the H200)
-    if BLOCK_T == 1:
+    # DOT (several tokens, FP8 weights): tensor cores with the weights as the left operand, [BLOCK_N,
+    # BLOCK_K] x [BLOCK_K, BLOCK_T >= 16]; FP8 codes widen exactly to fp16, as do the bf16-rounded
+    # activations in fp16's normal range (tinier ones lose bits far below the result's bf16 rounding);
+    # the tile's block scale multiplies the fp32 product (one scale per tile: BLOCK_K divides 128)
+    DOT_T: tl.constexpr = tl.float16
+    if DOT:
+        acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+    elif BLOCK_T == 1:
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:
@@ -171,28 +194,44 @@ def _fused_gemv(
             if pid_n == 0:
                 store_rounded(xn_ptr + rt[:, None] * stride_xn + rk[None, :], x, t_ok[:, None] & k_ok[None, :])
         w = tl.load(w_ptr + rn64[:, None] * K + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        xs = x
-        if SCALE == 1:
-            s = tl.load(s_ptr + row_block * KB + rk // 128, mask=k_ok, other=0.0)
-            xs = x * s[None, :]
-        if BLOCK_T == 1:
-            acc += w.to(tl.float32) * tl.sum(xs, axis=0)[None, :]
+        if DOT:
+            xt = tl.trans(x.to(DOT_T))
+            part = tl.dot(w.to(DOT_T), xt)
+            if SCALE == 1:
+                part = part * tl.load(s_ptr + row_block * KB + k0 // 128)
+            acc += part
         else:
-            acc += w.to(tl.float32)[None, :, :] * xs[:, None, :]
+            xs = x
+            if SCALE == 1:
+                s = tl.load(s_ptr + row_block * KB + rk // 128, mask=k_ok, other=0.0)
+                xs = x * s[None, :]
+            if BLOCK_T == 1:
+                acc += w.to(tl.float32) * tl.sum(xs, axis=0)[None, :]
+            else:
+                acc += w.to(tl.float32)[None, :, :] * xs[:, None, :]
         if EPI == 2:
             wu = tl.load(
                 w_ptr + (rn64 + HALF)[:, None] * K + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0
             )
-            xu = x
-            if SCALE == 1:
-                su = tl.load(s_ptr + up_block * KB + rk // 128, mask=k_ok, other=0.0)
-                xu = x * su[None, :]
-            if BLOCK_T == 1:
-                acc_u += wu.to(tl.float32) * tl.sum(xu, axis=0)[None, :]
+            if DOT:
+                part_u = tl.dot(wu.to(DOT_T), xt)
+                if SCALE == 1:
+                    part_u = part_u * tl.load(s_ptr + up_block * KB + k0 // 128)
+                acc_u += part_u
             else:
-                acc_u += wu.to(tl.float32)[None, :, :] * xu[:, None, :]
+                xu = x
+                if SCALE == 1:
+                    su = tl.load(s_ptr + up_block * KB + rk // 128, mask=k_ok, other=0.0)
+                    xu = x * su[None, :]
+                if BLOCK_T == 1:
+                    acc_u += wu.to(tl.float32) * tl.sum(xu, axis=0)[None, :]
+                else:
+                    acc_u += wu.to(tl.float32)[None, :, :] * xu[:, None, :]
 
-    if BLOCK_T == 1:
+    if DOT:
+        y = tl.trans(acc)  # [BLOCK_T, BLOCK_N]
+        yu = tl.trans(acc_u)
+    elif BLOCK_T == 1:
         y = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
         yu = tl.sum(acc_u, axis=1)[None, :]
     else:
@@ -250,24 +289,55 @@ class GemvConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    dot: bool = False  # tensor cores (several tokens, padded to 16)
 
 
 TARGET_PROGRAMS = 264  # about two programs per SM on an H200 (132 SMs)
+TUNED_TABLES = {(9, 0): "fused_gemv_sm90.json"}  # measured by dev/fused_gemv_sweep.py on the lent H200
 
 
-def choose_config(rows: int, k: int, tokens: int) -> GemvConfig:
-    """32 rows per program (so the activation-side work of the prologue is small next to the weight
-    work: with 8 rows it dominated, 0.35-0.6 TB/s on the H200), K split until about two programs
-    per SM run. (Triton's CPU interpreter runs programs one after another: there, the fewest.)"""
+def tuned_key(rows: int, k: int, tokens: int, kind: str) -> str:
+    """The tuned table's key of one call shape: output rows, K, tokens, and plain / gated / swiglu."""
+    return f"{rows}x{k}:T{tokens}:{kind}"
+
+
+@functools.cache
+def tuned_table(capability: tuple[int, int]) -> dict[str, GemvConfig]:
+    """The measured best configuration per call shape for a GPU generation (empty if none shipped)."""
+    name = TUNED_TABLES.get(capability)
+    if name is None:
+        return {}
+    path = resources.files("solo.kernels.tuned").joinpath(name)
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    return {key: GemvConfig(**cfg) for key, cfg in data["configs"].items()}
+
+
+def choose_config(
+    rows: int, k: int, tokens: int, kind: str = "plain", device: torch.device | None = None
+) -> GemvConfig:
+    """The tuned configuration of this call shape on this GPU if one was measured (`dev/fused_gemv_sweep.py`
+    writes the table), else a rule: one token on the CUDA cores with 32 rows per program (so the
+    activation-side work of the prologue is small next to the weight work: with 8 rows it dominated,
+    0.35-0.6 TB/s on the H200), several on the tensor cores (2.2-3.9x faster than the CUDA cores at 4
+    tokens in the sweep), K split until about two programs per SM run. (Triton's CPU interpreter runs
+    programs one after another: there, the fewest.)"""
     if interpreter_mode():
-        return GemvConfig(block_n=128 if tokens == 1 else 64, block_k=128, split_k=1)
-    block_n = 32
-    block_k = 128 if tokens == 1 else 64
+        return GemvConfig(block_n=128 if tokens == 1 else 64, block_k=128, split_k=1, dot=tokens > 1)
+    if device is not None and device.type == "cuda":
+        hit = tuned_table(torch.cuda.get_device_capability(device)).get(tuned_key(rows, k, tokens, kind))
+        if hit is not None:
+            return hit
+    if tokens > 1:  # tensor cores (FP8 weights; FusedGemv.config keeps BF16 on the CUDA cores)
+        block_n, block_k, stages, dot = 64, 128, 2, True
+    else:
+        block_n, block_k, stages, dot = 32, 128, 3, False
     chunks = triton.cdiv(k, block_k)
     split = 1
     while triton.cdiv(rows, block_n) * split < TARGET_PROGRAMS and split * 2 <= min(8, chunks // 2):
         split *= 2
-    return GemvConfig(block_n=block_n, block_k=block_k, split_k=split)
+    return GemvConfig(block_n=block_n, block_k=block_k, split_k=split, num_stages=stages, dot=dot)
 
 
 class FusedGemv:
@@ -311,9 +381,13 @@ class FusedGemv:
         self._configs: dict[int, GemvConfig] = {}
         self._scratch: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def config(self, tokens: int) -> GemvConfig:
+    def config(self, tokens: int, gated: bool = False) -> GemvConfig:
         if tokens not in self._configs:
-            self._configs[tokens] = choose_config(self.rows, self.k, tokens)
+            kind = "swiglu" if self.half is not None else "gated" if gated else "plain"
+            cfg = choose_config(self.rows, self.k, tokens, kind, self.weight.device)
+            if cfg.dot and not self.scale_mode:  # BF16 weights: the CUDA-core path
+                cfg = dataclasses.replace(cfg, block_n=32, block_k=64, dot=False)
+            self._configs[tokens] = cfg
         return self._configs[tokens]
 
     def set_config(self, tokens: int, config: GemvConfig) -> None:
@@ -348,15 +422,19 @@ class FusedGemv:
         if norm_weight is not None:
             norm = NORM_GATED if gate is not None else NORM_RMS
         epi = EPI_SWIGLU if self.half is not None else (EPI_RESIDUAL if residual is not None else EPI_STORE)
-        cfg = self.config(t)
+        cfg = self.config(t, gated=norm == NORM_GATED)
         if norm == NORM_GATED:  # one K chunk per norm group
             group = norm_weight.numel()
             if self.k % group or group & (group - 1):
                 raise ValueError(f"{self.name}: the gated norm's group ({group}) must be a power of two dividing K")
-            cfg = GemvConfig(cfg.block_n, group, cfg.split_k, cfg.num_warps, cfg.num_stages)
+            cfg = dataclasses.replace(cfg, block_k=group)
         if self.scale_mode == SCALE_BLOCK and 128 % cfg.block_n:
             raise ValueError(f"{self.name}: BLOCK_N must divide 128 for block scales")
-        block_t = triton.next_power_of_2(t)
+        if cfg.dot and (128 % cfg.block_k or cfg.block_k < 16 or cfg.block_n < 16 or not self.scale_mode):
+            raise ValueError(
+                f"{self.name}: the tensor-core GEMV needs FP8 weights, 16 <= BLOCK_K dividing 128 and BLOCK_N >= 16"
+            )
+        block_t = max(16, triton.next_power_of_2(t)) if cfg.dot else triton.next_power_of_2(t)
         grid = (triton.cdiv(self.rows, cfg.block_n), cfg.split_k)
         part, cnt = self._scratch_for(t, cfg, grid[0], block_t)
         dummy = out
@@ -396,6 +474,7 @@ class FusedGemv:
             HAS_LIMIT=self.limit is not None,
             WRITE_XN=xn_out is not None,
             K_POW2=triton.next_power_of_2(self.k),
+            DOT=cfg.dot,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )

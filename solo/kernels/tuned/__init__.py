@@ -1,0 +1,1 @@
+"""Measured launch configurations per GPU generation (data files, read through importlib.resources)."""
