@@ -10,6 +10,7 @@ variant: registers, spills, shared memory. The local Triton (3.9) may be newer t
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -83,7 +84,10 @@ def gemv_variants():
     for tokens in (1, 4):
         for name, n, k, half, norm, epi, add, limit, wdt, scale, odt in shapes:
             rows = half or n
-            cfg = g.choose_config(rows, k, tokens)
+            cfg = g.choose_config(rows, k, tokens)  # the rule (the tuned table needs the GPU itself)
+            dot = cfg.dot and bool(scale)  # BF16 weights stay on the CUDA cores (FusedGemv.config)
+            if cfg.dot and not scale:
+                cfg = dataclasses.replace(cfg, block_n=32, block_k=64, dot=False)
             block_k = 128 if norm == g.NORM_GATED else cfg.block_k
             ptrs = dict(GEMV_PTRS, w_ptr=wdt, o_ptr=odt)
             constexprs = dict(
@@ -91,7 +95,7 @@ def gemv_variants():
                 N=n,
                 K=k,
                 HALF=half,
-                BLOCK_T=triton.next_power_of_2(tokens),
+                BLOCK_T=16 if dot else triton.next_power_of_2(tokens),
                 BLOCK_N=cfg.block_n,
                 BLOCK_K=block_k,
                 SPLIT_K=cfg.split_k,
@@ -102,12 +106,10 @@ def gemv_variants():
                 HAS_LIMIT=limit,
                 WRITE_XN=False,
                 K_POW2=triton.next_power_of_2(k),
-                DOT=False,
+                DOT=dot,
             )
             yield f"gemv {name} T={tokens} {cfg}", g._fused_gemv, ptrs, constexprs, cfg.num_warps, cfg.num_stages
-            if tokens > 1 and scale:  # the tensor-core path (FP8 weights, several tokens)
-                dot = dict(constexprs, DOT=True, BLOCK_T=16, BLOCK_N=64, BLOCK_K=block_k if norm == 2 else 64)
-                yield f"gemv {name} T={tokens} tensor cores", g._fused_gemv, ptrs, dot, 4, 3
+
     ptrs = dict(GEMV_PTRS, w_ptr="fp8e4nv", s_ptr="fp32", o_ptr="fp32")
     cfg = g.choose_config(vocab, h, 1)
     yield (
@@ -174,7 +176,8 @@ def other_variants():
     splits = mla.FusedMLA.SPLITS
     for tokens in (1, 4):
         block_m = triton.next_power_of_2(max(16, tokens * 32))
-        d_parts = max(1, block_m * 512 // (32 * 512))
+        row_block = max(16, min(block_m, 32 * 512 // 512))
+        d_parts = max(1, row_block * 512 // (32 * 512))
         yield (
             f"mla_prep T={tokens}",
             mla._mla_prep,
@@ -184,7 +187,7 @@ def other_variants():
             3,
         )
         yield (
-            f"mla_attend T={tokens} d_parts={d_parts}",
+            f"mla_attend T={tokens} rows={row_block} d_parts={d_parts}",
             mla._mla_attend,
             attend_ptrs,
             dict(
@@ -194,6 +197,7 @@ def other_variants():
                 ROPE=64,
                 SPLITS=splits,
                 BLOCK_M=block_m,
+                ROW_BLOCK=row_block,
                 BLOCK_L=mla.FusedMLA.BLOCK_L,
                 BLOCK_D=mla.FusedMLA.BLOCK_D,
                 D_PARTS=d_parts,

@@ -127,6 +127,7 @@ def _mla_attend(
     ROPE: tl.constexpr,
     SPLITS: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    ROW_BLOCK: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_D: tl.constexpr,
     D_PARTS: tl.constexpr,
@@ -134,14 +135,16 @@ def _mla_attend(
 ):
     s = tl.program_id(0)
     dp = tl.program_id(1)
-    if s == 0 and dp == 0:
+    rp = tl.program_id(2)  # which ROW_BLOCK rows (token x head) of the BLOCK_M this program computes
+    if s == 0 and dp == 0 and rp == 0:
         tl.atomic_add(count_ptr, 1)
     ROWS: tl.constexpr = T * HEADS
     DV: tl.constexpr = RANK // D_PARTS  # latent output columns of this program
-    rm = tl.arange(0, BLOCK_M)
+    r_all = tl.arange(0, BLOCK_M)
+    length = tl.max(tl.load(pos_ptr + r_all // HEADS, mask=r_all < ROWS, other=-1), axis=0) + 1
+    rm = rp * ROW_BLOCK + tl.arange(0, ROW_BLOCK)
     m_ok = rm < ROWS
     row_pos = tl.load(pos_ptr + rm // HEADS, mask=m_ok, other=-1)  # each row's token position
-    length = tl.max(row_pos, axis=0) + 1
     used = tl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)  # splits in use: >= MIN_CHUNK positions each
     chunk = (length + used - 1) // used
     chunk = (chunk + BLOCK_L - 1) // BLOCK_L * BLOCK_L
@@ -150,14 +153,14 @@ def _mla_attend(
     if s >= used:  # nothing to do: the combine reads only the splits in use
         return
     rv = dp * DV + tl.arange(0, DV)
-    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, DV), dtype=tl.float32)
+    m_i = tl.full((ROW_BLOCK,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((ROW_BLOCK,), dtype=tl.float32)
+    acc = tl.zeros((ROW_BLOCK, DV), dtype=tl.float32)
     q_rows = q_ptr + rm[:, None] * (RANK + ROPE)
     for l0 in range(start, end, BLOCK_L):
         rl = l0 + tl.arange(0, BLOCK_L)
         l_ok = rl < end
-        scores = tl.zeros((BLOCK_M, BLOCK_L), dtype=tl.float32)
+        scores = tl.zeros((ROW_BLOCK, BLOCK_L), dtype=tl.float32)
         for d0 in tl.static_range(0, RANK, BLOCK_D):
             rd = d0 + tl.arange(0, BLOCK_D)
             qd = tl.load(q_rows + rd[None, :], mask=m_ok[:, None], other=0.0)
@@ -326,10 +329,14 @@ class FusedMLA:
             RANK_BLOCK=self.RANK_BLOCK,
             num_warps=4,
         )
-        d_parts = max(1, block_m * self.rank // (32 * 512))  # the accumulator at most 32 x 512 floats
+        # the accumulator at most 32 x 512 floats: several tokens split their rows (token x head) over
+        # programs, each computing its rows' scores once (splitting the value columns instead made every
+        # program recompute all rows' scores: 2.2 ms for 7 layers at 4 tokens and 32K on the H200)
+        row_block = max(16, min(block_m, (32 * 512) // self.rank))
+        d_parts = max(1, row_block * self.rank // (32 * 512))
         while self.rank % (d_parts * 16):
             d_parts //= 2
-        _mla_attend[(self.SPLITS, d_parts)](
+        _mla_attend[(self.SPLITS, d_parts, block_m // row_block)](
             q,
             positions,
             latent_cache,
@@ -344,6 +351,7 @@ class FusedMLA:
             ROPE=self.rope,
             SPLITS=self.SPLITS,
             BLOCK_M=block_m,
+            ROW_BLOCK=row_block,
             BLOCK_L=self.BLOCK_L,
             BLOCK_D=self.BLOCK_D,
             D_PARTS=d_parts,
