@@ -169,9 +169,8 @@ def _fused_gemv(
 
     row_block = (pid_n * BLOCK_N) // 128  # the rows' FP8 scale block (BLOCK_N divides 128)
     up_block = (HALF + pid_n * BLOCK_N) // 128
-    # multiply-adds on the CUDA cores into [tokens, rows, K chunk] accumulators, summed once after the
-    # loop (tensor cores would pad the tokens to 16 rows and stage every weight tile through shared
-    # memory: 8x slower for 4 tokens on the H200)
+    # otherwise: multiply-adds on the CUDA cores into [tokens, rows, K chunk] accumulators, summed once
+    # after the loop (one token; and BF16 weights, which fp16 operands would round)
     # DOT (several tokens, FP8 weights): tensor cores with the weights as the left operand, [BLOCK_N,
     # BLOCK_K] x [BLOCK_K, BLOCK_T >= 16]; FP8 codes widen exactly to fp16, as do the bf16-rounded
     # activations in fp16's normal range (tinier ones lose bits far below the result's bf16 rounding);
