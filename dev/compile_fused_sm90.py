@@ -251,6 +251,7 @@ def other_variants():
                 RENORM=True,
                 BLOCK_E=router.FusedRouter.BLOCK_E,
                 BLOCK_K=512,
+                HID_POW2=4096,
                 SELECT=tokens == 1,
             ),
             1,

@@ -89,6 +89,7 @@ def _router(
     RENORM: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    HID_POW2: tl.constexpr,
     SELECT: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -96,32 +97,21 @@ def _router(
         tl.atomic_add(count_ptr, 1)
     rt = tl.arange(0, BLOCK_T)
     t_ok = rt < T
+    rk_all = tl.arange(0, HID_POW2)
+    ok = t_ok[:, None] & (rk_all < HID)[None, :]
+    x_all = tl.load(x_ptr + rt[:, None] * stride_x + rk_all[None, :], mask=ok, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x_all * x_all, axis=1) / HID + eps)
     re = pid * BLOCK_E + tl.arange(0, BLOCK_E)
-    # both loops unrolled: every chunk's loads are independent of the previous chunk's arithmetic, so
-    # they can all be in flight at once (a rolled loop waited for each chunk's weights in turn)
-    ss = tl.zeros((BLOCK_T,), dtype=tl.float32)
-    for k0 in tl.static_range(0, HID, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        xv = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :], mask=t_ok[:, None], other=0.0).to(tl.float32)
-        ss += tl.sum(xv * xv, axis=1)
-    rstd = 1.0 / tl.sqrt(ss / HID + eps)
-    # elementwise accumulation, one reduction after the loop, and a predicated (not branched) store of
-    # the normalised x: the unrolled chunks stay one straight run of code the scheduler can reorder
-    # (one token; several reduce per chunk: their [T, E, K] accumulator would spill)
-    acc3 = tl.zeros((BLOCK_T, BLOCK_E, BLOCK_K if BLOCK_T == 1 else 1), dtype=tl.float32)
-    xn_ok = (t_ok & (tl.full((BLOCK_T,), pid, tl.int32) == 0))[:, None]  # program 0 writes the normalised x
-    for k0 in tl.static_range(0, HID, BLOCK_K):
+    acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
+    for k0 in range(0, HID, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         xv = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :], mask=t_ok[:, None], other=0.0).to(tl.float32)
         nw = tl.load(nw_ptr + rk).to(tl.float32)
         xn = round_bf16(round_bf16(xv * rstd[:, None]) * nw[None, :])
-        store_rounded(xn_ptr + rt[:, None] * HID + rk[None, :], xn, xn_ok)
+        if pid == 0:
+            store_rounded(xn_ptr + rt[:, None] * HID + rk[None, :], xn, t_ok[:, None])
         w = tl.load(w_ptr + re[:, None] * HID + rk[None, :]).to(tl.float32)  # [BLOCK_E, BLOCK_K]
-        if BLOCK_T == 1:
-            acc3 += xn[:, None, :] * w[None, :, :]
-        else:
-            acc3 += tl.sum(xn[:, None, :] * w[None, :, :], axis=2, keep_dims=True)
-    acc = tl.sum(acc3, axis=2)
+        acc += tl.sum(xn[:, None, :] * w[None, :, :], axis=2)
     scores = tl.sigmoid(acc)
     tl.store(scores_ptr + rt[:, None] * E + re[None, :], scores, mask=t_ok[:, None])
     if SELECT:  # one token: the last program to arrive selects, in this launch
@@ -170,7 +160,7 @@ class FusedRouter:
     program per token in parallel, instead of one program choosing for every token in turn (measured
     on the H200 before: 12.8 us for one token, 69 us for four)."""
 
-    BLOCK_E = 2
+    BLOCK_E = 4
 
     def __init__(
         self,
@@ -189,7 +179,7 @@ class FusedRouter:
         self.num_experts, self.hidden = weight.shape
         self.block_k = min(512, self.hidden & -self.hidden)  # the largest power of two dividing H, at most 512
         if self.num_experts % self.BLOCK_E or self.block_k < 32 or top_k & (top_k - 1):
-            raise ValueError("the fused router needs an even E, H a multiple of 32 and a power-of-two top-k")
+            raise ValueError("the fused router needs E % 4 == 0, H a multiple of 32 and a power-of-two top-k")
         if self.num_experts & (self.num_experts - 1) or n_group & (n_group - 1):
             raise ValueError("the fused router needs power-of-two expert and group counts")
         self.weight = weight.to(torch.bfloat16).contiguous()
@@ -240,6 +230,7 @@ class FusedRouter:
             RENORM=self.renormalize,
             BLOCK_E=self.BLOCK_E,
             BLOCK_K=self.block_k,
+            HID_POW2=triton.next_power_of_2(self.hidden),
             SELECT=t == 1,
             num_warps=1,
         )
