@@ -436,6 +436,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             api_key=api_key,
             limits=Limits(args.max_body_bytes, args.body_timeout, args.max_header_bytes),
         )
+        if engine.tp.enabled:
+            # uvicorn re-raises the signal that stopped it once it has shut down: here it must not end the
+            # process before the other ranks are released (below), so it is only noted
+            import signal
+
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: None)
         serve(engine, sock, options)  # returns once the engine worker has stopped
     finally:
         if engine is not None:

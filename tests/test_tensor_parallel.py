@@ -323,6 +323,8 @@ def test_torchrun_serve_answers_like_one_process_and_survives_a_cancelled_stream
                 if i >= 3:
                     break  # the client leaves mid-stream: every rank stops at the same round
         again = httpx.post(f"{base}/v1/completions", json=body, timeout=120).json()
+        metrics = httpx.get(f"{base}/metrics", timeout=10).text
+        assert 'solo_requests_cancelled_total{reason="disconnect"} 1.0' in metrics
         engine = Engine.from_pretrained(BUNDLED, lm_head="fp32")
         from solo.engine.engine import GenerationParams
 

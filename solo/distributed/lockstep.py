@@ -30,6 +30,7 @@ from solo.distributed.parallel import TensorParallel
 log = logging.getLogger("solo.distributed")
 
 STOP, GO = 0, 1
+STARTING = "starting a request"
 _MOD = (1 << 61) - 1
 
 
@@ -111,7 +112,7 @@ def begin(tp: TensorParallel, message: dict[str, Any]) -> dict[str, Any]:
                 f"rank {tp.rank} was asked for a different request than rank 0 ({_summary(message)} vs "
                 f"{_summary(theirs)}): every rank must run the same program."
             )
-    tp.agree(error, "starting a request")  # all ranks refuse it together
+    tp.agree(error, STARTING)  # all ranks refuse it together
     return theirs
 
 

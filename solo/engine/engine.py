@@ -156,8 +156,7 @@ class Engine:
         """None in one process; else the world, the backend, this rank's shard and the collectives so far."""
         if not self.tp.enabled:
             return None
-        self.tp.resolve_timings()
-        return {
+        return {  # (GPU event timings are added by the requests that recorded them: no synchronisation here)
             **self.tp.describe(),
             "moe_split": self.model.shard.experts,
             "shard": self.model.shard.describe(self.model.config),
@@ -356,6 +355,7 @@ class Engine:
         program all ranks run); a following rank has it already."""
         if self._following is not None:
             message, self._following = self._following, None
+            self.tp.agree(None, lockstep.STARTING)  # rank 0 and any other ranks running the program check theirs
             return message
         return lockstep.begin(self.tp, message)
 

@@ -5,7 +5,8 @@ its scales, BF16), the LM head, the routers, the top-k routed experts of each Mo
 of the layer's expert bytes), the KDA states (read and written) and conv windows, the MLA latent
 cache up to the context, and the token's embedding row. Weights shared by the fused step and the
 reference modules are counted once (by storage). Speculative verification of T tokens reads the
-distinct experts of its T tokens: with random routing, E * (1 - (1 - k/E)^T) of them.
+distinct experts of its T tokens: with random routing, E * (1 - (1 - k/E)^T) of them. Under tensor
+parallelism, the bytes of this rank's shard.
 """
 
 from __future__ import annotations
