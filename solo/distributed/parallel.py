@@ -31,6 +31,9 @@ __all__ = [
 ]
 
 
+EXPERT_SPLITS = ("auto", "expert", "width")  # how routed experts are split (solo.distributed.sharding)
+
+
 class TensorParallelError(ValueError):
     """Tensor parallelism was requested but cannot run as asked; the message says why and the fix."""
 
@@ -234,8 +237,6 @@ def init_tensor_parallel(size: int, device: str | None = None, expert_split: str
 
     `device` "cuda" means this process's GPU (cuda:LOCAL_RANK) and the NCCL backend; "cpu" gloo.
     Refuses, with the fix, a size that is not what was launched, and `--tensor-parallel N` without torchrun."""
-    from solo.distributed.sharding import EXPERT_SPLITS
-
     if expert_split not in EXPERT_SPLITS:
         raise TensorParallelError(f"unknown expert split {expert_split!r}; choose one of {', '.join(EXPERT_SPLITS)}.")
     if size < 1:

@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from solo.config import LingConfig
-from solo.distributed.parallel import TensorParallelError
+from solo.distributed.parallel import EXPERT_SPLITS, TensorParallelError
 
-EXPERT_SPLITS = ("auto", "expert", "width")
 MXFP4_GROUP = 32
 
 _LAYER = r"model\.layers\.\d+\."
