@@ -269,7 +269,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if s.tensor_parallel:
         t = s.tensor_parallel
         line += (
-            f"; TP{engine.tp.world} {engine.tp.backend}: {t['all_reduces_per_token']:g} all-reduces/token, "
+            f"; TP{engine.tp.world} {engine.tp.transport}: {t['all_reduces_per_token']:g} all-reduces/token, "
             f"{t['all_reduce_us_mean']} us each, collectives {100 * (t['share_of_time'] or 0):.0f}% of the time"
         )
     if leader(args):
@@ -360,8 +360,8 @@ def _collectives_line(engine, before) -> str:
     ran = engine.tp.stats.since(before)
     d = ran.to_dict()
     return (
-        f"solo bench: tensor parallel {engine.tp.world} ({engine.tp.backend}, experts by "
-        f"{engine.model.shard.experts}): {ran.all_reduces} all-reduces ({d['all_reduce_us_mean']} us each, "
+        f"solo bench: tensor parallel {engine.tp.world} ({engine.tp.backend}, all-reduce by {engine.tp.transport}, "
+        f"experts by {engine.model.shard.experts}): {ran.all_reduces} all-reduces ({d['all_reduce_us_mean']} us each, "
         f"{ran.all_reduce_s:.3f} s), {ran.all_gathers} logit all-gathers ({d['all_gather_us_mean']} us each), "
         f"{ran.controls} lockstep broadcasts ({d['control_us_mean']} us each) on rank 0"
     )

@@ -30,7 +30,7 @@ from solo.distributed.parallel import TensorParallel, TensorParallelError
 from solo.distributed.sharding import ShardPlan
 from solo.engine.engine import Engine
 from solo.preflight.checks import ACTIVE, FAILED, run_preflight
-from solo.testing.parallel import free_port, greedy_runs, run_ranks, sampled_runs
+from solo.testing.parallel import collectives_probe, free_port, greedy_runs, run_ranks, sampled_runs
 
 BUNDLED = str(bundled_model())
 TOL = 1e-5
@@ -56,12 +56,15 @@ def _compare(single: dict, ranks: list[dict], tolerance: float) -> float:
 
 
 # --------------------------------------------------------------------------- 2 processes, fp32
-@pytest.mark.parametrize(("preset", "split"), [("a", "width"), ("a", "expert"), ("c", "auto")])
-def test_two_ranks_match_one_process_on_random_checkpoints(tiny_checkpoints, fresh_ids, preset, split):
+@pytest.mark.parametrize(
+    ("preset", "split", "transport"), [("a", "width", "gloo"), ("a", "expert", "shm"), ("c", "auto", "auto")]
+)
+def test_two_ranks_match_one_process_on_random_checkpoints(tiny_checkpoints, fresh_ids, preset, split, transport):
     path = str(tiny_checkpoints[preset][0])
     prompt = fresh_ids(9).tolist()
     single = greedy_runs(path, prompt, 10)
-    ranks = run_ranks(greedy_runs, 2, path, prompt, 10, 2, split)
+    ranks = run_ranks(greedy_runs, 2, path, prompt, 10, 2, split, "fp32", transport)
+    assert ranks[0]["transport"] == ranks[1]["transport"] and transport in ("auto", ranks[0]["transport"])
     assert "nextn" in single and single["nextn"]["accept_length"] is not None
     worst = _compare(single, ranks, TOL)
     assert ranks[0]["moe_split"] == (split if split != "auto" else ranks[0]["moe_split"])
@@ -70,7 +73,7 @@ def test_two_ranks_match_one_process_on_random_checkpoints(tiny_checkpoints, fre
     for decoder in ("plain", "nextn"):
         stats = ranks[0][decoder]["collectives"]
         assert stats["all_reduces"] >= 2 * layers * 10 and stats["all_reduce_s"] > 0
-    print(f"preset {preset} ({ranks[0]['moe_split']}): largest logit difference {worst:.2e}")
+    print(f"preset {preset} ({ranks[0]['moe_split']}, {ranks[0]['transport']}): largest logit difference {worst:.2e}")
 
 
 def test_two_ranks_match_one_process_on_the_bundled_model():
@@ -100,6 +103,19 @@ def test_sampling_agrees_across_ranks_and_a_different_request_is_refused(tiny_ch
     assert ranks[0]["after"] == ranks[1]["after"]
     assert "rank 1" in ranks[0]["refused"] and "different request" in ranks[0]["refused"]
     assert "LockstepError" in ranks[1]["refused"]
+
+
+@pytest.mark.parametrize("transport", ["gloo", "shm"])
+def test_collectives_sum_gather_and_broadcast_exactly(transport):
+    ranks = run_ranks(collectives_probe, 2, transport)
+    assert [r["transport"] for r in ranks] == [transport, transport]
+    for key in ("small", "large"):  # large: past a shared-memory slot, through gloo
+        want = ranks[0][key] + ranks[1][key]
+        assert torch.equal(ranks[0][f"{key}_sum"], want) and torch.equal(ranks[1][f"{key}_sum"], want)
+    want = torch.cat([ranks[0]["small"][:, :8], ranks[1]["small"][:, :8] + 1], dim=-1)
+    assert torch.equal(ranks[0]["gathered"], want) and torch.equal(ranks[1]["gathered"], want)
+    assert ranks[0]["flag"] == ranks[1]["flag"] == [7, 1]
+    assert ranks[0]["many"] == ranks[1]["many"] == [[2.0 * i + 1] * 4 for i in range(50)]
 
 
 # --------------------------------------------------------------------------- shards, in one process

@@ -15,6 +15,8 @@ start-up check and `solo bench` report what the all-reduces cost instead of assu
 from __future__ import annotations
 
 import os
+import platform
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -98,6 +100,11 @@ class TensorParallel:
         self.stats = CollectiveStats()
         self.cuda_timing = False  # GPU: time collectives with CUDA events (no host synchronisation in the step)
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event, str]] = []
+        # CPU ranks on one host: the model's collectives through shared memory (solo.distributed.shm)
+        # where that measured faster than gloo at start-up; `transport_us` holds what was measured
+        self.shm: Any = None
+        self.transport = backend
+        self.transport_us: dict[str, float] = {}
 
     @classmethod
     def single(cls, expert_split: str = "auto") -> TensorParallel:
@@ -112,7 +119,12 @@ class TensorParallel:
         return self.rank == 0
 
     def describe(self) -> dict[str, Any]:
-        return {"world_size": self.world, "rank": self.rank, "backend": self.backend}
+        info: dict[str, Any] = {"world_size": self.world, "rank": self.rank, "backend": self.backend}
+        if self.world > 1:
+            info["all_reduce_transport"] = self.transport
+        if self.transport_us:
+            info["transport_us"] = self.transport_us
+        return info
 
     # ------------------------------------------------------------------ the model's collectives
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -120,7 +132,10 @@ class TensorParallel:
         if self.world == 1:
             return x
         start = self._start()
-        dist.all_reduce(x, group=self.group)
+        if self.shm is not None and self.shm.fits(x):
+            self.shm.all_reduce(x)
+        else:
+            dist.all_reduce(x, group=self.group)
         self._stop(start, "all_reduce")
         return x
 
@@ -130,7 +145,9 @@ class TensorParallel:
             return x
         x = x.contiguous()
         start = self._start()
-        if self.backend == "nccl":  # one flat buffer (graph-capturable), then ranks moved to the last dimension
+        if self.shm is not None and self.shm.fits(x):
+            gathered = self.shm.all_gather_last(x)
+        elif self.backend == "nccl":  # one flat buffer (graph-capturable), then ranks moved to the last dimension
             out = torch.empty((self.world, *x.shape), dtype=x.dtype, device=x.device)
             dist.all_gather_into_tensor(out, x, group=self.group)
             gathered = out.movedim(0, -2).reshape(*x.shape[:-1], self.world * x.shape[-1])
@@ -199,7 +216,10 @@ class TensorParallel:
             return values
         start = time.perf_counter()
         t = torch.tensor(values, dtype=torch.int64)
-        dist.broadcast(t, src=0, group=self.control)
+        if self.shm is not None:  # CPU ranks on one host: through the shared segment (rank 0's slot)
+            t = self.shm.broadcast(t)
+        else:
+            dist.broadcast(t, src=0, group=self.control)
         self.stats.controls += 1
         self.stats.control_s += time.perf_counter() - start
         return t.tolist()
@@ -232,11 +252,20 @@ class TensorParallel:
             dist.destroy_process_group()
 
 
-def init_tensor_parallel(size: int, device: str | None = None, expert_split: str = "auto") -> TensorParallel:
+TRANSPORTS = ("auto", "gloo", "shm")
+
+
+def init_tensor_parallel(
+    size: int, device: str | None = None, expert_split: str = "auto", transport: str = "auto"
+) -> TensorParallel:
     """Join the group torchrun launched (`size` processes), or the single-process state for size 1.
 
     `device` "cuda" means this process's GPU (cuda:LOCAL_RANK) and the NCCL backend; "cpu" gloo.
-    Refuses, with the fix, a size that is not what was launched, and `--tensor-parallel N` without torchrun."""
+    Refuses, with the fix, a size that is not what was launched, and `--tensor-parallel N` without torchrun.
+    On CPUs, `transport` picks how the model's all-reduces and all-gathers travel: "gloo", "shm"
+    (shared memory, ranks on one x86-64 host), or "auto": both are timed now and the faster is used."""
+    if transport not in TRANSPORTS:
+        raise TensorParallelError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}.")
     if expert_split not in EXPERT_SPLITS:
         raise TensorParallelError(f"unknown expert split {expert_split!r}; choose one of {', '.join(EXPERT_SPLITS)}.")
     if size < 1:
@@ -285,4 +314,53 @@ def init_tensor_parallel(size: int, device: str | None = None, expert_split: str
         kwargs: dict[str, Any] = {"device_id": where} if cuda else {}
         dist.init_process_group(backend, **kwargs)
     control = dist.new_group(backend="gloo")
-    return TensorParallel(size, dist.get_rank(), backend, dist.group.WORLD, control, where, expert_split)
+    tp = TensorParallel(size, dist.get_rank(), backend, dist.group.WORLD, control, where, expert_split)
+    if backend == "gloo":
+        _choose_cpu_transport(tp, transport)
+    return tp
+
+
+def shm_unavailable(tp: TensorParallel) -> str | None:
+    """Why shared-memory collectives cannot run this group (None: they can)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"shared-memory collectives rely on x86-64 store ordering; this is {platform.machine()}"
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local is None or int(local) != tp.world:
+        return "the ranks are not all on this host"
+    if not os.path.isdir("/dev/shm"):
+        return "no /dev/shm"
+    return None
+
+
+def _choose_cpu_transport(tp: TensorParallel, transport: str, trials: int = 5, calls: int = 10) -> None:
+    """gloo or shared memory for the model's collectives: rank 0 decides (from its timing of both, a
+    decode step's all-reduce of 4 KB) and every rank follows."""
+    if transport == "gloo":
+        return
+    why = tp.broadcast_object(shm_unavailable(tp))
+    if why is not None:
+        if transport == "shm":
+            raise TensorParallelError(f"transport shm: {why}.")
+        return
+    from solo.distributed.shm import SharedMemoryCollectives
+
+    shm = SharedMemoryCollectives(tp)
+    if transport == "shm":
+        tp.shm, tp.transport = shm, "shm"
+        return
+    x = torch.zeros(1, 1024)
+    times: dict[str, list[float]] = {"gloo": [], "shm": []}
+    for _ in range(trials):  # interleaved, so both see the same machine
+        for name in times:
+            tp.shm = shm if name == "shm" else None
+            tp.all_reduce(x)  # warm
+            start = time.perf_counter()
+            for _ in range(calls):
+                tp.all_reduce(x)
+            times[name].append((time.perf_counter() - start) / calls)
+    tp.stats = CollectiveStats()
+    measured = {name: round(1e6 * statistics.median(t), 1) for name, t in times.items()}
+    measured = tp.broadcast_object(measured)  # rank 0's timing decides for all
+    tp.transport_us = measured
+    fastest = min(measured, key=measured.get)
+    tp.shm, tp.transport = (shm if fastest == "shm" else None), fastest

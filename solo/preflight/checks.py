@@ -415,7 +415,14 @@ def check_tensor_parallel(engine: Engine, requested: int, steps: int = 8) -> Che
     if requested <= 1 and not tp.enabled:
         return Check("tensor_parallel", "off", OFF)
     wanted = f"TP{requested}"
-    evidence: dict[str, Any] = {"world_size": tp.world, "backend": tp.backend, "moe_split": engine.model.shard.experts}
+    evidence: dict[str, Any] = {
+        "world_size": tp.world,
+        "backend": tp.backend,
+        "transport": tp.transport,
+        "moe_split": engine.model.shard.experts,
+    }
+    if tp.transport_us:  # what the start-up timing of both transports found (the faster one runs)
+        evidence.update({f"{name}_all_reduce_us_at_start": us for name, us in tp.transport_us.items()})
     if tp.world != requested:
         from solo.distributed.parallel import launch_hint
 

@@ -96,6 +96,7 @@ def greedy_runs(
     tensor_parallel: int = 1,
     moe_split: str = "auto",
     lm_head: str = "fp32",
+    transport: str = "auto",
 ) -> dict[str, Any]:
     """Greedy decoding of `prompt`, plain and with NEXTN (when the checkpoint has the layer), fp32 on the
     CPU, as one rank of `tensor_parallel` (1: one process). Per decoder: the tokens and every LM-head
@@ -104,14 +105,18 @@ def greedy_runs(
     from solo.engine.engine import Engine, GenerationParams
     from solo.speculative.nextn import NextNDecoder
 
-    tp = init_tensor_parallel(tensor_parallel, "cpu", moe_split)
+    tp = init_tensor_parallel(tensor_parallel, "cpu", moe_split, transport)
     plain = Engine.from_pretrained(path, lm_head=lm_head, tensor_parallel=tp)
     engines = {"plain": plain}
     if plain.model.nextn is not None:
         engines["nextn"] = Engine(plain.model, plain.tokenizer, NextNDecoder(plain.model))
     logits = record_head(plain.model)
     shard = plain.model.shard
-    out: dict[str, Any] = {"shard": shard.describe(plain.model.config), "moe_split": shard.experts}
+    out: dict[str, Any] = {
+        "shard": shard.describe(plain.model.config),
+        "moe_split": shard.experts,
+        "transport": tp.transport,
+    }
     for name, engine in engines.items():
         logits.clear()
         result = engine.generate(prompt, GenerationParams(max_tokens=max_tokens, ignore_eos=True))
@@ -145,3 +150,21 @@ def sampled_runs(path: str, prompt: list[int]) -> dict[str, Any]:
         refused = f"{type(e).__name__}: {e}"
     after = engine.generate(prompt, params(7)).token_ids  # the group still works after the refusal
     return {"unseeded": unseeded, "refused": refused, "after": after}
+
+
+def collectives_probe(transport: str) -> dict[str, Any]:
+    """The group's collectives on rank-dependent data, small (a decode step's) and larger than a
+    shared-memory slot (a long prefill's), through `transport`."""
+    from solo.distributed.parallel import init_tensor_parallel
+    from solo.distributed.shm import SLOT_BYTES
+
+    tp = init_tensor_parallel(2, "cpu", transport=transport)
+    g = torch.Generator().manual_seed(tp.rank)
+    small, large = torch.randn(3, 256, generator=g), torch.randn(SLOT_BYTES // 4 + 1, generator=g)
+    out = {"transport": tp.transport, "small": small.clone(), "large": large.clone()}
+    out["small_sum"] = tp.all_reduce(small.clone())
+    out["large_sum"] = tp.all_reduce(large.clone())
+    out["gathered"] = tp.all_gather_last(small[:, :8] + tp.rank)
+    out["flag"] = tp.broadcast_ints([7 + tp.rank, 1])
+    out["many"] = [tp.all_reduce(torch.full((4,), float(i + tp.rank))).tolist() for i in range(50)]
+    return out
