@@ -323,6 +323,11 @@ def add_check(sub) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from solo.bench import harness
 
+    if args.url and args.tensor_parallel > 1:
+        raise UsageError(
+            "--tensor-parallel splits the model loaded here; against --url give it to the server "
+            "(torchrun ... -m solo.cli serve --tensor-parallel N) and run one bench client."
+        )
     if args.url:  # a server: nothing is loaded here
         target = harness.url_target(args)
         try:
