@@ -9,7 +9,12 @@ interleaves with a captured graph's NCCL calls.
 At world size 1 every collective is a no-op returning its input: the single-process engine runs
 the same code. Collectives are timed as they run in the step (on a CPU the wall time of the call,
 which includes waiting for the slowest rank; on a GPU, when asked, CUDA events around them), so the
-start-up check and `solo bench` report what the all-reduces cost instead of assuming it.
+start-up check and `solo bench` report what the all-reduces cost instead of assuming it. (A
+CUDA graph's replay runs its collectives without Python: they are counted and timed in the start-up
+check's eager steps, not in replayed requests.)
+
+The GPU path (NCCL, all-reduce and all-gather inside captured graphs) is written to be capturable
+(no host synchronisation, static shapes) but has not been run on GPUs yet.
 """
 
 from __future__ import annotations

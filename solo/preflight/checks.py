@@ -446,6 +446,7 @@ def check_tensor_parallel(engine: Engine, requested: int, steps: int = 8) -> Che
     cache = engine.cache_for(len(ids) + steps + 1)  # (outside inference mode: generations reuse it)
     with torch.inference_mode():
         model(ids, torch.arange(len(ids), device=dev), cache)
+        tp.cuda_timing = dev.type == "cuda"  # GPU: CUDA events around each collective (eager steps here)
         before, began = tp.stats.copy(), time.perf_counter()
         for i in range(steps):
             position = torch.tensor([len(ids) + i], device=dev)
@@ -454,6 +455,7 @@ def check_tensor_parallel(engine: Engine, requested: int, steps: int = 8) -> Che
             torch.cuda.synchronize()
         step_s = (time.perf_counter() - began) / steps
     tp.resolve_timings()
+    tp.cuda_timing = False
     ran = tp.stats.since(before)
     # 4. lockstep: the same tokens on every rank, greedy and sampled (the seed rank 0 draws)
     greedy = engine.generate([1, 2, 3], GenerationParams(max_tokens=6, ignore_eos=True)).token_ids
