@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -56,12 +57,18 @@ def _compare(single: dict, ranks: list[dict], tolerance: float) -> float:
 
 
 # --------------------------------------------------------------------------- 2 processes, fp32
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+SHM = pytest.param("shm", marks=pytest.mark.skipif(not X86, reason="shared-memory collectives need x86-64"))
+
+
 @pytest.mark.parametrize(
-    ("preset", "split", "transport"), [("a", "width", "gloo"), ("a", "expert", "shm"), ("c", "auto", "auto")]
+    ("preset", "split", "transport"),
+    [("a", "width", "gloo"), pytest.param("a", "expert", "shm", marks=SHM.marks), ("c", "auto", "auto")],
 )
-def test_two_ranks_match_one_process_on_random_checkpoints(tiny_checkpoints, fresh_ids, preset, split, transport):
+def test_two_ranks_match_one_process_on_random_checkpoints(tiny_checkpoints, preset, split, transport):
     path = str(tiny_checkpoints[preset][0])
-    prompt = fresh_ids(9).tolist()
+    # random ids, seeded: the bound sits close to fp32 rounding (largest seen over 72 prompts: 8.5e-6)
+    prompt = torch.randint(6, 262, (9,), generator=torch.Generator().manual_seed(21)).tolist()
     single = greedy_runs(path, prompt, 10)
     ranks = run_ranks(greedy_runs, 2, path, prompt, 10, 2, split, "fp32", transport)
     assert ranks[0]["transport"] == ranks[1]["transport"] and transport in ("auto", ranks[0]["transport"])
@@ -105,7 +112,7 @@ def test_sampling_agrees_across_ranks_and_a_different_request_is_refused(tiny_ch
     assert "LockstepError" in ranks[1]["refused"]
 
 
-@pytest.mark.parametrize("transport", ["gloo", "shm"])
+@pytest.mark.parametrize("transport", ["gloo", SHM])
 def test_collectives_sum_gather_and_broadcast_exactly(transport):
     ranks = run_ranks(collectives_probe, 2, transport)
     assert [r["transport"] for r in ranks] == [transport, transport]
