@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -101,6 +102,21 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         help="tokens verified per round: num-steps + 1 (default 4)",
     )
     p.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft tree width; only 1 (a chain)")
+    p.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the model over N processes (attention heads, MLPs, experts, LM head), launched with "
+        "torchrun --nproc-per-node N -m solo.cli ... (NCCL on GPUs, gloo on CPUs; default 1)",
+    )
+    p.add_argument(
+        "--moe-split",
+        choices=("auto", "expert", "width"),
+        default="auto",
+        help="with --tensor-parallel: routed experts split by expert (expert parallel) or by width (each "
+        "expert's intermediate slice); auto (default): width where the shapes allow it, else by expert",
+    )
 
 
 def add_graph_options(p: argparse.ArgumentParser) -> None:
@@ -140,7 +156,15 @@ def run_checks(engine, args: argparse.Namespace):
         cuda_graphs=engine.graphs_max_len is not None,
         block_fp8=args.block_fp8,
         decode_step=args.decode_step,
+        tensor_parallel=args.tensor_parallel,
     )
+
+
+def leader(args: argparse.Namespace) -> bool:
+    """Whether this process speaks (prints, serves, writes reports): always, but for tensor-parallel
+    ranks > 0, which run the same model quietly."""
+    tp = getattr(args, "tp", None)
+    return tp is None or tp.leader
 
 
 def preflight(engine, args: argparse.Namespace, quiet: bool = False):
@@ -149,7 +173,7 @@ def preflight(engine, args: argparse.Namespace, quiet: bool = False):
     from solo.preflight.checks import PreflightFailed
 
     report = run_checks(engine, args)
-    if not quiet:
+    if not quiet and leader(args):
         print(report.text(), file=sys.stderr)
     if report.failed:
         names = ", ".join(f"{c.name} ({c.reason})" for c in report.failed)
@@ -157,7 +181,8 @@ def preflight(engine, args: argparse.Namespace, quiet: bool = False):
             raise PreflightFailed(
                 f"requested optimization not active: {names}. Fix it, or pass --allow-fallback to run anyway."
             )
-        print(f"solo: WARNING: running with inactive optimizations: {names}", file=sys.stderr)
+        if leader(args):
+            print(f"solo: WARNING: running with inactive optimizations: {names}", file=sys.stderr)
     return report
 
 
@@ -184,7 +209,14 @@ def load_options(args: argparse.Namespace) -> dict:
     graphs = args.cuda_graphs == "on" or (args.cuda_graphs == "auto" and device.startswith("cuda"))
     if graphs and not device.startswith("cuda"):
         raise UsageError("--cuda-graphs on needs --device cuda.")
+    from solo.distributed.parallel import init_tensor_parallel
+
+    # before the model loads: a wrong launch fails at once; under torchrun "cuda" is this rank's GPU
+    args.tp = init_tensor_parallel(args.tensor_parallel, device, args.moe_split)
+    if args.tp.enabled:
+        device = str(args.tp.device)
     return dict(
+        tensor_parallel=args.tp,
         cuda_graphs=graphs,
         max_context=args.max_context,
         device=device,
@@ -234,7 +266,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         line += f", accept length {s.accept_length:.2f}"
     used = engine.describe()
     line += f", finish: {result.finish_reason}; lm head {used['lm_head']['mode']}"
-    print(line + f", moe {used['moe_backend']}]", file=sys.stderr)
+    if s.tensor_parallel:
+        t = s.tensor_parallel
+        line += (
+            f"; TP{engine.tp.world} {engine.tp.transport}: {t['all_reduces_per_token']:g} all-reduces/token, "
+            f"{t['all_reduce_us_mean']} us each, collectives {100 * (t['share_of_time'] or 0):.0f}% of the time"
+        )
+    if leader(args):
+        print(line + f", moe {used['moe_backend']}]", file=sys.stderr)
     return 0
 
 
@@ -261,7 +300,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     engine = Engine.from_pretrained(args.model, **load_options(args))
     report = run_checks(engine, args)
-    if args.json:
+    if not leader(args):
+        pass
+    elif args.json:
         print(json.dumps({"model": args.model, "engine": engine.describe(), **report.to_dict()}, indent=2))
     else:
         print(report.text())
@@ -282,6 +323,11 @@ def add_check(sub) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from solo.bench import harness
 
+    if args.url and args.tensor_parallel > 1:
+        raise UsageError(
+            "--tensor-parallel splits the model loaded here; against --url give it to the server "
+            "(torchrun ... -m solo.cli serve --tensor-parallel N) and run one bench client."
+        )
     if args.url:  # a server: nothing is loaded here
         target = harness.url_target(args)
         try:
@@ -295,8 +341,35 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError("--baseline compares plain decoding with NEXTN: add --speculative-algorithm NEXTN.")
     engine = Engine.from_pretrained(args.model, **load_options(args))
     preflight(engine, args)
-    harness.run_bench(args, harness.engine_targets(engine, args.baseline), engine.model.config.vocab_size)
+    targets = harness.engine_targets(engine, args.baseline)
+    if engine.tp.enabled and not engine.tp.leader:  # rank 0 runs the workload; this rank runs its requests
+        from solo.distributed.lockstep import follow
+
+        follow([t.engine for t in targets])
+        return 0
+    before = engine.tp.stats.copy()
+    try:
+        harness.run_bench(args, targets, engine.model.config.vocab_size)
+    finally:
+        from solo.distributed.lockstep import release_followers
+
+        release_followers(engine.tp)
+    if engine.tp.enabled:
+        print(_collectives_line(engine, before), file=sys.stderr)
     return 0
+
+
+def _collectives_line(engine, before) -> str:
+    """The bench's tensor-parallel breakdown: the collectives as they ran during the workload (rank 0)."""
+    engine.tp.resolve_timings()
+    ran = engine.tp.stats.since(before)
+    d = ran.to_dict()
+    return (
+        f"solo bench: tensor parallel {engine.tp.world} ({engine.tp.backend}, all-reduce by {engine.tp.transport}, "
+        f"experts by {engine.model.shard.experts}): {ran.all_reduces} all-reduces ({d['all_reduce_us_mean']} us each, "
+        f"{ran.all_reduce_s:.3f} s), {ran.all_gathers} logit all-gathers ({d['all_gather_us_mean']} us each), "
+        f"{ran.controls} lockstep broadcasts ({d['control_us_mean']} us each) on rank 0"
+    )
 
 
 def cmd_bench_compare(args: argparse.Namespace) -> int:
@@ -337,8 +410,6 @@ def add_bench(sub) -> None:
 
 # --------------------------------------------------------------------------- serve
 def cmd_serve(args: argparse.Namespace) -> int:
-    import os
-
     from solo.engine.engine import Engine
     from solo.serving.guard import Limits
     from solo.serving.server import ServeOptions, bind, serve
@@ -350,7 +421,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.default_max_tokens < 1:
         raise UsageError(f"--default-max-tokens must be >= 1, got {args.default_max_tokens}.")
     api_key = args.api_key or os.environ.get("SOLO_API_KEY") or None
+    from solo.distributed.lockstep import follow, release_followers
+
+    if int(os.environ.get("RANK", "0")) > 0 and args.tensor_parallel > 1:  # rank 0 serves; this rank follows
+        engine = Engine.from_pretrained(args.model, **load_options(args))
+        preflight(engine, args)
+        follow([engine])
+        return 0
     sock = bind(args.host, args.port)  # before the model loads: a port in use fails at once
+    engine = None
     try:
         engine = Engine.from_pretrained(args.model, **load_options(args))
         preflight(engine, args)
@@ -362,8 +441,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             api_key=api_key,
             limits=Limits(args.max_body_bytes, args.body_timeout, args.max_header_bytes),
         )
-        serve(engine, sock, options)
+        if engine.tp.enabled:
+            # uvicorn re-raises the signal that stopped it once it has shut down: here it must not end the
+            # process before the other ranks are released (below), so it is only noted
+            import signal
+
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: None)
+        serve(engine, sock, options)  # returns once the engine worker has stopped
     finally:
+        if engine is not None:
+            release_followers(engine.tp)
         sock.close()
     return 0
 
@@ -457,11 +545,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from solo.checkpoint.reader import CheckpointError
     from solo.config import ConfigError
+    from solo.distributed.lockstep import LockstepError
     from solo.fastpath.availability import DecodeStepUnavailable
     from solo.kernels.registry import BackendUnavailable
     from solo.preflight.checks import PreflightFailed, UnknownEnvironment, check_environment
 
     args = build_parser().parse_args(argv)
+    quiet_rank = int(os.environ.get("RANK", "0")) > 0 and getattr(args, "tensor_parallel", 1) > 1
+    stdout = sys.stdout
+    if quiet_rank:  # a tensor-parallel rank > 0: rank 0 prints the text and the reports
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
     try:
         check_environment()
         return args.func(args)
@@ -475,10 +568,19 @@ def main(argv: list[str] | None = None) -> int:
         DecodeStepUnavailable,
         PreflightFailed,
         UnknownEnvironment,
+        LockstepError,
         ValueError,
     ) as e:
-        print(f"solo {args.command}: error: {e}", file=sys.stderr)
+        rank = f" (rank {os.environ['RANK']})" if quiet_rank else ""
+        print(f"solo {args.command}{rank}: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        if quiet_rank:
+            sys.stdout.close()
+            sys.stdout = stdout
+        tp = getattr(args, "tp", None)
+        if tp is not None:
+            tp.close()
 
 
 if __name__ == "__main__":

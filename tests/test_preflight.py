@@ -93,6 +93,7 @@ def test_check_cli_passes_with_correct_wiring_and_reports_json():
     report = json.loads(proc.stdout)
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert statuses == {
+        "tensor_parallel": "OFF",  # one process (tests/test_tensor_parallel.py runs the split)
         "moe_backend": "ACTIVE",
         "lm_head": "ACTIVE",
         "block_fp8": "ACTIVE",

@@ -7,6 +7,11 @@ and kept as stored: block-FP8 layers as FP8 weights with their 128x128 block sca
 the reference kernel, which dequantizes per call), MXFP4 experts packed, behind the PyTorch
 reference backend; the LM head in fp32. That is the CPU reference and the oracle.
 
+Under tensor parallelism (`LoadOptions.tp`) the same loader reads one rank's shard: the model is
+built at the rank's shapes and the reader wrapped, in one step, in the rank's view of the checkpoint
+(solo.checkpoint.shard.ShardedReader: split tensors read as slices, experts renumbered), so each
+rank reads only its part of the files.
+
 Nothing here chooses kernels: `solo.fastpath.accelerate` turns the loaded model into the fast
 path (MoE backend, block-FP8 kernels, LM-head mode, warm-ups) in one explicit step.
 """
@@ -25,7 +30,9 @@ from torch import nn
 from tqdm import tqdm
 
 from solo.checkpoint.reader import CheckpointError, CheckpointReader
+from solo.checkpoint.shard import ShardedReader
 from solo.config import LingConfig
+from solo.distributed.parallel import TensorParallel
 from solo.kernels.moe import DenseExperts, MXFP4Experts, TorchMoE
 from solo.model.layers import Linear, RotaryEmbedding
 from solo.model.ling import LingForCausalLM
@@ -46,13 +53,27 @@ class LoadOptions:
     device: str | torch.device = "cpu"
     dtype: torch.dtype = torch.float32
     progress: bool | None = None  # None: show a bar for checkpoints over 1 GiB
+    tp: TensorParallel | None = None  # a tensor-parallel rank: load its shard (None: the whole model)
 
 
 def load_model(path: str | Path, options: LoadOptions | None = None) -> LingForCausalLM:
-    """The reference model of the checkpoint folder `path` (config.json, safetensors files)."""
+    """The reference model of the checkpoint folder `path` (config.json, safetensors files). Under
+    tensor parallelism every rank loads its shard and the ranks agree on the outcome: if one fails
+    (a shape that does not divide, a tensor of its shard missing) all raise, naming it."""
     path = Path(path)
-    config = LingConfig.from_file(path)
-    return build_model(config, CheckpointReader(path), options)
+    tp = options.tp if options is not None else None
+    model, error = None, None
+    try:
+        config = LingConfig.from_file(path)
+        model = build_model(config, CheckpointReader(path), options)
+    except Exception as e:  # re-raised below, on every rank
+        if tp is None or not tp.enabled:
+            raise
+        error = e
+    if tp is not None and tp.enabled:
+        tp.agree(error, "loading the checkpoint")
+    assert model is not None
+    return model
 
 
 def build_model(config: LingConfig, reader: Any, options: LoadOptions | None = None) -> LingForCausalLM:
@@ -63,7 +84,9 @@ def build_model(config: LingConfig, reader: Any, options: LoadOptions | None = N
     _detect_nextn(config, reader)
 
     with torch.device("meta"):
-        model = LingForCausalLM(config)
+        model = LingForCausalLM(config, options.tp)
+    if model.tp.enabled:  # the one step from the whole checkpoint to this rank's shard of it
+        reader = ShardedReader(reader, config, model.shard, scheme.block_size)
     model.rotary = RotaryEmbedding(config)  # computed, not loaded: build it on a real device
     used: set[str] = set()
     show = options.progress if options.progress is not None else reader.nbytes() >= PROGRESS_MIN_BYTES
@@ -88,6 +111,11 @@ def build_model(config: LingConfig, reader: Any, options: LoadOptions | None = N
         )
     model.rotary.to(options.device)
     model.lm_head = DenseHead(model.lm_head.weight.data, "fp32")  # the checkpoint's head, product in fp32
+    model.split_dequantized = list(getattr(reader, "dequantized", []))
+    if model.tp.enabled:
+        from solo.distributed.layers import VocabParallelHead
+
+        model.lm_head = VocabParallelHead(model.lm_head, model.tp, model.shard.vocab_span(config), config.vocab_size)
     model.fp8_block_size = scheme.block_size
     model.finalize()
     return model.eval()
@@ -207,7 +235,8 @@ def reference_fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv:
 def _load_experts(
     module: SparseMoE, prefix: str, config: LingConfig, reader, scheme: QuantScheme, options, used
 ) -> None:
-    hidden, inter, count = config.hidden_size, config.moe_intermediate_size, config.num_experts
+    # this rank's experts (all of them in one process) and their intermediate width
+    hidden, inter, count = config.hidden_size, module.expert_intermediate, module.num_local_experts
     first = f"{prefix}.experts.0.gate_proj"
     if f"{first}.weight_scale_inv" in reader:
         experts: MXFP4Experts | DenseExperts = scheme.load_mxfp4_experts(

@@ -100,5 +100,21 @@ class CheckpointReader:
                 "or corrupt; download or export it again."
             ) from e
 
+    def get_part(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        """The slice [start, stop) of tensor `name` along `dim`, read on its own (a tensor-parallel
+        rank's shard: the rest of the tensor is not read)."""
+        try:
+            view = self._slice(name)
+            index = [slice(None)] * len(view.get_shape())
+            index[dim] = slice(start, stop)
+            return view[tuple(index)].contiguous()
+        except CheckpointError:
+            raise
+        except (SafetensorError, OSError, RuntimeError, ValueError) as e:
+            raise CheckpointError(
+                f"{self._where[name]}: reading [{start}, {stop}) along dimension {dim} of tensor '{name}' failed "
+                f"({e}). The file is truncated or corrupt; download or export it again."
+            ) from e
+
     def nbytes(self) -> int:
         return sum(p.stat().st_size for p in set(self._where.values()))

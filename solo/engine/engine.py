@@ -5,6 +5,11 @@ token per round, the speculative decoder up to draft+1. Stop conditions (eos, st
 tokens) are applied per token, so a stop inside a verification window ends the text exactly where
 plain decoding would. The engine owns the request's statistics and counts acceptance (per request
 and for the process) from the rounds.
+
+Under tensor parallelism (one engine per rank, over the rank's shard of the model) every request
+runs on all ranks together (solo.distributed.lockstep): rank 0 broadcasts it as it starts, and its
+rounds are pulled on every rank only as rank 0 pulls them, with a digest of the tokens compared at
+the end. Each request's stats count the collectives it ran and their time.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 import torch
 
+from solo.distributed import lockstep
 from solo.engine.decoder import Decoder, PlainDecoder, Round
 from solo.engine.graphs import GraphCapture
 from solo.engine.request import GenerationParams, GenerationResult, GenerationStats, PromptLogprob, StreamEvent
@@ -86,6 +92,8 @@ class Engine:
         self._traffic = decode_traffic(model, 0)  # a decode step's bytes, the KV cache's excepted
         self._cache_bytes_per_position = decode_traffic(model, 1).mla_cache
         self._active: weakref.ref[Generation] | None = None
+        self.tp = model.tp
+        self._following: dict[str, Any] | None = None  # a follower rank: the request rank 0 started
 
     @classmethod
     def from_pretrained(
@@ -97,15 +105,17 @@ class Engine:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         progress: bool | None = None,
+        tensor_parallel: Any = None,
         **fast_path: Any,
     ) -> Engine:
         """Load a checkpoint folder into the reference model, then install the fast path
         (`fast_path`: the fields of solo.fastpath.FastPathOptions: moe_backend, lm_head, block_fp8).
         `speculative` (a SpeculativeConfig) turns on NEXTN drafting; `cuda_graphs` captures the
-        target steps over a pinned cache of `max_context` positions."""
+        target steps over a pinned cache of `max_context` positions. `tensor_parallel` (a
+        solo.distributed.TensorParallel from `init_tensor_parallel`) loads this rank's shard."""
         from solo.fastpath import load_accelerated
 
-        model = load_accelerated(path, device, dtype, progress, **fast_path)
+        model = load_accelerated(path, device, dtype, progress, tp=tensor_parallel, **fast_path)
         tokenizer = Tokenizer.from_dir(path, model.config.eos_token_id)
         decoder = None
         if speculative is not None:
@@ -139,6 +149,18 @@ class Engine:
             "cuda_graphs": self.decoder.graph_report(),
             "decode_step": "fused" if self.model.decode_step is not None else "reference",
             "bytes_per_token_at_1k": self.bytes_per_token(1024),
+            "tensor_parallel": self.tensor_parallel_report(),
+        }
+
+    def tensor_parallel_report(self) -> dict[str, Any] | None:
+        """None in one process; else the world, the backend, this rank's shard and the collectives so far."""
+        if not self.tp.enabled:
+            return None
+        return {  # (GPU event timings are added by the requests that recorded them: no synchronisation here)
+            **self.tp.describe(),
+            "moe_split": self.model.shard.experts,
+            "shard": self.model.shard.describe(self.model.config),
+            "collectives": self.tp.stats.to_dict(),
         }
 
     # ------------------------------------------------------------------ caches
@@ -174,7 +196,9 @@ class Engine:
     def cache_for(self, length: int) -> HybridCache:
         self.check_length(length)
         if self._cache is None or self._cache.max_len < length:
-            self._cache = HybridCache(self.model.config, length, self.model.device, self.model.dtype, with_nextn=True)
+            self._cache = HybridCache(
+                self.model.config, length, self.model.device, self.model.dtype, True, self.tp.world
+            )
         self._cache.reset()
         return self._cache
 
@@ -182,7 +206,7 @@ class Engine:
         """Pin one cache of `max_len` positions and capture the decoder's target steps on it."""
         if self.model.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device (--device cuda).")
-        self._cache = HybridCache(self.model.config, max_len, self.model.device, self.model.dtype, with_nextn=True)
+        self._cache = HybridCache(self.model.config, max_len, self.model.device, self.model.dtype, True, self.tp.world)
         self.graphs_max_len = max_len
         self.graphs = self.graphs or GraphCapture()
         self.decoder.capture_graphs(self._cache, self.graphs)
@@ -240,6 +264,8 @@ class Engine:
             raise ValueError(f"top must be in [0, {LOGPROB_TOP}], got {top}")
         ids = self.encode_prompt(prompt)
         cache = self.cache_for(len(ids) + 1)
+        if self.tp.enabled:
+            self._begin(lockstep.request_message("score", type(self.decoder).__name__, ids, top=top))
         hidden = self.model.prefill(torch.tensor(ids, device=self.model.device), cache)
         out = [PromptLogprob(ids[0], None, None)]
         targets = torch.tensor(ids[1:], device=self.model.device)
@@ -256,6 +282,14 @@ class Engine:
     def _run(
         self, generation: Generation, ids: list[int], cache: HybridCache, params: GenerationParams
     ) -> Iterator[StreamEvent]:
+        if self.tp.enabled:  # every rank runs this request (rank 0's parameters: its seed)
+            message = lockstep.request_message("stream", type(self.decoder).__name__, ids, params=params)
+            try:
+                params = self._begin(message)["params"]
+            except BaseException:
+                generation.done = True  # refused on every rank: the engine is free
+                raise
+        collectives = self.tp.stats.copy()
         stats = GenerationStats(prompt_tokens=len(ids))
         counts = AcceptanceCounter(self.decoder.num_draft_positions)
         eos = set() if params.ignore_eos else set(self.tokenizer.eos_ids)
@@ -269,6 +303,8 @@ class Engine:
         prompt_tensor = torch.tensor(ids, device=self.model.device)
         want_logprobs = params.logprobs is not None
         rounds = self.decoder.rounds(prompt_tensor, cache, params.sampling, logprobs=want_logprobs)
+        if self.tp.enabled:
+            rounds = lockstep.lockstep_rounds(rounds, self.tp)
         try:
             for round_ in rounds:
                 now = time.perf_counter()
@@ -309,7 +345,30 @@ class Engine:
             end = end or time.perf_counter()
             context = len(ids) + len(out_ids) // 2  # the mean position of the request's decode steps
             stats = _finish_stats(stats, out_ids, start, first_token_at, end, counts, self.bytes_per_token(context))
+            if self.tp.enabled:
+                stats.tensor_parallel = _collective_stats(self.tp, collectives, stats)
             generation.result = GenerationResult(text.text, out_ids, finish, stats)
+
+    # ------------------------------------------------------------------ tensor parallelism
+    def _begin(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A request starts on every rank: rank 0's, broadcast (checked against this rank's own in a
+        program all ranks run); a following rank has it already."""
+        if self._following is not None:
+            message, self._following = self._following, None
+            self.tp.agree(None, lockstep.STARTING)  # rank 0 and any other ranks running the program check theirs
+            return message
+        return lockstep.begin(self.tp, message)
+
+    def follow_request(self, message: dict[str, Any]) -> None:
+        """A follower rank runs the request rank 0 broadcast (solo.distributed.lockstep.follow)."""
+        self._following = message
+        try:
+            if message["kind"] == "score":
+                self.score(message["ids"], message["top"])
+            else:
+                self.stream(message["ids"], message["params"]).finish()
+        finally:
+            self._following = None
 
     def _count(self, round_: Round, counts: AcceptanceCounter) -> None:
         if not round_.drafted:
@@ -318,6 +377,17 @@ class Engine:
         self.acceptance.record(round_.drafted, round_.accepted)
         if self.watchdog is not None:
             self.watchdog.observe(round_.accepted + 1)
+
+
+def _collective_stats(tp, before, stats: GenerationStats) -> dict[str, Any]:
+    """The collectives one request ran on this rank, their time, and their share of the request's."""
+    tp.resolve_timings()
+    ran = tp.stats.since(before)
+    out = ran.to_dict()
+    tokens = max(stats.completion_tokens, 1)
+    out["all_reduces_per_token"] = round(ran.all_reduces / tokens, 2)
+    out["share_of_time"] = round(ran.seconds / stats.total_s, 4) if stats.total_s > 0 else None
+    return out
 
 
 def _find_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:

@@ -41,6 +41,8 @@ class GenerationStats:
     accept_length: float | None = None
     per_position_acceptance: list[float] | None = None
     accepted_per_position: list[int] | None = None  # rounds in which draft position k was accepted
+    # tensor parallelism (None in one process): this rank's collectives during the request and their time
+    tensor_parallel: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -5,7 +5,8 @@ its scales, BF16), the LM head, the routers, the top-k routed experts of each Mo
 of the layer's expert bytes), the KDA states (read and written) and conv windows, the MLA latent
 cache up to the context, and the token's embedding row. Weights shared by the fused step and the
 reference modules are counted once (by storage). Speculative verification of T tokens reads the
-distinct experts of its T tokens: with random routing, E * (1 - (1 - k/E)^T) of them.
+distinct experts of its T tokens: with random routing, E * (1 - (1 - k/E)^T) of them. Under tensor
+parallelism, the bytes of this rank's shard.
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ def decode_traffic(model: LingForCausalLM, context: int, tokens: int = 1) -> Ste
     dense += [b for name, b in trunk.named_buffers() if name.endswith(("w_uk", "w_uv"))]
     c = config
     kda_layers = len(c.kda_layers)
-    kda = kda_layers * 2 * 4 * (c.linear_num_heads * c.linear_head_dim**2)  # fp32 state, read + write
-    kda += kda_layers * 2 * 4 * 3 * c.linear_num_heads * c.linear_head_dim * (c.conv_kernel_size - 1)
+    heads = c.linear_num_heads // model.tp.world  # a tensor-parallel rank's heads: its bytes
+    kda = kda_layers * 2 * 4 * (heads * c.linear_head_dim**2)  # fp32 state, read + write
+    kda += kda_layers * 2 * 4 * 3 * heads * c.linear_head_dim * (c.conv_kernel_size - 1)
     per_position = (c.kv_lora_rank + c.qk_rope_head_dim) * model.dtype.itemsize
     return StepTraffic(
         dense_weights=_storage_bytes(dense),

@@ -91,12 +91,14 @@ def load_accelerated(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     progress: bool | None = None,
+    tp: Any = None,
     **fast_path: Any,
 ) -> LingForCausalLM:
     """`load_model` then `accelerate`: the model `Engine.from_pretrained` runs, without the engine
-    (`fast_path`: the fields of FastPathOptions). Bad options fail before the (long) load."""
+    (`fast_path`: the fields of FastPathOptions; `tp`: a tensor-parallel rank loads its shard). Bad
+    options fail before the (long) load."""
     options = FastPathOptions(**fast_path)
-    return accelerate(load_model(path, LoadOptions(device, dtype, progress)), options)
+    return accelerate(load_model(path, LoadOptions(device, dtype, progress, tp)), options)
 
 
 def keep_block_fp8(linear: Linear, mode: str, device: torch.device) -> bool:

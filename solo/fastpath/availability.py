@@ -16,6 +16,11 @@ class DecodeStepUnavailable(ValueError):
 def fused_step_unavailable(model: LingForCausalLM, allow_interpreter: bool = True) -> str | None:
     """Why the fused decode step cannot run `model` here (None: it can). On a CPU it runs only under
     Triton's interpreter (TRITON_INTERPRET=1, for tests), and only when asked for explicitly."""
+    if model.tp.enabled:
+        return (
+            "the fused decode step runs one unsplit model; under --tensor-parallel the reference modules run "
+            "(with their all-reduces, and CUDA graphs)"
+        )
     interpreter = allow_interpreter and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     if model.device.type != "cuda" and not interpreter:
         return f"the fused decode step runs on an NVIDIA GPU (--device cuda); this model is on {model.device.type}"

@@ -43,11 +43,14 @@ class HybridCache:
         device: torch.device | str,
         dtype: torch.dtype,
         with_nextn: bool = False,
+        tensor_parallel: int = 1,
     ) -> None:
+        """`tensor_parallel`: the ranks the KDA heads are split over (each rank's states hold its heads;
+        the MLA latent cache is every head's, so it is whole on every rank)."""
         self.max_len = max_len
         self.kda: dict[int, KDAState] = {}
         self.mla: dict[int, MLACache] = {}
-        heads, d = config.linear_num_heads, config.linear_head_dim
+        heads, d = config.linear_num_heads // tensor_parallel, config.linear_head_dim
         for layer in config.kda_layers:
             self.kda[layer] = KDAState(
                 recurrent=torch.zeros(heads, d, d, dtype=torch.float32, device=device),

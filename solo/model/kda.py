@@ -177,10 +177,12 @@ def kda_chunked_scan(
 
 
 class KimiDeltaAttention(nn.Module):
-    def __init__(self, config: LingConfig) -> None:
+    """`num_heads`: the heads this module computes (a tensor-parallel rank's share; default all)."""
+
+    def __init__(self, config: LingConfig, num_heads: int | None = None) -> None:
         super().__init__()
         hidden = config.hidden_size
-        self.num_heads = config.linear_num_heads
+        self.num_heads = num_heads or config.linear_num_heads
         self.head_dim = config.linear_head_dim
         dim = self.num_heads * self.head_dim
         self.kernel_size = config.conv_kernel_size

@@ -13,6 +13,8 @@ import torch
 from torch import nn
 
 from solo.config import LingConfig
+from solo.distributed.parallel import TensorParallel
+from solo.distributed.sharding import ShardPlan
 from solo.model.cache import HybridCache, KDAHistory
 from solo.model.kda import KimiDeltaAttention
 from solo.model.layers import Linear, RMSNorm, RotaryEmbedding
@@ -23,15 +25,27 @@ PREFILL_CHUNK = 2048
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: LingConfig, layer: int) -> None:
+    """Attention and MLP with residuals. Under tensor parallelism each holds this rank's shard
+    (solo.distributed.sharding) and returns a partial sum: the layer adds the ranks' parts with one
+    all-reduce after the attention and one after the MLP (routed and shared experts together)."""
+
+    def __init__(
+        self, config: LingConfig, layer: int, tp: TensorParallel | None = None, plan: ShardPlan | None = None
+    ) -> None:
         super().__init__()
+        plan = plan or ShardPlan()
         self.layer = layer
         self.is_mla = config.is_mla(layer)
-        self.attention: nn.Module = MultiLatentAttention(config) if self.is_mla else KimiDeltaAttention(config)
+        self.tp = tp or TensorParallel.single()
+        self.attention: nn.Module = (
+            MultiLatentAttention(config, plan.mla_heads(config))
+            if self.is_mla
+            else KimiDeltaAttention(config, plan.kda_heads(config))
+        )
         self.mlp: nn.Module = (
-            SparseMoE(config, layer)
+            SparseMoE(config, layer, plan)
             if config.is_moe(layer)
-            else SwiGLUMLP(config.hidden_size, config.intermediate_size)
+            else SwiGLUMLP(config.hidden_size, plan.dense_intermediate(config))
         )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -50,16 +64,16 @@ class DecoderLayer(nn.Module):
         else:
             history = None if kda_history is None else kda_history[self.layer]
             h = self.attention(h, cache.kda[self.layer], history)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.tp.all_reduce(h)
+        return x + self.tp.all_reduce(self.mlp(self.post_attention_layernorm(x)))
 
 
 class NextNLayer(DecoderLayer):
     """The multi-token-prediction layer: x = eh_proj([enorm(embed(token)); hnorm(hidden)]), one
     MLA + MoE decoder block, then final_layernorm. The LM head is the target model's own."""
 
-    def __init__(self, config: LingConfig) -> None:
-        super().__init__(config, config.num_hidden_layers)
+    def __init__(self, config: LingConfig, tp: TensorParallel | None = None, plan: ShardPlan | None = None) -> None:
+        super().__init__(config, config.num_hidden_layers, tp, plan)
         hidden = config.hidden_size
         self.enorm = RMSNorm(hidden, config.rms_norm_eps)
         self.hnorm = RMSNorm(hidden, config.rms_norm_eps)
@@ -79,25 +93,34 @@ class NextNLayer(DecoderLayer):
 
 
 class LingBackbone(nn.Module):
-    def __init__(self, config: LingConfig) -> None:
+    def __init__(self, config: LingConfig, tp: TensorParallel | None = None, plan: ShardPlan | None = None) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)  # replicated
         self.word_embeddings.weight.requires_grad_(False)
-        layers: list[nn.Module] = [DecoderLayer(config, i) for i in range(config.num_hidden_layers)]
+        layers: list[nn.Module] = [DecoderLayer(config, i, tp, plan) for i in range(config.num_hidden_layers)]
         if config.has_nextn:
-            layers.append(NextNLayer(config))
+            layers.append(NextNLayer(config, tp, plan))
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class LingForCausalLM(nn.Module):
-    def __init__(self, config: LingConfig) -> None:
+    """`tp`: the tensor-parallel group this process is a rank of (None: one process); the modules
+    then hold the rank's shard (`shard`, solo.distributed.sharding) and the LM head its vocabulary
+    rows, gathered into full logits (solo.distributed.layers.VocabParallelHead, installed by the loader)."""
+
+    def __init__(self, config: LingConfig, tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.config = config
-        self.model = LingBackbone(config)
-        self.lm_head: nn.Module = Linear(config.hidden_size, config.vocab_size)
+        self.tp = tp or TensorParallel.single()
+        self.shard = ShardPlan.create(config, self.tp.world, self.tp.rank, self.tp.expert_split)
+        self.model = LingBackbone(config, self.tp, self.shard)
+        vocab = self.shard.vocab_span(config)
+        self.lm_head: nn.Module = Linear(config.hidden_size, vocab[1] - vocab[0])
         self.rotary = RotaryEmbedding(config)
         self.fp8_block_size: tuple[int, int] | None = None  # the checkpoint's FP8 blocks (None: no FP8 layers)
+        # block-FP8 layers whose tensor-parallel split cuts their blocks: dequantized at load (solo.checkpoint.shard)
+        self.split_dequantized: list[str] = []
         self.fast_path: object | None = None  # the FastPathOptions installed by solo.fastpath.accelerate
         # the fused GPU decode step (solo.fastpath.decode_step), when installed: it serves the token
         # counts it was built for (decode, verification); prefill stays on the layers below

@@ -17,10 +17,13 @@ from solo.model.layers import Linear, RMSNorm, RotaryEmbedding, mla_softmax_scal
 
 
 class MultiLatentAttention(nn.Module):
-    def __init__(self, config: LingConfig) -> None:
+    """`num_heads`: the heads this module computes (a tensor-parallel rank's share; default all). The
+    latent path (kv_a, q_a) is every head's, so it is whole on every rank."""
+
+    def __init__(self, config: LingConfig, num_heads: int | None = None) -> None:
         super().__init__()
         hidden = config.hidden_size
-        self.num_heads = config.num_attention_heads
+        self.num_heads = num_heads or config.num_attention_heads
         self.nope_dim = config.qk_nope_head_dim
         self.rope_dim = config.qk_rope_head_dim
         self.v_dim = config.v_head_dim

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from solo.config import LingConfig
+from solo.distributed.sharding import ShardPlan
 from solo.kernels.moe import MoEBackend, swiglu
 from solo.model.layers import Linear
 
@@ -60,27 +61,41 @@ class Router(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """Routed experts (run by a swappable MoEBackend set at load time) plus the shared expert."""
+    """Routed experts (run by a swappable MoEBackend set at load time) plus the shared expert.
 
-    def __init__(self, config: LingConfig, layer: int) -> None:
+    Under tensor parallelism (`plan`, solo.distributed.sharding) the router is whole and the experts
+    are this rank's: split by expert, the backend holds experts [first, first + count) and the
+    routing's other experts get weight 0 here (their owners weight them); split by width, it holds
+    every expert's slice of the intermediate dimension. The output is then this rank's partial sum."""
+
+    def __init__(self, config: LingConfig, layer: int, plan: ShardPlan | None = None) -> None:
         super().__init__()
+        plan = plan or ShardPlan()
         self.gate = Router(config)
         self.experts: MoEBackend | None = None
         self.swiglu_limit = config.expert_swiglu_limit(layer)
+        self.expert_first, self.num_local_experts = plan.expert_span(config)
+        self.expert_intermediate = plan.expert_intermediate(config)
+        self.localize = self.num_local_experts < config.num_experts
         self.shared_experts = (
-            SwiGLUMLP(
-                config.hidden_size,
-                config.moe_intermediate_size * config.n_shared_experts,
-                config.shared_swiglu_limit(layer),
-            )
+            SwiGLUMLP(config.hidden_size, plan.shared_intermediate(config), config.shared_swiglu_limit(layer))
             if config.n_shared_experts
             else None
         )
+
+    def local_routing(self, ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert parallel: global ids -> this rank's expert numbers, other ranks' slots weighted 0 (and
+        pointed at local expert 0). Static shapes, no host synchronisation."""
+        local = ids - self.expert_first
+        mine = (local >= 0) & (local < self.num_local_experts)
+        return torch.where(mine, local, torch.zeros_like(local)), torch.where(mine, weights, torch.zeros_like(weights))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.experts is None:
             raise RuntimeError("SparseMoE: routed experts were not loaded (the checkpoint loader sets them).")
         weights, ids = self.gate(x)
+        if self.localize:
+            ids, weights = self.local_routing(ids, weights)
         out = self.experts(x, ids, weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)

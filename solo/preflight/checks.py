@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from solo.engine.engine import Engine, GenerationParams
+from solo.engine.sampling import SamplingParams
 from solo.model.layers import Linear, block_fp8_linears
 from solo.model.moe import SparseMoE
 from solo.speculative.acceptance import AcceptanceCounter
@@ -177,7 +178,9 @@ def check_lm_head(engine: Engine, requested: str) -> Check:
         )
     if requested == "fp8":
         scales = info.get("scales") or {}
-        if scales.get("shape") != [engine.model.config.vocab_size] or not scales.get("min", 0) > 0:
+        shard = info.get("vocab_shard")  # a tensor-parallel rank's head holds its vocabulary rows
+        rows = shard[1] - shard[0] if shard else engine.model.config.vocab_size
+        if scales.get("shape") != [rows] or not scales.get("min", 0) > 0:
             return Check("lm_head", requested, FAILED, evidence, "FP8 head has no valid per-row scales")
     return Check("lm_head", requested, ACTIVE, evidence)
 
@@ -196,6 +199,19 @@ def check_block_fp8(engine: Engine, requested: str) -> Check:
         "dense_layers": len(linears) - len(fp8),
         "fp8_bytes": sum(m.nbytes for m in fp8),
     }
+    cut = getattr(engine.model, "split_dequantized", [])
+    if cut:
+        evidence["dequantized_by_split"] = len(cut)
+    if requested == "on" and cut:
+        return Check(
+            "block_fp8",
+            requested,
+            FAILED,
+            evidence,
+            f"the tensor-parallel split cuts the 128x128 FP8 blocks of {len(cut)} layers (e.g. {cut[0]}), so they "
+            "were dequantized at load; the FP8 kernel needs whole blocks. Use --block-fp8 auto, or a "
+            "--tensor-parallel whose shards hold whole blocks",
+        )
     if not fp8:
         if requested == "auto":
             evidence["reason"] = "no block-FP8 layer large enough on this device (auto: GPU, K >= 1536)"
@@ -349,6 +365,186 @@ def check_cuda_graphs(engine: Engine) -> Check:
     return Check("cuda_graphs", "on", ACTIVE, evidence)
 
 
+def _measured_shard(engine: Engine) -> dict[str, int]:
+    """This rank's shard as its modules hold it (not as the plan says): heads, experts, widths, vocabulary rows."""
+    from solo.model.kda import KimiDeltaAttention
+    from solo.model.mla import MultiLatentAttention
+
+    model, config = engine.model, engine.model.config
+    out: dict[str, int] = {}
+    for layer in model.model.layers:
+        attention = layer.attention
+        if isinstance(attention, KimiDeltaAttention) and "kda_heads" not in out:
+            out["kda_heads"] = attention.q_proj.weight.shape[0] // config.linear_head_dim
+            out["kda_state_heads"] = attention.A_log.numel()
+        if isinstance(attention, MultiLatentAttention) and "mla_heads" not in out:
+            out["mla_heads"] = attention.w_uk.shape[0]
+            out["mla_dense_columns"] = attention.dense.weight.shape[1]
+        moe = layer.mlp
+        if isinstance(moe, SparseMoE) and moe.experts is not None and "experts" not in out:
+            source = getattr(moe.experts, "source", None)
+            if source is not None:
+                out["experts"] = source.num_experts
+                out["expert_width"] = source.intermediate_size
+    info = model.lm_head.describe() if hasattr(model.lm_head, "describe") else {}
+    out["vocab_rows"] = (info.get("shape") or [0])[0]
+    return out
+
+
+def _claimed_shard(engine: Engine) -> dict[str, int]:
+    config, plan = engine.model.config, engine.model.shard
+    claimed = {
+        "kda_heads": plan.kda_heads(config),
+        "kda_state_heads": plan.kda_heads(config),
+        "mla_heads": plan.mla_heads(config),
+        "mla_dense_columns": plan.mla_heads(config) * config.v_head_dim,
+        "experts": plan.expert_span(config)[1],
+        "expert_width": plan.expert_intermediate(config),
+        "vocab_rows": plan.part(config.vocab_size),
+    }
+    return {k: v for k, v in claimed.items() if k in _measured_shard(engine)}
+
+
+def check_tensor_parallel(engine: Engine, requested: int, steps: int = 8) -> Check:
+    """Tensor parallelism is live: the world size and backend are those asked for, an all-reduce of a
+    rank-dependent tensor over the model's group gives the expected sum, every rank's modules hold
+    the shard the plan claims and the shards tile the model, a decode step runs two all-reduces per
+    layer (timed: what they cost in the step), and a greedy and a sampled generation give the same
+    tokens on every rank."""
+    tp = engine.tp
+    if requested <= 1 and not tp.enabled:
+        return Check("tensor_parallel", "off", OFF)
+    wanted = f"TP{requested}"
+    evidence: dict[str, Any] = {
+        "world_size": tp.world,
+        "backend": tp.backend,
+        "transport": tp.transport,
+        "moe_split": engine.model.shard.experts,
+    }
+    if tp.transport_us:  # what the start-up timing of both transports found (the faster one runs)
+        evidence.update({f"{name}_all_reduce_us_at_start": us for name, us in tp.transport_us.items()})
+    if tp.world != requested:
+        from solo.distributed.parallel import launch_hint
+
+        return Check(
+            "tensor_parallel",
+            wanted,
+            FAILED,
+            evidence,
+            f"the engine runs on {tp.world} rank(s), not the {requested} requested: {launch_hint(requested)}",
+        )
+    model, config, dev = engine.model, engine.model.config, engine.model.device
+    # 1. a live all-reduce over the model's group (NCCL or gloo), rank-dependent
+    x = torch.full((4,), float(tp.rank + 1), device=dev, dtype=torch.float32)
+    tp.all_reduce(x)
+    want_sum = tp.world * (tp.world + 1) / 2
+    summed = bool(torch.all(x == want_sum).item())
+    # 2. the shard each rank's modules hold against the plan's claim
+    measured, claimed = _measured_shard(engine), _claimed_shard(engine)
+    # 3. a decode step: all-reduces counted and timed as they run in it
+    ids = torch.tensor((engine.tokenizer.encode("1 + 1 = 2") or [0])[:4], device=dev)
+    cache = engine.cache_for(len(ids) + steps + 1)  # (outside inference mode: generations reuse it)
+    with torch.inference_mode():
+        model(ids, torch.arange(len(ids), device=dev), cache)
+        tp.cuda_timing = dev.type == "cuda"  # GPU: CUDA events around each collective (eager steps here)
+        before, began = tp.stats.copy(), time.perf_counter()
+        for i in range(steps):
+            position = torch.tensor([len(ids) + i], device=dev)
+            model.logits(model(ids[-1:], position, cache))
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        step_s = (time.perf_counter() - began) / steps
+    tp.resolve_timings()
+    tp.cuda_timing = False
+    ran = tp.stats.since(before)
+    # 4. lockstep: the same tokens on every rank, greedy and sampled (the seed rank 0 draws)
+    greedy = engine.generate([1, 2, 3], GenerationParams(max_tokens=6, ignore_eos=True)).token_ids
+    sampled_params = GenerationParams(max_tokens=6, ignore_eos=True, sampling=SamplingParams(temperature=1.0))
+    sampled = engine.generate([1, 2, 3], sampled_params).token_ids
+    plan = model.shard
+    mine = {
+        "rank": tp.rank,
+        "sum": summed,
+        "measured": measured,
+        "claimed": claimed,
+        "spans": {
+            "kda_heads": plan.span(config.linear_num_heads),
+            "mla_heads": plan.span(config.num_attention_heads),
+            "experts": (plan.expert_span(config)[0], sum(plan.expert_span(config))),
+            "vocab": plan.vocab_span(config),
+        },
+        "shard": plan.describe(config),
+        "tokens": (greedy, sampled),
+    }
+    ranks = tp.gather_objects(mine)
+    per_step = ran.all_reduces / steps
+    evidence.update(
+        {
+            "all_reduce_sum": f"{want_sum:g} on {sum(r['sum'] for r in ranks)}/{tp.world} ranks",
+            "all_reduces_per_step": per_step,
+            "all_reduce_us": round(1e6 * ran.all_reduce_s / max(ran.all_reduces, 1), 1),
+            "all_gather_us": round(1e6 * ran.all_gather_s / max(ran.all_gathers, 1), 1),
+            "collectives_share_of_step": round(ran.seconds / steps / step_s, 3) if step_s > 0 else None,
+            "step_ms": round(1e3 * step_s, 3),
+            "shards": "; ".join(
+                " ".join(f"{k}={v}" for k, v in r["shard"].items() if k != "rank") + f" (rank {r['rank']})"
+                for r in ranks
+            ),
+            "ranks": [r["shard"] for r in ranks],
+        }
+    )
+
+    def failed(reason: str) -> Check:
+        return Check("tensor_parallel", wanted, FAILED, evidence, reason)
+
+    bad_sum = [r["rank"] for r in ranks if not r["sum"]]
+    if bad_sum:
+        return failed(f"an all-reduce of rank + 1 did not sum to {want_sum:g} on ranks {bad_sum}")
+    for r in ranks:
+        wrong = {k: (r["measured"].get(k), v) for k, v in r["claimed"].items() if r["measured"].get(k) != v}
+        if wrong:
+            return failed(f"rank {r['rank']} holds a different shard than claimed (held, claimed): {wrong}")
+    totals = {
+        "kda_heads": config.linear_num_heads,
+        "mla_heads": config.num_attention_heads,
+        "experts": config.num_experts,
+        "vocab": config.vocab_size,
+    }
+    for key, total in totals.items():
+        spans = sorted(tuple(r["spans"][key]) for r in ranks)
+        if key == "experts" and plan.experts == "width":
+            tiles = all(span == (0, total) for span in spans)
+        else:
+            joined = all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+            tiles = spans[0][0] == 0 and spans[-1][1] == total and joined
+        if not tiles:
+            return failed(f"the ranks' {key} shards {spans} do not cover [0, {total}) exactly once")
+    if per_step != 2 * config.num_hidden_layers:
+        return failed(
+            f"a decode step ran {per_step:g} all-reduces, expected 2 per layer ({2 * config.num_hidden_layers})"
+        )
+    differing = [r["rank"] for r in ranks if r["tokens"] != ranks[0]["tokens"]]
+    if differing:
+        return failed(f"ranks {differing} generated other tokens than rank 0 (greedy and sampled)")
+    evidence["tokens_agree"] = f"{len(greedy) + len(sampled)} tokens on {tp.world} ranks"
+    return Check("tensor_parallel", wanted, ACTIVE, evidence)
+
+
+def _agree_across_ranks(engine: Engine, checks: list[Check]) -> list[Check]:
+    """A check that failed on any rank fails on every rank (all stop together, rank 0 reports it)."""
+    if not engine.tp.enabled:
+        return checks
+    failures = engine.tp.gather_objects([(c.name, c.reason) for c in checks if c.status == FAILED])
+    for rank, failed_here in enumerate(failures):
+        if rank == engine.tp.rank:
+            continue
+        for name, reason in failed_here:
+            for c in checks:
+                if c.name == name and c.status != FAILED:
+                    c.status, c.reason = FAILED, f"on rank {rank}: {reason}"
+    return checks
+
+
 def run_preflight(
     engine: Engine,
     moe_backend: str,
@@ -358,9 +554,13 @@ def run_preflight(
     cuda_graphs: bool = False,
     block_fp8: str = "auto",
     decode_step: str = "auto",
+    tensor_parallel: int = 1,
 ) -> PreflightReport:
+    """Every requested optimization's check. Under tensor parallelism every rank runs them (the same
+    collectives in the same order) and a check failed on any rank fails on all."""
     start = time.perf_counter()
-    checks = [check_moe_backend(engine, moe_backend), check_lm_head(engine, lm_head)]
+    checks = [check_tensor_parallel(engine, tensor_parallel)]
+    checks += [check_moe_backend(engine, moe_backend), check_lm_head(engine, lm_head)]
     checks.append(check_block_fp8(engine, block_fp8))
     checks.append(check_decode_step(engine, decode_step))
     if speculative:
@@ -369,4 +569,4 @@ def run_preflight(
         checks.append(Check("mtp", "off", OFF))
     checks.append(check_kernels(engine, moe_backend))
     checks.append(check_cuda_graphs(engine) if cuda_graphs else Check("cuda_graphs", "off", OFF))
-    return PreflightReport(checks, time.perf_counter() - start)
+    return PreflightReport(_agree_across_ranks(engine, checks), time.perf_counter() - start)

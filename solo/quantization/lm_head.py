@@ -106,8 +106,13 @@ def reference_fp8_rowwise_linear(x: torch.Tensor, weight: torch.Tensor, scale: t
 
 
 def build(head: nn.Module, mode: str) -> nn.Module:
-    """Turn the loaded head (a Linear holding the checkpoint weight) into the requested mode."""
+    """Turn the loaded head (a Linear holding the checkpoint weight) into the requested mode. A
+    tensor-parallel rank's head (solo.distributed.layers.VocabParallelHead) keeps its shard and gathering."""
     validate_mode(mode)
+    from solo.distributed.layers import VocabParallelHead
+
+    if isinstance(head, VocabParallelHead):
+        return head.rebuilt(build(head.inner, mode))
     weight = head.weight.data
     if mode == "fp32":
         return DenseHead(weight.float(), "fp32")

@@ -110,3 +110,6 @@ def serve(engine, sock: socket.socket, options: ServeOptions, log_level: str = "
     host, port = sock.getsockname()[:2]
     print(f"solo serve: {options.model_name} on http://{host}:{port}/v1 (Ctrl-C or SIGTERM stops)", file=sys.stderr)
     server.run(sockets=[sock])
+    # the engine is the caller's again only once its worker thread has ended (under tensor parallelism
+    # the caller then releases the other ranks, from this thread)
+    server._app.state.worker.join()
