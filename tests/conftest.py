@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -24,7 +26,12 @@ def tiny_checkpoints(tmp_path_factory):
 def fresh_ids():
     """Fresh random prompt ids each call (never a fixed or zero input)."""
 
+    # its own generator from the OS: fixtures that seed torch's global one (tiny checkpoints) must not
+    # make the prompts the same every run; the seed is in the failure message's locals
+    seed = int.from_bytes(os.urandom(8), "little") >> 1
+    gen = torch.Generator().manual_seed(seed)
+
     def draw(n: int, vocab: int = 262, low: int = 6) -> torch.Tensor:
-        return torch.randint(low, vocab, (n,))
+        return torch.randint(low, vocab, (n,), generator=gen)
 
     return draw

@@ -61,19 +61,33 @@ X86 = platform.machine().lower() in ("x86_64", "amd64")
 SHM = pytest.param("shm", marks=pytest.mark.skipif(not X86, reason="shared-memory collectives need x86-64"))
 
 
+def fp32_rounding(path: str, prompt: list[int]) -> float:
+    """The single process's own fp32 rounding on this prompt: its logits' distance from a float64 run."""
+    engines = {dt: Engine.from_pretrained(path, lm_head="fp32", dtype=dt) for dt in (torch.float32, torch.float64)}
+    engines[torch.float64].model.lm_head.weight.data = engines[torch.float64].model.lm_head.weight.data.double()
+    logits = {}
+    for dt, engine in engines.items():
+        with torch.inference_mode():
+            cache = engine.cache_for(len(prompt))
+            hidden = engine.model(torch.tensor(prompt), torch.arange(len(prompt)), cache)
+            logits[dt] = engine.model.lm_head(hidden).double()
+    return (logits[torch.float32] - logits[torch.float64]).abs().max().item()
+
+
 @pytest.mark.parametrize(
     ("preset", "split", "transport"),
     [("a", "width", "gloo"), pytest.param("a", "expert", "shm", marks=SHM.marks), ("c", "auto", "auto")],
 )
-def test_two_ranks_match_one_process_on_random_checkpoints(tiny_checkpoints, preset, split, transport):
+def test_two_ranks_match_one_process_on_random_checkpoints(tiny_checkpoints, fresh_ids, preset, split, transport):
+    """Fresh prompts; logits within 1e-5 (largest seen over 72 prompts: 8.5e-6) unless the prompt's own
+    fp32 rounding (single process vs float64) is larger, when twice that is the bound."""
     path = str(tiny_checkpoints[preset][0])
-    # random ids, seeded: the bound sits close to fp32 rounding (largest seen over 72 prompts: 8.5e-6)
-    prompt = torch.randint(6, 262, (9,), generator=torch.Generator().manual_seed(21)).tolist()
+    prompt = fresh_ids(9).tolist()
     single = greedy_runs(path, prompt, 10)
     ranks = run_ranks(greedy_runs, 2, path, prompt, 10, 2, split, "fp32", transport)
     assert ranks[0]["transport"] == ranks[1]["transport"] and transport in ("auto", ranks[0]["transport"])
     assert "nextn" in single and single["nextn"]["accept_length"] is not None
-    worst = _compare(single, ranks, TOL)
+    worst = _compare(single, ranks, max(TOL, 2 * fp32_rounding(path, prompt)))
     assert ranks[0]["moe_split"] == (split if split != "auto" else ranks[0]["moe_split"])
     assert ranks[0]["shard"]["vocab"] != ranks[1]["shard"]["vocab"]
     layers = LingConfig.from_file(path).num_hidden_layers
@@ -83,21 +97,12 @@ def test_two_ranks_match_one_process_on_random_checkpoints(tiny_checkpoints, pre
     print(f"preset {preset} ({ranks[0]['moe_split']}, {ranks[0]['transport']}): largest logit difference {worst:.2e}")
 
 
-def test_two_ranks_match_one_process_on_the_bundled_model():
-    prompt = [5, 80, 200, 17, 33, 99, 1000, 7, 42, 1500]
+def test_two_ranks_match_one_process_on_the_bundled_model(fresh_ids):
+    prompt = fresh_ids(10, vocab=2000).tolist()
     single = greedy_runs(BUNDLED, prompt, 16)
     ranks = run_ranks(greedy_runs, 2, BUNDLED, prompt, 16, 2)
     assert ranks[0]["moe_split"] == "expert"  # MXFP4 experts of width 32: an MXFP4 group cannot be cut
-    # the single process's own fp32 rounding: its distance from a float64 run of the same prompt
-    engines = {dt: Engine.from_pretrained(BUNDLED, lm_head="fp32", dtype=dt) for dt in (torch.float32, torch.float64)}
-    engines[torch.float64].model.lm_head.weight.data = engines[torch.float64].model.lm_head.weight.data.double()
-    logits = {}
-    for dt, engine in engines.items():
-        with torch.inference_mode():
-            cache = engine.cache_for(len(prompt))
-            hidden = engine.model(torch.tensor(prompt), torch.arange(len(prompt)), cache)
-            logits[dt] = engine.model.lm_head(hidden).double()
-    rounding = (logits[torch.float32] - logits[torch.float64]).abs().max().item()
+    rounding = fp32_rounding(BUNDLED, prompt)
     worst = _compare(single, ranks, max(TOL, 2 * rounding))
     print(f"bundled: largest logit difference {worst:.2e}; fp32 vs float64 in one process {rounding:.2e}")
 
