@@ -10,7 +10,6 @@ variant: registers, spills, shared memory. The local Triton (3.9) may be newer t
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -84,10 +83,8 @@ def gemv_variants():
     for tokens in (1, 4):
         for name, n, k, half, norm, epi, add, limit, wdt, scale, odt in shapes:
             rows = half or n
-            cfg = g.choose_config(rows, k, tokens)  # the rule (the tuned table needs the GPU itself)
-            dot = cfg.dot and bool(scale)  # BF16 weights stay on the CUDA cores (FusedGemv.config)
-            if cfg.dot and not scale:
-                cfg = dataclasses.replace(cfg, block_n=32, block_k=64, dot=False)
+            cfg = g.choose_config(rows, k, tokens, fp8=bool(scale))  # the rule (the tuned table needs the GPU)
+            dot = cfg.dot
             block_k = 128 if norm == g.NORM_GATED else cfg.block_k
             ptrs = dict(GEMV_PTRS, w_ptr=wdt, o_ptr=odt)
             constexprs = dict(

@@ -99,6 +99,39 @@ def _prologue(
 
 
 @triton.jit
+def _accumulate(
+    acc,
+    w,
+    x,
+    s_ptr,
+    scale_row,
+    k0,
+    rk,
+    k_ok,
+    KB: tl.constexpr,
+    SCALE: tl.constexpr,
+    DOT: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """acc + this K chunk's products of weight rows w [BLOCK_N, BLOCK_K] (scale block row `scale_row`)
+    with the tokens x [BLOCK_T, BLOCK_K], in the accumulator layout of the path (see _fused_gemv)."""
+    if DOT:
+        part = tl.dot(w.to(tl.float16), tl.trans(x.to(tl.float16)))
+        if SCALE == 1:
+            part = part * tl.load(s_ptr + scale_row * KB + k0 // 128)
+    else:
+        xs = x
+        if SCALE == 1:
+            s = tl.load(s_ptr + scale_row * KB + rk // 128, mask=k_ok, other=0.0)
+            xs = x * s[None, :]
+        if BLOCK_T == 1:
+            part = w.to(tl.float32) * tl.sum(xs, axis=0)[None, :]
+        else:
+            part = w.to(tl.float32)[None, :, :] * xs[:, None, :]
+    return acc + part
+
+
+@triton.jit
 def _fused_gemv(
     x_ptr,
     stride_x,
@@ -175,7 +208,6 @@ def _fused_gemv(
     # BLOCK_K] x [BLOCK_K, BLOCK_T >= 16]; FP8 codes widen exactly to fp16, as do the bf16-rounded
     # activations in fp16's normal range (tinier ones lose bits far below the result's bf16 rounding);
     # the tile's block scale multiplies the fp32 product (one scale per tile: BLOCK_K divides 128)
-    DOT_T: tl.constexpr = tl.float16
     if DOT:
         acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
@@ -193,39 +225,12 @@ def _fused_gemv(
             if pid_n == 0:
                 store_rounded(xn_ptr + rt[:, None] * stride_xn + rk[None, :], x, t_ok[:, None] & k_ok[None, :])
         w = tl.load(w_ptr + rn64[:, None] * K + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if DOT:
-            xt = tl.trans(x.to(DOT_T))
-            part = tl.dot(w.to(DOT_T), xt)
-            if SCALE == 1:
-                part = part * tl.load(s_ptr + row_block * KB + k0 // 128)
-            acc += part
-        else:
-            xs = x
-            if SCALE == 1:
-                s = tl.load(s_ptr + row_block * KB + rk // 128, mask=k_ok, other=0.0)
-                xs = x * s[None, :]
-            if BLOCK_T == 1:
-                acc += w.to(tl.float32) * tl.sum(xs, axis=0)[None, :]
-            else:
-                acc += w.to(tl.float32)[None, :, :] * xs[:, None, :]
+        acc = _accumulate(acc, w, x, s_ptr, row_block, k0, rk, k_ok, KB, SCALE, DOT, BLOCK_T)
         if EPI == 2:
             wu = tl.load(
                 w_ptr + (rn64 + HALF)[:, None] * K + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0
             )
-            if DOT:
-                part_u = tl.dot(wu.to(DOT_T), xt)
-                if SCALE == 1:
-                    part_u = part_u * tl.load(s_ptr + up_block * KB + k0 // 128)
-                acc_u += part_u
-            else:
-                xu = x
-                if SCALE == 1:
-                    su = tl.load(s_ptr + up_block * KB + rk // 128, mask=k_ok, other=0.0)
-                    xu = x * su[None, :]
-                if BLOCK_T == 1:
-                    acc_u += wu.to(tl.float32) * tl.sum(xu, axis=0)[None, :]
-                else:
-                    acc_u += wu.to(tl.float32)[None, :, :] * xu[:, None, :]
+            acc_u = _accumulate(acc_u, wu, x, s_ptr, up_block, k0, rk, k_ok, KB, SCALE, DOT, BLOCK_T)
 
     if DOT:
         y = tl.trans(acc)  # [BLOCK_T, BLOCK_N]
@@ -314,24 +319,25 @@ def tuned_table(capability: tuple[int, int]) -> dict[str, GemvConfig]:
 
 
 def choose_config(
-    rows: int, k: int, tokens: int, kind: str = "plain", device: torch.device | None = None
+    rows: int, k: int, tokens: int, kind: str = "plain", device: torch.device | None = None, fp8: bool = True
 ) -> GemvConfig:
     """The tuned configuration of this call shape on this GPU if one was measured (`dev/fused_gemv_sweep.py`
     writes the table), else a rule: one token on the CUDA cores with 32 rows per program (so the
     activation-side work of the prologue is small next to the weight work: with 8 rows it dominated,
     0.35-0.6 TB/s on the H200), several on the tensor cores (2.2-3.9x faster than the CUDA cores at 4
     tokens in the sweep), K split until about two programs per SM run. (Triton's CPU interpreter runs
-    programs one after another: there, the fewest.)"""
+    programs one after another: there, the fewest.) BF16 weights (`fp8=False`) stay on the CUDA cores:
+    fp16 operands would round them."""
     if interpreter_mode():
-        return GemvConfig(block_n=128 if tokens == 1 else 64, block_k=128, split_k=1, dot=tokens > 1)
+        return GemvConfig(block_n=128 if tokens == 1 else 64, block_k=128, split_k=1, dot=tokens > 1 and fp8)
     if device is not None and device.type == "cuda":
         hit = tuned_table(torch.cuda.get_device_capability(device)).get(tuned_key(rows, k, tokens, kind))
-        if hit is not None:
+        if hit is not None and (fp8 or not hit.dot):
             return hit
-    if tokens > 1:  # tensor cores (FP8 weights; FusedGemv.config keeps BF16 on the CUDA cores)
+    if tokens > 1 and fp8:  # tensor cores
         block_n, block_k, stages, dot = 64, 128, 2, True
     else:
-        block_n, block_k, stages, dot = 32, 128, 3, False
+        block_n, block_k, stages, dot = 32, 128 if tokens == 1 else 64, 3, False
     chunks = triton.cdiv(k, block_k)
     split = 1
     while triton.cdiv(rows, block_n) * split < TARGET_PROGRAMS and split * 2 <= min(8, chunks // 2):
@@ -383,10 +389,8 @@ class FusedGemv:
     def config(self, tokens: int, gated: bool = False) -> GemvConfig:
         if tokens not in self._configs:
             kind = "swiglu" if self.half is not None else "gated" if gated else "plain"
-            cfg = choose_config(self.rows, self.k, tokens, kind, self.weight.device)
-            if cfg.dot and not self.scale_mode:  # BF16 weights: the CUDA-core path
-                cfg = dataclasses.replace(cfg, block_n=32, block_k=64, dot=False)
-            self._configs[tokens] = cfg
+            fp8 = self.weight.dtype == torch.float8_e4m3fn
+            self._configs[tokens] = choose_config(self.rows, self.k, tokens, kind, self.weight.device, fp8)
         return self._configs[tokens]
 
     def set_config(self, tokens: int, config: GemvConfig) -> None:
