@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(not INTERPRET, reason="runs under Triton's CPU i
 from solo.checkpoint.synthetic import load_random_model, synthetic_config  # noqa: E402
 from solo.fastpath import FastPathOptions, accelerate  # noqa: E402
 from solo.model.cache import HybridCache  # noqa: E402
+from solo.testing.routing import recorded_ties  # noqa: E402
 
 # Narrow, but every kernel's shape constraints hold (powers of two, 128-row FP8 blocks).
 NARROW = dict(
@@ -64,45 +65,19 @@ def models():
     return config, ref, fast
 
 
-def routing_margin(router, x: torch.Tensor) -> float:
-    """The smallest gap, over tokens, between what the router keeps and what it drops (groups ranked by
-    their top-2 sum, then experts among the kept groups): below bf16 rounding, the fused step and the
-    reference may route the token differently, a tie-break, not an error of either."""
-    scores = torch.sigmoid(torch.nn.functional.linear(x.float(), router.weight.float()))
-    biased = scores + router.expert_bias.float()
-    margins = []
-    if router.n_group > 1 and router.topk_group < router.n_group:
-        grouped = biased.view(-1, router.n_group, router.num_experts // router.n_group)
-        group_scores = grouped.topk(2, dim=-1).values.sum(-1).sort(-1, descending=True).values
-        margins.append(group_scores[:, router.topk_group - 1] - group_scores[:, router.topk_group])
-        kept = grouped.topk(2, dim=-1).values.sum(-1).topk(router.topk_group, dim=-1).indices
-        mask = torch.zeros(grouped.shape[:2], dtype=torch.bool).scatter_(1, kept, True)
-        biased = grouped.masked_fill(~mask[..., None], float("-inf")).flatten(1)
-    ranked = biased.sort(-1, descending=True).values
-    margins.append(ranked[:, router.top_k - 1] - ranked[:, router.top_k])
-    return float(torch.stack(margins).min())
-
-
 def run_both(config, ref, fast, prompt, window):
     caches = [HybridCache(config, 32, "cpu", torch.bfloat16, with_nextn=True) for _ in range(2)]
     outs = []
-    router_inputs: list[torch.Tensor] = []
-    routers = [m for m in ref.modules() if type(m).__name__ == "Router"]
-    hooks = [r.register_forward_pre_hook(lambda mod, args: router_inputs.append((mod, args[0]))) for r in routers]
-    try:
-        with torch.inference_mode():
-            for model, cache in zip((ref, fast), caches, strict=True):
-                model.prefill(prompt, cache)  # 9 tokens: the reference layers in both
-                one = model(prompt[-1:], torch.tensor([9]), cache)
-                history = cache.new_history(4)
-                four = model(window, torch.arange(10, 14), cache, kda_history=history)
-                draft = model.draft_forward(window[:1], one, torch.tensor([10]), cache)
-                outs.append((one, model.logits(one), four, model.logits(four), draft, history))
-    finally:
-        for h in hooks:
-            h.remove()
-    margin = min(routing_margin(mod, x) for mod, x in router_inputs)
-    return outs, caches, margin
+    # every Router that runs (the reference's and the prefills') records its margin
+    with recorded_ties() as record, torch.inference_mode():
+        for model, cache in zip((ref, fast), caches, strict=True):
+            model.prefill(prompt, cache)  # 9 tokens: the reference layers in both
+            one = model(prompt[-1:], torch.tensor([9]), cache)
+            history = cache.new_history(4)
+            four = model(window, torch.arange(10, 14), cache, kda_history=history)
+            draft = model.draft_forward(window[:1], one, torch.tensor([10]), cache)
+            outs.append((one, model.logits(one), four, model.logits(four), draft, history))
+    return outs, caches, record.routing
 
 
 def test_decode_and_verification_equal_the_reference(models):
