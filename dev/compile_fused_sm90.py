@@ -26,9 +26,13 @@ FLOATS = {"eps", "limit", "scale", "amplitude", "lower_bound", "scaling"}
 SMEM_LIMIT = 232448  # per block on the H100/H200
 
 
-def compile_variant(fn, pointers: dict[str, str], constexprs: dict, num_warps: int = 4, num_stages: int = 3):
+def compile_variant(
+    fn, pointers: dict[str, str], constexprs: dict, num_warps: int = 4, num_stages: int = 3, pdl: bool = False
+):
     """Compile `fn` with pointer element types `pointers` (name -> 'bf16', 'fp32', ...) and the given
-    constexprs; other scalar arguments are i32, or fp32 for the names in FLOATS."""
+    constexprs; other scalar arguments are i32, or fp32 for the names in FLOATS. `pdl`: the kernel's
+    PDL constexpr and Triton's launch_pdl option (solo.kernels.pdl)."""
+    constexprs = {**constexprs, "PDL": pdl}
     jit = fn.fn if hasattr(fn, "fn") and not hasattr(fn, "arg_names") else fn
     sig: dict[str, str] = {}
     for param in jit.params:
@@ -45,7 +49,7 @@ def compile_variant(fn, pointers: dict[str, str], constexprs: dict, num_warps: i
             sig[name] = "fp32" if name in FLOATS else "i32"
     attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(sig.values()) if ty.startswith("*")}
     src = ASTSource(jit, sig, constexprs=constexprs, attrs=attrs)
-    options = {"num_warps": num_warps, "num_stages": num_stages}
+    options = {"num_warps": num_warps, "num_stages": num_stages, **({"launch_pdl": True} if pdl else {})}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
@@ -280,21 +284,31 @@ def resource_usage(cubin: bytes) -> tuple[str, str]:
 
 def main(out_dir: str | None = None) -> int:
     failures = 0
-    for name, fn, ptrs, constexprs, warps, stages in [*gemv_variants(), *other_variants()]:
-        try:
-            kernel = compile_variant(fn, ptrs, dict(constexprs), warps, stages)
-        except Exception as e:  # noqa: BLE001 (report every variant, then fail)
-            failures += 1
-            print(f"FAILED  {name}: {type(e).__name__}: {str(e).splitlines()[-1][:300]}")
-            continue
-        md = kernel.metadata
-        regs, spills = resource_usage(kernel.asm["cubin"])
-        note = "  (shared memory over the limit)" if md.shared > SMEM_LIMIT else ""
-        failures += md.shared > SMEM_LIMIT
-        print(f"ok      {name}: {regs} regs, {spills} B stack, {md.shared} B shared{note}")
-        if out_dir:
-            Path(out_dir).mkdir(parents=True, exist_ok=True)
-            (Path(out_dir) / f"{name.split()[0]}_{name.split()[1]}.ptx").write_text(kernel.asm["ptx"])
+    for base, fn, ptrs, constexprs, warps, stages in [*gemv_variants(), *other_variants()]:
+        for pdl in (False, True):
+            name = base + (" +pdl" if pdl else "")
+            try:
+                kernel = compile_variant(fn, ptrs, dict(constexprs), warps, stages, pdl)
+            except Exception as e:  # noqa: BLE001 (report every variant, then fail)
+                failures += 1
+                print(f"FAILED  {name}: {type(e).__name__}: {str(e).splitlines()[-1][:300]}")
+                continue
+            md = kernel.metadata
+            regs, spills = resource_usage(kernel.asm["cubin"])
+            notes = []
+            if md.shared > SMEM_LIMIT:
+                notes.append("shared memory over the limit")
+            # under PDL the kernel must wait for its predecessor (and let its successor launch); without, neither
+            griddep = kernel.asm["ptx"].count("griddepcontrol.")
+            if pdl != (griddep == 2 and bool(getattr(md, "launch_pdl", False))):
+                notes.append(f"PDL {pdl} but {griddep} griddepcontrol instructions")
+            failures += bool(notes)
+            note = f"  ({'; '.join(notes)})" if notes else ""
+            print(f"ok      {name}: {regs} regs, {spills} B stack, {md.shared} B shared{note}")
+            if out_dir:
+                Path(out_dir).mkdir(parents=True, exist_ok=True)
+                tag = "_pdl" if pdl else ""
+                (Path(out_dir) / f"{base.split()[0]}_{base.split()[1]}{tag}.ptx").write_text(kernel.asm["ptx"])
     return 1 if failures else 0
 
 

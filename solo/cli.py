@@ -87,6 +87,15 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         help="decode and verification forwards: fused (a few fused GPU kernels per layer; GPU, bf16), reference "
         "(the model's modules), auto (default: fused where it can run, else reference, with the reason)",
     )
+    p.add_argument(
+        "--pdl",
+        choices=("off", "on"),
+        default="off",
+        action=OnceOnly,
+        help="programmatic dependent launch between the fused decode step's kernels (Hopper or later): each "
+        "kernel is launched while the previous one finishes, hiding launch latency; needs the fused step "
+        "(default off; compare with `solo bench decode --configs cuda:fp8:fused,cuda:fp8:fused+pdl`)",
+    )
     add_graph_options(p)
     p.add_argument(
         "--speculative-algorithm",
@@ -225,6 +234,7 @@ def load_options(args: argparse.Namespace) -> dict:
         lm_head=args.lm_head,
         block_fp8=args.block_fp8,
         decode_step=args.decode_step,
+        pdl=args.pdl == "on",
         verify_tokens=args.speculative_num_draft_tokens,
         speculative=speculative_config(args),
     )

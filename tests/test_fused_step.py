@@ -114,6 +114,20 @@ def test_a_token_count_it_was_not_built_for_runs_the_reference_layers(models):
     assert fast.decode_step.launches() == before
 
 
+def test_pdl_is_refused_under_the_interpreter_naming_the_fix(models):
+    """--pdl on where programmatic dependent launch cannot run (here: Triton's CPU interpreter) is an
+    error naming the fix, never plain launches under the name of PDL; the plain step reports it off."""
+    from solo.fastpath.availability import DecodeStepUnavailable
+
+    config, _, fast = models
+    assert fast.decode_step.launch.pdl is False and fast.decode_step.describe()["pdl"] is False
+    model = load_random_model(config, "cpu", torch.bfloat16, int(torch.randint(0, 10_000, ())))
+    refusal = r"^--pdl on: Triton's CPU interpreter \(TRITON_INTERPRET=1\) has no programmatic dependent launch\."
+    refusal += r" Use --pdl off\.$"  # said once, whole
+    with pytest.raises(DecodeStepUnavailable, match=refusal):
+        accelerate(model, FastPathOptions(block_fp8="on", decode_step="fused", verify_tokens=4, pdl=True))
+
+
 def test_the_router_selects_several_tokens_as_it_selects_each_alone():
     """Verification routes its tokens in a second launch, one program per token: the same experts and
     weights as the one-token kernel gives each token, bit for bit (fresh random router and inputs)."""

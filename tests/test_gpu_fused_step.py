@@ -33,7 +33,7 @@ def setup():
     options = FastPathOptions(moe_backend="cuda", lm_head="fp8", block_fp8="on", decode_step="fused")
     fused = accelerate(load_random_model(config, "cuda", torch.bfloat16, seed), options)
     assert fused.decode_step is not None
-    return config, None, fused
+    return config, seed, fused
 
 
 def test_every_fused_layer_matches_its_reference_layer(setup):
@@ -149,3 +149,37 @@ def test_speculation_on_the_fused_step_in_graphs_replays_it_exactly_and_is_check
     assert after["router_select"] > before["router_select"]  # verification's router ran on the fused kernels
     check = check_decode_step(plain, "fused")
     assert check.status == ACTIVE and check.evidence["kda_launches"] > 0, check
+
+
+def test_pdl_launches_compute_exactly_what_plain_launches_do_and_are_proven_at_start_up(setup):
+    """The same random model with every fused kernel under programmatic dependent launch: inside CUDA
+    graphs, greedy decoding and NEXTN rounds give exactly the plain launches' tokens and acceptance
+    (PDL moves launches, not arithmetic; every kernel waits for its predecessor before touching
+    memory), and the start-up check reads each family's compiled launch_pdl flag."""
+    from solo.checkpoint.synthetic import load_random_model
+    from solo.engine.engine import Engine, GenerationParams
+    from solo.fastpath import FastPathOptions, accelerate
+    from solo.preflight.checks import ACTIVE, check_decode_step
+    from solo.speculative.nextn import NextNDecoder
+    from solo.tokenizer import Tokenizer, synthetic_tokenizer
+
+    config, seed, fused = setup
+    options = FastPathOptions(moe_backend="cuda", lm_head="fp8", block_fp8="on", decode_step="fused", pdl=True)
+    with_pdl = accelerate(load_random_model(config, "cuda", torch.bfloat16, seed), options)
+    assert with_pdl.decode_step.launch.pdl and not fused.decode_step.launch.pdl
+    tok = Tokenizer(synthetic_tokenizer(VOCAB))
+    engines = {}
+    for name, model in (("plain", fused), ("pdl", with_pdl)):
+        engines[name] = (Engine(model, tok), Engine(model, tok, NextNDecoder(model)))
+        for engine in engines[name]:
+            engine.enable_cuda_graphs(512)
+    for _ in range(2):
+        prompt = torch.randint(0, VOCAB, (int(torch.randint(5, 60, ())),)).tolist()
+        params = GenerationParams(max_tokens=40, ignore_eos=True)
+        outs = {name: [e.generate(prompt, params).token_ids for e in pair] for name, pair in engines.items()}
+        assert outs["pdl"] == outs["plain"]
+    assert engines["pdl"][1].acceptance.accepted_at == engines["plain"][1].acceptance.accepted_at
+    check = check_decode_step(engines["pdl"][0], "fused")
+    assert check.status == ACTIVE, check
+    assert all(check.evidence["pdl"][family] for family in with_pdl.decode_step.families_per_step()), check
+    assert "pdl" not in check_decode_step(engines["plain"][0], "fused").evidence

@@ -44,24 +44,38 @@ COMPONENTS = (  # kernel name patterns -> component (first match wins)
 )
 
 
+STEPS = ("fused", "fused+pdl", "reference", "auto")  # +pdl: the fused step's kernels under PDL
+
+
 @dataclass
 class Config:
     moe_backend: str
     lm_head: str
-    decode_step: str
+    decode_step: str  # one of STEPS
 
     @property
     def name(self) -> str:
         return f"{self.moe_backend}/{self.lm_head}/{self.decode_step}"
 
+    @property
+    def step(self) -> str:
+        """The FastPathOptions decode step (without the launch mode)."""
+        return self.decode_step.removesuffix("+pdl")
+
+    @property
+    def pdl(self) -> bool:
+        return self.decode_step.endswith("+pdl")
+
 
 def parse_configs(text: str) -> list[Config]:
-    """'cuda:fp8:fused,triton:fp8:reference' -> configurations."""
+    """'cuda:fp8:fused,cuda:fp8:fused+pdl,triton:fp8:reference' -> configurations."""
     configs = []
     for item in text.split(","):
         parts = item.strip().split(":")
         if len(parts) != 3:
             raise ValueError(f"--configs item '{item}': expected MOE_BACKEND:LM_HEAD:DECODE_STEP, e.g. cuda:fp8:fused")
+        if parts[2] not in STEPS:
+            raise ValueError(f"--configs item '{item}': the decode step is one of {', '.join(STEPS)}")
         configs.append(Config(*parts))
     return configs
 
@@ -147,7 +161,8 @@ def load(args: argparse.Namespace, config: Config):
         moe_backend=config.moe_backend,
         lm_head=config.lm_head,
         block_fp8=args.block_fp8,
-        decode_step=config.decode_step,
+        decode_step=config.step,
+        pdl=config.pdl,
         verify_tokens=args.verify_tokens,
     )
     t0 = time.perf_counter()
@@ -237,6 +252,8 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
         result["loop"] = measure_loop(model, args, window)
     if model.decode_step is not None:
         result["fused_launches"] = model.decode_step.launches()
+        if config.pdl:  # what the compiled kernels say, per family: asked for is not launched with
+            result["pdl_families"] = model.decode_step.launch.families_with_pdl()
     return result
 
 

@@ -19,6 +19,7 @@ import torch
 
 from solo.checkpoint.loader import FP8_BLOCK, LoadOptions, load_model, reference_fp8_block_linear
 from solo.checkpoint.reader import CheckpointError
+from solo.fastpath.availability import DecodeStepUnavailable
 from solo.kernels.registry import backend_spec, make_moe_backend
 from solo.model.layers import Linear, block_fp8_linears
 from solo.model.ling import LingForCausalLM
@@ -41,6 +42,9 @@ class FastPathOptions:
     # "reference" (the model's modules), "auto" (fused where it can run, else reference, with the reason)
     decode_step: str = "auto"
     verify_tokens: int = 4  # the verification window the fused step is built and warmed up for
+    # programmatic dependent launch between the fused step's kernels (sm_90+; solo.kernels.pdl):
+    # each launches while the previous one finishes. Needs the fused step; refused where unavailable
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         if self.decode_step not in DECODE_STEPS:
@@ -67,20 +71,29 @@ def _install_decode_step(model: LingForCausalLM, options: FastPathOptions) -> No
     model.decode_step = None
     model.decode_step_note = "reference decode step requested"
     if options.decode_step == "reference":
+        if options.pdl:
+            raise DecodeStepUnavailable(
+                "--pdl on launches the fused decode step's kernels; drop --decode-step reference or --pdl on"
+            )
         return
-    from solo.fastpath.availability import DecodeStepUnavailable, fused_step_unavailable
+    from solo.fastpath.availability import fused_step_unavailable
 
     reason = fused_step_unavailable(model, allow_interpreter=options.decode_step == "fused")
     if reason is None:
         from solo.fastpath.decode_step import FusedDecodeStep
+        from solo.kernels.pdl import pdl_unavailable
 
+        if options.pdl and (why := pdl_unavailable(model.device)) is not None:
+            raise DecodeStepUnavailable(f"--pdl on: {why}. Use --pdl off.")
         try:
-            model.decode_step = FusedDecodeStep(model, token_counts=(1, options.verify_tokens))
+            model.decode_step = FusedDecodeStep(model, token_counts=(1, options.verify_tokens), pdl=options.pdl)
             model.decode_step.warmup()
             model.decode_step_note = ""
             return
         except DecodeStepUnavailable as e:
             reason = str(e)
+    if options.pdl:
+        raise DecodeStepUnavailable(f"--pdl on needs the fused decode step, which cannot run: {reason}. Use --pdl off.")
     if options.decode_step == "fused":
         raise DecodeStepUnavailable(f"--decode-step fused: {reason}. Use --decode-step reference.")
     model.decode_step_note = reason

@@ -30,6 +30,7 @@ from solo.kernels.fused_gemv import FusedGemv
 from solo.kernels.fused_kda import kda_decode
 from solo.kernels.fused_mla import FusedMLA
 from solo.kernels.fused_router import FusedRouter, rmsnorm
+from solo.kernels.pdl import LaunchPolicy, pdl_unavailable
 from solo.model.cache import HybridCache, KDAHistory
 from solo.model.kda import KimiDeltaAttention
 from solo.model.layers import Linear, mla_softmax_scale
@@ -75,10 +76,10 @@ def _fuse_rows(linears: list[Linear], name: str) -> tuple[torch.Tensor, torch.Te
     return weight, scales, offsets
 
 
-def _gemv(linear: Linear, counter: torch.Tensor, name: str) -> FusedGemv:
+def _gemv(linear: Linear, step: FusedDecodeStep, name: str) -> FusedGemv:
     scale = linear.scale_inv if linear.is_block_fp8 else None
     weight = linear.weight if linear.is_block_fp8 else linear.weight.to(torch.bfloat16)
-    return FusedGemv(weight.contiguous(), scale, "block", counter=counter, name=name)
+    return FusedGemv(weight.contiguous(), scale, "block", counter=step.counter("gemv"), name=name, launch=step.launch)
 
 
 class _KDAAttention:
@@ -94,11 +95,14 @@ class _KDAAttention:
         weight, scales, offsets = _fuse_rows(linears, f"layer {index} KDA")
         if offsets != [i * self.dim for i in range(6)]:
             raise DecodeStepUnavailable("the fused KDA kernel needs q, k, v, f, g of heads x head_dim rows each")
-        self.proj = FusedGemv(weight, scales, "block", counter=step.counter("gemv"), name=f"layer {index} qkvfgb")
-        self.dense = _gemv(attn.dense, step.counter("gemv"), f"layer {index} o_proj")
+        self.proj = FusedGemv(
+            weight, scales, "block", counter=step.counter("gemv"), name=f"layer {index} qkvfgb", launch=step.launch
+        )
+        self.dense = _gemv(attn.dense, step, f"layer {index} o_proj")
         self.attn = attn
         self.counter = step.counter("kda")
         self.sync = step.kda_sync
+        self.launch = step.launch
 
     def __call__(self, x, positions, cache: HybridCache, history: dict[int, KDAHistory] | None) -> None:
         a = self.attn
@@ -120,6 +124,7 @@ class _KDAAttention:
             past.states if past is not None else None,
             past.window if past is not None else None,
             self.sync,
+            self.launch,
         )
         gate = proj[:, 4 * self.dim : 5 * self.dim]
         self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps)
@@ -134,8 +139,10 @@ class _MLAAttention:
         self.index = index
         self.norm, self.eps = norm, eps
         weight, scales, offsets = _fuse_rows([attn.q_proj, attn.kv_a_proj_with_mqa, attn.g_proj], f"layer {index} MLA")
-        self.proj = FusedGemv(weight, scales, "block", counter=step.counter("gemv"), name=f"layer {index} q|kv_a|g")
-        self.dense = _gemv(attn.dense, step.counter("gemv"), f"layer {index} dense")
+        self.proj = FusedGemv(
+            weight, scales, "block", counter=step.counter("gemv"), name=f"layer {index} q|kv_a|g", launch=step.launch
+        )
+        self.dense = _gemv(attn.dense, step, f"layer {index} dense")
         model = step.model
         self.mla = FusedMLA(
             attn.w_uk.to(torch.bfloat16),
@@ -149,6 +156,7 @@ class _MLAAttention:
             step.counter("mla_prep", 3),  # prep, attend, combine
             kv_offset=offsets[1],
             gate_offset=offsets[2],
+            launch=step.launch,
         )
         self.out_dim = attn.num_heads * attn.v_dim
 
@@ -176,6 +184,7 @@ class _MoE:
             gate.scaling,
             step.counter("router"),
             step.counter("router_select"),  # verification only: the tokens' selections in parallel
+            step.launch,
         )
         self.shared_gate_up = self.shared_down = None
         if moe.shared_experts is not None:
@@ -204,8 +213,9 @@ def _swiglu_pair(mlp: SwiGLUMLP, step: FusedDecodeStep, name: str) -> tuple[Fuse
         swiglu_limit=mlp.swiglu_limit,
         counter=step.counter("gemv"),
         name=name,
+        launch=step.launch,
     )
-    return gate_up, _gemv(mlp.down_proj, step.counter("gemv"), f"{name} down")
+    return gate_up, _gemv(mlp.down_proj, step, f"{name} down")
 
 
 class _DenseMLP:
@@ -239,10 +249,14 @@ class _Layer:
 
 class FusedDecodeStep:
     """Decode and verification forwards (a few tokens) of `model` on the fused kernels; see the module
-    docstring. `token_counts`: the token counts it serves (others go to the reference layers)."""
+    docstring. `token_counts`: the token counts it serves (others go to the reference layers). `pdl`:
+    launch its Triton kernels with programmatic dependent launch (solo.kernels.pdl; sm_90+)."""
 
-    def __init__(self, model: LingForCausalLM, token_counts: tuple[int, ...] = (1, 4)) -> None:
+    def __init__(self, model: LingForCausalLM, token_counts: tuple[int, ...] = (1, 4), pdl: bool = False) -> None:
         _check_model(model)
+        if pdl and (reason := pdl_unavailable(model.device)) is not None:
+            raise DecodeStepUnavailable(f"--pdl on: {reason}. Use --pdl off.")
+        self.launch = LaunchPolicy(pdl)
         self.model = model
         self.config = model.config
         self.token_counts = frozenset(token_counts)
@@ -257,7 +271,7 @@ class FusedDecodeStep:
         nextn = model.nextn
         if nextn is not None:
             self.nextn = _Layer(nextn, self)
-            self.eh_proj = _gemv(nextn.eh_proj, self.counter("gemv"), "NEXTN eh_proj")
+            self.eh_proj = _gemv(nextn.eh_proj, self, "NEXTN eh_proj")
             self.nextn_module: NextNLayer = nextn
 
     def counter(self, family: str, n: int = 1) -> torch.Tensor:
@@ -293,7 +307,7 @@ class FusedDecodeStep:
         x = F.embedding(input_ids, self.embedding)
         for layer in self.layers:
             layer(x, positions, cache, kda_history)
-        return rmsnorm(x, self.final_norm.weight, self.final_norm.eps, self.counter("rmsnorm"))
+        return rmsnorm(x, self.final_norm.weight, self.final_norm.eps, self.counter("rmsnorm"), self.launch)
 
     def draft_forward(
         self, input_ids: torch.Tensor, previous_hidden: torch.Tensor, positions: torch.Tensor, cache: HybridCache
@@ -304,7 +318,7 @@ class FusedDecodeStep:
         e = F.embedding(input_ids, self.embedding)
         x = self.eh_proj(torch.cat([n.enorm(e), n.hnorm(previous_hidden.to(e.dtype))], dim=-1).contiguous())
         self.nextn(x, positions, cache, None)
-        return rmsnorm(x, n.final_layernorm.weight, n.final_layernorm.eps, self.counter("rmsnorm"))
+        return rmsnorm(x, n.final_layernorm.weight, n.final_layernorm.eps, self.counter("rmsnorm"), self.launch)
 
     @torch.inference_mode()
     def warmup(self) -> None:
@@ -322,7 +336,12 @@ class FusedDecodeStep:
         self.launch_counts.zero_()
 
     def describe(self) -> dict[str, Any]:
-        return {"kernels": list(FAMILIES), "token_counts": sorted(self.token_counts), "layers": len(self.layers)}
+        return {
+            "kernels": list(FAMILIES),
+            "token_counts": sorted(self.token_counts),
+            "layers": len(self.layers),
+            "pdl": self.launch.pdl,
+        }
 
 
 def _check_model(model: LingForCausalLM) -> None:

@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from solo.kernels.pdl import PLAIN, LaunchPolicy, after_previous_kernel
 from solo.kernels.triton_fp8 import interpreter_mode, require_triton_device
 
 NORM_NONE, NORM_RMS, NORM_GATED = 0, 1, 2
@@ -169,7 +170,9 @@ def _fused_gemv(
     WRITE_XN: tl.constexpr,
     K_POW2: tl.constexpr,
     DOT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    after_previous_kernel(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     if pid_n == 0 and pid_k == 0:
@@ -361,6 +364,7 @@ class FusedGemv:
         swiglu_limit: float | None = None,
         counter: torch.Tensor | None = None,
         name: str = "gemv",
+        launch: LaunchPolicy = PLAIN,
     ) -> None:
         require_triton_device("the fused decode step", weight.device)
         if weight.ndim != 2 or not weight.is_contiguous():
@@ -368,6 +372,7 @@ class FusedGemv:
         if weight.dtype not in (torch.float8_e4m3fn, torch.bfloat16):
             raise ValueError(f"{name}: weight must be float8_e4m3fn or bfloat16, got {weight.dtype}")
         self.name = name
+        self.launch = launch
         self.weight = weight
         self.n, self.k = weight.shape
         self.scale_mode = (
@@ -441,7 +446,7 @@ class FusedGemv:
         grid = (triton.cdiv(self.rows, cfg.block_n), cfg.split_k)
         part, cnt = self._scratch_for(t, cfg, grid[0], block_t)
         dummy = out
-        _fused_gemv[grid](
+        compiled = _fused_gemv[grid](
             x,
             x.stride(0),
             norm_weight if norm_weight is not None else dummy,
@@ -478,9 +483,12 @@ class FusedGemv:
             WRITE_XN=xn_out is not None,
             K_POW2=triton.next_power_of_2(self.k),
             DOT=cfg.dot,
+            PDL=self.launch.pdl,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
+            **self.launch.options,
         )
+        self.launch.record("gemv", compiled)
         return out
 
     def _scratch_for(self, tokens: int, cfg: GemvConfig, programs: int, block_t: int):

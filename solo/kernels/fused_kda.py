@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from solo.kernels.fused_gemv import MAX_TOKENS, store_rounded
+from solo.kernels.pdl import PLAIN, LaunchPolicy, after_previous_kernel
 from solo.kernels.triton_fp8 import interpreter_mode
 
 VALUE_SPLITS = 4  # programs per head on a GPU (each a quarter of the value columns)
@@ -59,7 +60,9 @@ def _kda_decode(
     NV: tl.constexpr,
     SAFE_GATE: tl.constexpr,
     HISTORY: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    after_previous_kernel(PDL)
     h = tl.program_id(0)
     j = tl.program_id(1)
     if h == 0 and j == 0:
@@ -180,6 +183,7 @@ def kda_decode(
     history_states: torch.Tensor | None = None,
     history_window: torch.Tensor | None = None,
     sync: torch.Tensor | None = None,
+    launch: LaunchPolicy = PLAIN,
 ) -> torch.Tensor:
     """proj [T, 5D + H] bf16 ([q|k|v|f|g|b] rows); conv_weight [3D, 4] fp32; conv_state [3D, 3] fp32 and
     state [H, d, d] fp32 updated in place; out [T, D] (bf16) receives o. With history_states
@@ -198,7 +202,7 @@ def kda_decode(
     nv = 1 if interpreter_mode() else VALUE_SPLITS
     if sync is None or sync.numel() < heads:
         raise ValueError("kda_decode needs a zeroed int32 sync buffer of one counter per head")
-    _kda_decode[(heads, nv)](
+    compiled = _kda_decode[(heads, nv)](
         proj,
         proj.stride(0),
         conv_weight,
@@ -219,6 +223,9 @@ def kda_decode(
         NV=nv,
         SAFE_GATE=safe_gate,
         HISTORY=history,
+        PDL=launch.pdl,
         num_warps=4,
+        **launch.options,
     )
+    launch.record("kda", compiled)
     return out

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from solo.kernels.fused_gemv import MAX_TOKENS, round_bf16, store_rounded
+from solo.kernels.pdl import PLAIN, LaunchPolicy, after_previous_kernel
 from solo.kernels.triton_fp8 import interpreter_mode
 
 
@@ -64,7 +65,9 @@ def _mla_prep(
     ROPE: tl.constexpr,
     RANK: tl.constexpr,
     RANK_BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    after_previous_kernel(PDL)
     pid = tl.program_id(0)
     if pid == 0:
         tl.atomic_add(count_ptr, 1)
@@ -132,7 +135,9 @@ def _mla_attend(
     BLOCK_D: tl.constexpr,
     D_PARTS: tl.constexpr,
     MIN_CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    after_previous_kernel(PDL)
     s = tl.program_id(0)
     dp = tl.program_id(1)
     rp = tl.program_id(2)  # which ROW_BLOCK rows (token x head) of the BLOCK_M this program computes
@@ -206,8 +211,10 @@ def _mla_combine(
     V_BLOCK: tl.constexpr,
     MIN_CHUNK: tl.constexpr,
     T_POW2: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program per head: merge the partials of the splits in use (read once), then w_uv, the gate."""
+    after_previous_kernel(PDL)
     h = tl.program_id(0)
     if h == 0:
         tl.atomic_add(count_ptr, 1)
@@ -263,6 +270,7 @@ class FusedMLA:
         counter: torch.Tensor,
         kv_offset: int,
         gate_offset: int,
+        launch: LaunchPolicy = PLAIN,
     ) -> None:
         self.heads, self.nope, self.rank = w_uk.shape
         self.v_dim = w_uv.shape[1]
@@ -280,6 +288,7 @@ class FusedMLA:
         if interpreter_mode():  # Triton's CPU interpreter runs programs one after another
             self.SPLITS, self.MIN_CHUNK = 16, 16
         self.kv_offset, self.gate_offset = kv_offset, gate_offset  # columns of kv_a and g in proj
+        self.launch = launch
         self._scratch: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def _buffers(self, tokens: int, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -306,7 +315,8 @@ class FusedMLA:
         q, part, ml = self._buffers(t, proj.device)
         block_m = part.shape[1]
         splits = self.rank // self.RANK_BLOCK
-        _mla_prep[(self.heads * splits + 1,)](
+        launch = self.launch
+        compiled = _mla_prep[(self.heads * splits + 1,)](
             proj,
             proj.stride(0),
             positions,
@@ -327,8 +337,11 @@ class FusedMLA:
             ROPE=self.rope,
             RANK=self.rank,
             RANK_BLOCK=self.RANK_BLOCK,
+            PDL=launch.pdl,
             num_warps=4,
+            **launch.options,
         )
+        launch.record("mla_prep", compiled)
         # the accumulator at most 32 x 512 floats: several tokens split their rows (token x head) over
         # programs, each computing its rows' scores once (splitting the value columns instead made every
         # program recompute all rows' scores: 2.2 ms for 7 layers at 4 tokens and 32K on the H200)
@@ -336,7 +349,7 @@ class FusedMLA:
         d_parts = max(1, row_block * self.rank // (32 * 512))
         while self.rank % (d_parts * 16):
             d_parts //= 2
-        _mla_attend[(self.SPLITS, d_parts, block_m // row_block)](
+        compiled = _mla_attend[(self.SPLITS, d_parts, block_m // row_block)](
             q,
             positions,
             latent_cache,
@@ -356,11 +369,14 @@ class FusedMLA:
             BLOCK_D=self.BLOCK_D,
             D_PARTS=d_parts,
             MIN_CHUNK=self.MIN_CHUNK,
+            PDL=launch.pdl,
             num_warps=8,
             num_stages=1,  # a pipelined chunk loop needs more shared memory than an SM has
+            **launch.options,
         )
+        launch.record("mla_attend", compiled)
         gate = proj[:, self.gate_offset :]
-        _mla_combine[(self.heads,)](
+        compiled = _mla_combine[(self.heads,)](
             part,
             ml,
             positions,
@@ -379,6 +395,9 @@ class FusedMLA:
             V_BLOCK=self.V_BLOCK,
             MIN_CHUNK=self.MIN_CHUNK,
             T_POW2=triton.next_power_of_2(t),
+            PDL=launch.pdl,
             num_warps=8,
+            **launch.options,
         )
+        launch.record("mla_combine", compiled)
         return out

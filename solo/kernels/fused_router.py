@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from solo.kernels.fused_gemv import MAX_TOKENS, round_bf16, store_rounded
+from solo.kernels.pdl import PLAIN, LaunchPolicy, after_previous_kernel
 
 
 @triton.jit
@@ -91,7 +92,9 @@ def _router(
     BLOCK_K: tl.constexpr,
     HID_POW2: tl.constexpr,
     SELECT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    after_previous_kernel(PDL)
     pid = tl.program_id(0)
     if pid == 0:
         tl.atomic_add(count_ptr, 1)
@@ -139,8 +142,10 @@ def _router_select(
     KEEP_GROUPS: tl.constexpr,
     TOPK: tl.constexpr,
     RENORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Several tokens: one program per token selects, after the scores kernel (verification)."""
+    after_previous_kernel(PDL)
     t = tl.program_id(0)
     if t == 0:
         tl.atomic_add(count_ptr, 1)
@@ -175,6 +180,7 @@ class FusedRouter:
         scaling: float,
         counter: torch.Tensor,
         select_counter: torch.Tensor | None = None,
+        launch: LaunchPolicy = PLAIN,
     ) -> None:
         self.num_experts, self.hidden = weight.shape
         self.block_k = min(512, self.hidden & -self.hidden)  # the largest power of two dividing H, at most 512
@@ -189,6 +195,7 @@ class FusedRouter:
         self.renormalize, self.scaling = renormalize, float(scaling)
         self.counter = counter
         self.select_counter = select_counter if select_counter is not None else counter
+        self.launch = launch
         self._scratch: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -206,7 +213,7 @@ class FusedRouter:
         xn = torch.empty((t, self.hidden), dtype=torch.bfloat16, device=x.device)
         ids = torch.empty((t, self.top_k), dtype=torch.int32, device=x.device)
         wts = torch.empty((t, self.top_k), dtype=torch.float32, device=x.device)
-        _router[(self.num_experts // self.BLOCK_E,)](
+        compiled = _router[(self.num_experts // self.BLOCK_E,)](
             x,
             x.stride(0),
             self.norm_weight,
@@ -232,10 +239,13 @@ class FusedRouter:
             BLOCK_K=self.block_k,
             HID_POW2=triton.next_power_of_2(self.hidden),
             SELECT=t == 1,
+            PDL=self.launch.pdl,
             num_warps=1,
+            **self.launch.options,
         )
+        self.launch.record("router", compiled)
         if t > 1:
-            _router_select[(t,)](
+            compiled = _router_select[(t,)](
                 scores,
                 self.bias,
                 ids,
@@ -247,13 +257,19 @@ class FusedRouter:
                 KEEP_GROUPS=self.topk_group,
                 TOPK=self.top_k,
                 RENORM=self.renormalize,
+                PDL=self.launch.pdl,
                 num_warps=1,
+                **self.launch.options,
             )
+            self.launch.record("router_select", compiled)
         return xn, ids, wts
 
 
 @triton.jit
-def _rmsnorm(x_ptr, stride_x, w_ptr, o_ptr, stride_o, count_ptr, eps, K: tl.constexpr, BLOCK: tl.constexpr):
+def _rmsnorm(
+    x_ptr, stride_x, w_ptr, o_ptr, stride_o, count_ptr, eps, K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    after_previous_kernel(PDL)
     t = tl.program_id(0)
     if t == 0:
         tl.atomic_add(count_ptr, 1)
@@ -265,11 +281,24 @@ def _rmsnorm(x_ptr, stride_x, w_ptr, o_ptr, stride_o, count_ptr, eps, K: tl.cons
     store_rounded(o_ptr + t * stride_o + rk, w * round_bf16(x * r), ok)
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, counter: torch.Tensor) -> torch.Tensor:
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, counter: torch.Tensor, launch: LaunchPolicy = PLAIN
+) -> torch.Tensor:
     """RMSNorm of each row of x [T, K] (bf16), rounded like solo.model.layers.RMSNorm."""
     out = torch.empty_like(x)
     k = x.shape[1]
-    _rmsnorm[(x.shape[0],)](
-        x, x.stride(0), weight, out, out.stride(0), counter, eps, K=k, BLOCK=triton.next_power_of_2(k)
+    compiled = _rmsnorm[(x.shape[0],)](
+        x,
+        x.stride(0),
+        weight,
+        out,
+        out.stride(0),
+        counter,
+        eps,
+        K=k,
+        BLOCK=triton.next_power_of_2(k),
+        PDL=launch.pdl,
+        **launch.options,
     )
+    launch.record("rmsnorm", compiled)
     return out

@@ -348,6 +348,12 @@ def check_decode_step(engine: Engine, requested: str) -> Check:
         return Check(
             "decode_step", requested, FAILED, evidence, f"the fused kernels {idle} did not run during a generation"
         )
+    if step.launch.pdl:  # asked for is not launched with: the compiled kernels' own flags say
+        with_pdl = step.launch.families_with_pdl()
+        evidence["pdl"] = with_pdl
+        without = sorted(family for family in expected if not with_pdl.get(family, False))
+        if without:
+            return Check("decode_step", requested, FAILED, evidence, f"--pdl on, but {without} launched without PDL")
     return Check("decode_step", requested, ACTIVE, evidence)
 
 

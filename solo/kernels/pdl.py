@@ -1,0 +1,70 @@
+"""Programmatic dependent launch (PDL) between the fused decode step's kernels (sm_90 and later).
+
+A batch-1 decode step is a chain of about 300 short kernels, each waiting for the one before; in a
+CUDA graph every boundary still costs the next kernel's launch and ramp-up. With PDL a kernel is
+launched while its predecessor runs: its programs start, block in `griddepcontrol.wait` until the
+predecessor has finished and its writes are visible, then signal that their own successor may be
+launched. Every fused kernel takes a `PDL` constexpr and calls `after_previous_kernel(PDL)` before
+it reads or writes anything, so the data flow is that of plain stream order; only launch latency
+overlaps. Kernels launched without PDL (torch's, the MoE backend's) are waited for as usual.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from solo.kernels.triton_fp8 import interpreter_mode
+
+
+@triton.jit
+def after_previous_kernel(PDL: tl.constexpr):
+    """Under PDL: wait until the previous kernel in the stream has finished (its writes visible), then
+    let the next one launch. A no-op otherwise (and in Triton's CPU interpreter, which never sets PDL)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+def pdl_unavailable(device: torch.device | str) -> str | None:
+    """Why PDL cannot run on `device`, or None when it can."""
+    device = torch.device(device)
+    if interpreter_mode():
+        return "Triton's CPU interpreter (TRITON_INTERPRET=1) has no programmatic dependent launch"
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"programmatic dependent launch needs an NVIDIA GPU; the model is on '{device.type}'"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 9:
+        return f"programmatic dependent launch needs compute capability 9.0 (Hopper) or later, not {major}.{minor}"
+    return None
+
+
+def launch_options(pdl: bool) -> dict[str, bool]:
+    """Keyword arguments for a Triton launch: `launch_pdl` only when asked, so older launchers and the
+    interpreter see the call they always saw."""
+    return {"launch_pdl": True} if pdl else {}
+
+
+class LaunchPolicy:
+    """How one fused decode step launches its Triton kernels (with PDL or not), and what its launches
+    reported: the compiled kernel's own `launch_pdl` flag per kernel family, which is how the start-up
+    check proves PDL was really on (asked for is not the same as launched with)."""
+
+    def __init__(self, pdl: bool = False) -> None:
+        self.pdl = pdl
+        self.options = launch_options(pdl)
+        self.seen: dict[str, set[bool]] = {}
+
+    def record(self, family: str, compiled: object) -> None:
+        """After a launch: `compiled` is what Triton's launch returned (None under the interpreter)."""
+        metadata = getattr(compiled, "metadata", None)
+        self.seen.setdefault(family, set()).add(bool(getattr(metadata, "launch_pdl", False)))
+
+    def families_with_pdl(self) -> dict[str, bool]:
+        """family -> whether every launch of it so far was a PDL launch."""
+        return {family: flags == {True} for family, flags in sorted(self.seen.items())}
+
+
+PLAIN = LaunchPolicy()  # kernels built outside a decode step (tests, benchmarks of one kernel)

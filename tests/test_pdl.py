@@ -1,0 +1,65 @@
+"""Programmatic dependent launch (solo.kernels.pdl): asked for, it is proven from the compiled kernels'
+own flags, and refused with the fix wherever it cannot run. Its effect on the step is measured on
+the GPU (`solo bench decode --configs cuda:fp8:fused,cuda:fp8:fused+pdl`), its results checked
+against the plain launches in tests/test_gpu_fused_step.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from solo.bench.decode import parse_configs
+from solo.cli import main
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed (pip install triton)", allow_module_level=True)
+
+from solo.kernels.pdl import LaunchPolicy, launch_options, pdl_unavailable  # noqa: E402
+
+
+def _compiled(launch_pdl: bool) -> SimpleNamespace:
+    return SimpleNamespace(metadata=SimpleNamespace(launch_pdl=launch_pdl))
+
+
+def test_the_policy_reports_what_the_compiled_kernels_say():
+    policy = LaunchPolicy(pdl=True)
+    assert policy.options == {"launch_pdl": True} and launch_options(False) == {}
+    policy.record("gemv", _compiled(True))
+    policy.record("gemv", _compiled(True))
+    policy.record("router", _compiled(True))
+    policy.record("router", _compiled(False))  # one launch of the family without PDL spoils it
+    policy.record("kda", None)  # the interpreter's launch returns nothing: not a PDL launch
+    assert policy.families_with_pdl() == {"gemv": True, "kda": False, "router": False}
+
+
+def test_pdl_is_unavailable_off_a_hopper_gpu():
+    reason = pdl_unavailable("cpu")
+    assert reason is not None and ("GPU" in reason or "interpreter" in reason)
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9:
+        assert "9.0" in pdl_unavailable("cuda")
+
+
+def test_bench_configs_name_the_launch_mode():
+    plain, pdl = parse_configs("cuda:fp8:fused,cuda:fp8:fused+pdl")
+    assert (plain.step, plain.pdl, pdl.step, pdl.pdl) == ("fused", False, "fused", True)
+    assert pdl.name == "cuda/fp8/fused+pdl"
+    with pytest.raises(ValueError, match="decode step is one of"):
+        parse_configs("cuda:fp8:fast")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal on a machine without a GPU")
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "--pdl on needs the fused decode step, which cannot run: .*Use --pdl off"),
+        (["--decode-step", "reference"], "drop --decode-step reference or --pdl on"),
+    ],
+)
+def test_the_cli_refuses_pdl_it_cannot_run(capsys, extra, message):
+    assert main(["generate", "hello", "--max-tokens", "2", "--pdl", "on", *extra]) != 0
+    err = capsys.readouterr().err
+    assert "error" in err and re.search(message, err), err
