@@ -147,3 +147,9 @@ def test_the_router_selects_several_tokens_as_it_selects_each_alone():
     assert torch.equal(wts, torch.cat([a[2] for a in alone]))
     assert torch.equal(xn, torch.cat([a[0] for a in alone]))
     assert counters.tolist() == [1 + tokens, 1]  # scores: 5 launches; the separate selection: 1
+    apart = FusedRouter(weight, bias, norm, 1e-6, 4, 4, 2, True, 2.5, counters[0:1], counters[1:2])
+    apart.select_separately = True  # one token selected in a second launch, as verification does
+    for i, (xn1, ids1, wts1) in enumerate(alone):
+        got = apart(x[i : i + 1])
+        assert torch.equal(got[0], xn1) and torch.equal(got[1], ids1) and torch.equal(got[2], wts1)
+    assert counters.tolist() == [1 + 2 * tokens, 1 + tokens]

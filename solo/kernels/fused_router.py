@@ -165,7 +165,11 @@ class FusedRouter:
     program per token in parallel, instead of one program choosing for every token in turn (measured
     on the H200 before: 12.8 us for one token, 69 us for four)."""
 
-    BLOCK_E = 4
+    BLOCK_E = 4  # experts per program of the scores
+    WARPS = 1  # warps per program of the scores (and of the selection when it runs in the same launch)
+    # one token selects in the scores launch (its last program) unless this is set: then in a second
+    # launch like verification (dev/launch_probe.py times both)
+    select_separately = False
 
     def __init__(
         self,
@@ -197,6 +201,9 @@ class FusedRouter:
         self.select_counter = select_counter if select_counter is not None else counter
         self.launch = launch
         self._scratch: dict[int, tuple[torch.Tensor, ...]] = {}
+
+    def _selects_in_launch(self, tokens: int) -> bool:
+        return tokens == 1 and not self.select_separately
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, H] (the residual stream) -> (normalised x [T, H] bf16, ids [T, k] int32, weights [T, k] fp32)."""
@@ -238,13 +245,13 @@ class FusedRouter:
             BLOCK_E=self.BLOCK_E,
             BLOCK_K=self.block_k,
             HID_POW2=triton.next_power_of_2(self.hidden),
-            SELECT=t == 1,
+            SELECT=self._selects_in_launch(t),
             PDL=self.launch.pdl,
-            num_warps=1,
+            num_warps=self.WARPS,
             **self.launch.options,
         )
         self.launch.record("router", compiled)
-        if t > 1:
+        if not self._selects_in_launch(t):
             compiled = _router_select[(t,)](
                 scores,
                 self.bias,

@@ -6,7 +6,8 @@ launched while its predecessor runs: its programs start, block in `griddepcontro
 predecessor has finished and its writes are visible, then signal that their own successor may be
 launched. Every fused kernel takes a `PDL` constexpr and calls `after_previous_kernel(PDL)` before
 it reads or writes anything, so the data flow is that of plain stream order; only launch latency
-overlaps. Kernels launched without PDL (torch's, the MoE backend's) are waited for as usual.
+overlaps. The MoE backends launch their own kernels (the `cuda` and `triton` ones already with PDL);
+kernels launched without it (torch's) are waited for as usual.
 """
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from solo.kernels.triton_fp8 import interpreter_mode
+
+try:  # grid dependency control, Triton >= 3.4 (as solo.kernels.triton_mxfp4_gemv uses it)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: pdl_unavailable says so and PDL is never set
+    gdc_launch_dependents = gdc_wait = None
 
 
 @triton.jit
@@ -33,6 +38,8 @@ def pdl_unavailable(device: torch.device | str) -> str | None:
     device = torch.device(device)
     if interpreter_mode():
         return "Triton's CPU interpreter (TRITON_INTERPRET=1) has no programmatic dependent launch"
+    if gdc_wait is None:
+        return f"this Triton ({triton.__version__}) has no grid dependency control; install Triton 3.4 or later"
     if device.type != "cuda" or not torch.cuda.is_available():
         return f"programmatic dependent launch needs an NVIDIA GPU; the model is on '{device.type}'"
     major, minor = torch.cuda.get_device_capability(device)
