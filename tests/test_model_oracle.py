@@ -67,7 +67,8 @@ def test_greedy_generation_equals_transformers_generate(tiny_checkpoints, fresh_
     def both(prompt):
         result = engine.generate(prompt, GenerationParams(max_tokens=40, ignore_eos=True))
         with torch.no_grad():
-            out = ref.generate(torch.tensor([prompt]), max_new_tokens=40, min_new_tokens=40, do_sample=False)
+            # eos_token_id=None: plain greedy to the length, like ignore_eos (min_new_tokens would mask EOS)
+            out = ref.generate(torch.tensor([prompt]), max_new_tokens=40, eos_token_id=None, do_sample=False)
         return result.token_ids, out[0, len(prompt) :].tolist()
 
     _, (got, expected) = clear_of_ties(lambda: fresh_ids(11).tolist(), both, logits=GREEDY_GAP)

@@ -37,7 +37,7 @@ def time_transformers(model, prompt: list[int], new_tokens: int) -> tuple[list[i
         out = model.generate(
             torch.tensor([prompt]),
             max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
+            eos_token_id=None,  # plain greedy to the length, like solo's ignore_eos (min_new_tokens masks EOS)
             do_sample=False,
             streamer=FirstToken(),
         )
