@@ -19,7 +19,7 @@ import torch
 
 from solo.checkpoint.loader import FP8_BLOCK, LoadOptions, load_model, reference_fp8_block_linear
 from solo.checkpoint.reader import CheckpointError
-from solo.fastpath.availability import DecodeStepUnavailable
+from solo.fastpath.availability import DecodeStepUnavailable, PDLUnavailable
 from solo.kernels.registry import backend_spec, make_moe_backend
 from solo.model.layers import Linear, block_fp8_linears
 from solo.model.ling import LingForCausalLM
@@ -81,15 +81,14 @@ def _install_decode_step(model: LingForCausalLM, options: FastPathOptions) -> No
     reason = fused_step_unavailable(model, allow_interpreter=options.decode_step == "fused")
     if reason is None:
         from solo.fastpath.decode_step import FusedDecodeStep
-        from solo.kernels.pdl import pdl_unavailable
 
-        if options.pdl and (why := pdl_unavailable(model.device)) is not None:
-            raise DecodeStepUnavailable(f"--pdl on: {why}. Use --pdl off.")
         try:
             model.decode_step = FusedDecodeStep(model, token_counts=(1, options.verify_tokens), pdl=options.pdl)
             model.decode_step.warmup()
             model.decode_step_note = ""
             return
+        except PDLUnavailable:  # the step could run, PDL cannot: said as it is
+            raise
         except DecodeStepUnavailable as e:
             reason = str(e)
     if options.pdl:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from solo.fastpath.availability import DecodeStepUnavailable, fused_step_unavailable
+from solo.fastpath.availability import DecodeStepUnavailable, PDLUnavailable, fused_step_unavailable
 from solo.kernels.fused_gemv import FusedGemv
 from solo.kernels.fused_kda import kda_decode
 from solo.kernels.fused_mla import FusedMLA
@@ -255,7 +255,7 @@ class FusedDecodeStep:
     def __init__(self, model: LingForCausalLM, token_counts: tuple[int, ...] = (1, 4), pdl: bool = False) -> None:
         _check_model(model)
         if pdl and (reason := pdl_unavailable(model.device)) is not None:
-            raise DecodeStepUnavailable(f"--pdl on: {reason}. Use --pdl off.")
+            raise PDLUnavailable(f"--pdl on: {reason}. Use --pdl off.")
         self.launch = LaunchPolicy(pdl)
         self.model = model
         self.config = model.config
