@@ -32,8 +32,10 @@ def compile_variant(
     """Compile `fn` with pointer element types `pointers` (name -> 'bf16', 'fp32', ...) and the given
     constexprs; other scalar arguments are i32, or fp32 for the names in FLOATS. `pdl`: the kernel's
     PDL constexpr and Triton's launch_pdl option (solo.kernels.pdl)."""
-    constexprs = {**constexprs, "PDL": pdl}
     jit = fn.fn if hasattr(fn, "fn") and not hasattr(fn, "arg_names") else fn
+    constexprs = {**constexprs, "PDL": pdl}
+    if any(param.name == "PREFETCH" for param in jit.params):  # the weight prefetch comes with PDL in the step
+        constexprs["PREFETCH"] = 32 * num_warps if pdl else 0  # (the router's; solo.kernels.prefetch)
     sig: dict[str, str] = {}
     for param in jit.params:
         name = param.name
@@ -254,6 +256,7 @@ def other_variants():
                 BLOCK_K=512,
                 HID_POW2=4096,
                 SELECT=tokens == 1,
+                UNROLL=False,
             ),
             1,
             3,
@@ -302,13 +305,16 @@ def main(out_dir: str | None = None) -> int:
             griddep = kernel.asm["ptx"].count("griddepcontrol.")
             if pdl != (griddep == 2 and bool(getattr(md, "launch_pdl", False))):
                 notes.append(f"PDL {pdl} but {griddep} griddepcontrol instructions")
+            prefetches = kernel.asm["ptx"].count("cp.async.bulk.prefetch.L2")
+            if fn is router._router and pdl != (prefetches > 0):
+                notes.append(f"prefetch {pdl} but {prefetches} bulk prefetches")
             failures += bool(notes)
             note = f"  ({'; '.join(notes)})" if notes else ""
             print(f"ok      {name}: {regs} regs, {spills} B stack, {md.shared} B shared{note}")
             if out_dir:
                 Path(out_dir).mkdir(parents=True, exist_ok=True)
                 tag = "_pdl" if pdl else ""
-                (Path(out_dir) / f"{base.split()[0]}_{base.split()[1]}{tag}.ptx").write_text(kernel.asm["ptx"])
+                (Path(out_dir) / f"{'_'.join(base.split()[:2])}{tag}.ptx").write_text(kernel.asm["ptx"])
     return 1 if failures else 0
 
 

@@ -7,12 +7,13 @@ the router's scores vs its selection.
    with the gated norm and residual, the shared expert's gate_up and down), `--layers` of them with
    distinct weights (over the L2), captured in one CUDA graph, timed with plain launches and with
    programmatic dependent launch (solo.kernels.pdl). Outputs must be bit-identical: PDL moves
-   launches, not arithmetic. Printed: per-kernel time of each, the saving per launch, and GB/s
-   against the copy bandwidth measured in the same run.
+   launches, not arithmetic. Printed: per-kernel time of each and GB/s against the copy bandwidth of
+   the same run.
 2. 40 routers (Ling-3.0-flash: 512 experts, hidden 2560, 8 groups keep 4, top-8; distinct weights),
    one token each, in one graph: the product's configuration (4 experts x 1 warp per program,
-   selection by the last program) against other experts-per-program / warps, selection in a second
-   launch, and PDL. Every variant must choose the same experts with the same weights.
+   selection by the last program) against other experts per program, selection in a second launch,
+   PDL, the weight prefetch and the scores' K loop unrolled. Every variant must choose the same
+   experts with the same weights.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from solo.kernels.fused_router import FusedRouter  # noqa: E402
 from solo.kernels.pdl import LaunchPolicy  # noqa: E402
 
 CHAIN = ("qkvfgb", "o_proj", "shared_gate_up", "shared_down")
+# name, PDL (measured on the H200, 2026-12-02: also with each program's weights bulk-prefetched into
+# the L2 first, before the wait: 12.8 us per kernel against 9.1 plain, 11.6 with PDL; dropped)
+CHAIN_VARIANTS = (("plain", False), ("pdl", True))
 
 
 def graph_seconds(calls) -> float:
@@ -68,7 +72,7 @@ def gemv_chain(layers: int, copy_gbs: float, device: torch.device) -> dict:
 
     result: dict = {"kernels": layers * len(CHAIN), "bytes": nbytes}
     reference = None
-    for pdl in (False, True):
+    for key, pdl in CHAIN_VARIANTS:
         policy = LaunchPolicy(pdl)
         for name in CHAIN:
             for g in gemvs[name]:
@@ -77,7 +81,6 @@ def gemv_chain(layers: int, copy_gbs: float, device: torch.device) -> dict:
         got = torch.cat([o.flatten() for name in CHAIN for o in outs[name]])
         if reference is None:
             reference = got.clone()
-        key = "pdl" if pdl else "plain"
         result[key] = {
             "us_per_kernel": seconds * 1e6,
             "gbs": nbytes / (seconds * result["kernels"]) / 1e9,
@@ -85,7 +88,6 @@ def gemv_chain(layers: int, copy_gbs: float, device: torch.device) -> dict:
             "launched_with_pdl": policy.families_with_pdl(),
         }
         result[key]["of_copy"] = result[key]["gbs"] / copy_gbs
-    result["saved_us_per_kernel"] = result["plain"]["us_per_kernel"] - result["pdl"]["us_per_kernel"]
     return result
 
 
@@ -97,15 +99,20 @@ def routers(copy_gbs: float, device: torch.device) -> list[dict]:
     norm = (1 + 0.1 * torch.randn(hidden, device=device, generator=g)).to(torch.bfloat16)
     xs = [torch.randn(1, hidden, device=device, generator=g).to(torch.bfloat16) for _ in range(count)]
     counters = torch.zeros(2, dtype=torch.int32, device=device)
-    variants = [(4, 1, False, False)]  # the product's: experts per program, warps, separate selection, PDL
-    variants += [(e, w, sep, False) for e in (2, 4, 8, 16) for w in (1, 2, 4) for sep in (False, True)]
-    variants += [(4, 1, False, True), (4, 1, True, True)]
+    # experts per program, warps, separate selection, PDL, prefetch, unrolled K loop; the product's first.
+    # (Other warp counts sum in another order: their weights differ in the last bits, so "same choice"
+    # compares exactly and reads False for them; the ids agree.)
+    variants = [(4, 1, False, False, False, False)]
+    variants += [(e, 1, False, False, pf, un) for e in (2, 4, 8) for pf in (False, True) for un in (False, True)]
+    variants += [(4, 1, sep, True, pf, un) for sep in (False, True) for pf in (False, True) for un in (False, True)]
+    variants += [(e, 1, False, True, True, True) for e in (2, 8)]
     rows, reference = [], None
-    for block_e, warps, separate, pdl in dict.fromkeys(variants):
+    for block_e, warps, separate, pdl, prefetch, unroll in dict.fromkeys(variants):
         made = []
+        policy = LaunchPolicy(pdl, prefetch)
         for w, b in zip(weights, biases, strict=True):
-            r = FusedRouter(w, b, norm, 1e-6, 8, 8, 4, True, 2.5, counters[0:1], counters[1:2], LaunchPolicy(pdl))
-            r.BLOCK_E, r.WARPS, r.select_separately = block_e, warps, separate
+            r = FusedRouter(w, b, norm, 1e-6, 8, 8, 4, True, 2.5, counters[0:1], counters[1:2], policy)
+            r.BLOCK_E, r.WARPS, r.select_separately, r.unroll = block_e, warps, separate, unroll
             made.append(r)
         results: list = [None] * count
 
@@ -115,17 +122,21 @@ def routers(copy_gbs: float, device: torch.device) -> list[dict]:
         try:
             seconds = graph_seconds([lambda i=i: call(i) for i in range(count)])
         except Exception as exc:  # noqa: BLE001 (a variant the compiler refuses is reported, not fatal)
-            rows.append({"block_e": block_e, "warps": warps, "separate": separate, "pdl": pdl, "error": str(exc)[:200]})
+            rows.append(
+                {"block_e": block_e, "separate": separate, "pdl": pdl, "prefetch": prefetch, "error": str(exc)[:200]}
+            )
             continue
         chosen = torch.cat([torch.cat([ids.float(), wts], 1) for _, ids, wts in results])
         if reference is None:
             reference = chosen.clone()
-        row = {"block_e": block_e, "warps": warps, "separate": separate, "pdl": pdl, "us": seconds * 1e6}
+        row = {"block_e": block_e, "warps": warps, "separate": separate, "pdl": pdl, "prefetch": prefetch}
+        row.update(unroll=unroll, us=seconds * 1e6)
         row["same_choice"] = bool(torch.equal(chosen, reference))
         row["of_copy"] = experts * hidden * 2 / seconds / 1e9 / copy_gbs
         rows.append(row)
         print(
-            f"router E/prog {block_e:2d} warps {warps} separate {separate!s:5} pdl {pdl!s:5}: {row['us']:6.2f} us "
+            f"router E/prog {block_e:2d} warps {warps} separate {separate!s:5} pdl {pdl!s:5} prefetch {prefetch!s:5} "
+            f"unroll {unroll!s:5}: {row['us']:6.2f} us "
             f"({row['of_copy']:.0%} of copy) same choice {row['same_choice']}",
             flush=True,
         )
@@ -141,12 +152,11 @@ def main() -> int:
     copy_gbs = copy_bandwidth(device) / 1e9
     print(f"device-to-device copy bandwidth: {copy_gbs:.0f} GB/s ({torch.cuda.get_device_name()})", flush=True)
     chain = gemv_chain(args.layers, copy_gbs, device)
-    for key in ("plain", "pdl"):
+    for key, _ in CHAIN_VARIANTS:
         c = chain[key]
-        head = f"GEMV chain ({chain['kernels']} kernels, {chain['bytes'] / 1e6:.0f} MB) {key:5s}"
+        head = f"GEMV chain ({chain['kernels']} kernels, {chain['bytes'] / 1e6:.0f} MB) {key:12s}"
         speed = f"{c['gbs']:.0f} GB/s ({c['of_copy']:.0%} of copy)"
         print(f"{head}: {c['us_per_kernel']:.2f} us per kernel, {speed}, identical {c['identical']}", flush=True)
-    print(f"PDL saves {chain['saved_us_per_kernel']:.2f} us per kernel", flush=True)
     report = {"device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs, "gemv_chain": chain}
     report["routers"] = routers(copy_gbs, device)
     if args.json:

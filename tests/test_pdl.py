@@ -63,3 +63,26 @@ def test_the_cli_refuses_pdl_it_cannot_run(capsys, extra, message):
     assert main(["generate", "hello", "--max-tokens", "2", "--pdl", "on", *extra]) != 0
     err = capsys.readouterr().err
     assert "error" in err and re.search(message, err), err
+
+
+def test_a_weight_prefetch_that_cannot_run_is_refused_naming_why(monkeypatch):
+    """LaunchPolicy(prefetch=True) where no PTX runs (the interpreter) is an error, not a no-op."""
+    from solo.kernels.fused_router import FusedRouter
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    weight, counter = torch.randn(64, 256).bfloat16(), torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="cannot prefetch its weight into the L2: Triton's CPU interpreter"):
+        FusedRouter(
+            weight,
+            torch.zeros(64),
+            torch.ones(256),
+            1e-6,
+            8,
+            8,
+            4,
+            True,
+            1.0,
+            counter,
+            launch=LaunchPolicy(prefetch=True),
+        )
+    assert LaunchPolicy(pdl=True).prefetch and not LaunchPolicy(pdl=True, prefetch=False).prefetch

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from solo.kernels.fused_gemv import MAX_TOKENS, round_bf16, store_rounded
 from solo.kernels.pdl import PLAIN, LaunchPolicy, after_previous_kernel
+from solo.kernels.prefetch import prefetch_rows_to_l2, prefetch_unavailable
 
 
 @triton.jit
@@ -66,6 +67,21 @@ def _select_token(
 
 
 @triton.jit
+def _router_chunk(
+    x_ptr, stride_x, nw_ptr, w_ptr, xn_ptr, rstd, rt, t_ok, re, pid, k0, HID: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """Scores of this program's experts over one K chunk (program 0 also writes the normalised x)."""
+    rk = k0 + tl.arange(0, BLOCK_K)
+    xv = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :], mask=t_ok[:, None], other=0.0).to(tl.float32)
+    nw = tl.load(nw_ptr + rk).to(tl.float32)
+    xn = round_bf16(round_bf16(xv * rstd[:, None]) * nw[None, :])
+    if pid == 0:
+        store_rounded(xn_ptr + rt[:, None] * HID + rk[None, :], xn, t_ok[:, None])
+    w = tl.load(w_ptr + re[:, None] * HID + rk[None, :]).to(tl.float32)  # [BLOCK_E, BLOCK_K]
+    return tl.sum(xn[:, None, :] * w[None, :, :], axis=2)
+
+
+@triton.jit
 def _router(
     x_ptr,
     stride_x,
@@ -93,9 +109,14 @@ def _router(
     HID_POW2: tl.constexpr,
     SELECT: tl.constexpr,
     PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,  # threads of a program (32 x warps) that prefetch its expert rows; 0: none
+    UNROLL: tl.constexpr,
 ):
-    after_previous_kernel(PDL)
     pid = tl.program_id(0)
+    re = pid * BLOCK_E + tl.arange(0, BLOCK_E)
+    if PREFETCH:  # this program's expert rows, before waiting for the residual stream
+        prefetch_rows_to_l2(w_ptr + (pid * BLOCK_E).to(tl.int64) * HID, HID * 2, BLOCK_E, HID * 2, BLOCK_E, PREFETCH)
+    after_previous_kernel(PDL)
     if pid == 0:
         tl.atomic_add(count_ptr, 1)
     rt = tl.arange(0, BLOCK_T)
@@ -104,17 +125,13 @@ def _router(
     ok = t_ok[:, None] & (rk_all < HID)[None, :]
     x_all = tl.load(x_ptr + rt[:, None] * stride_x + rk_all[None, :], mask=ok, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x_all * x_all, axis=1) / HID + eps)
-    re = pid * BLOCK_E + tl.arange(0, BLOCK_E)
     acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
-    for k0 in range(0, HID, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        xv = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :], mask=t_ok[:, None], other=0.0).to(tl.float32)
-        nw = tl.load(nw_ptr + rk).to(tl.float32)
-        xn = round_bf16(round_bf16(xv * rstd[:, None]) * nw[None, :])
-        if pid == 0:
-            store_rounded(xn_ptr + rt[:, None] * HID + rk[None, :], xn, t_ok[:, None])
-        w = tl.load(w_ptr + re[:, None] * HID + rk[None, :]).to(tl.float32)  # [BLOCK_E, BLOCK_K]
-        acc += tl.sum(xn[:, None, :] * w[None, :, :], axis=2)
+    if UNROLL:  # straight-line code: every chunk's loads can be issued before the first is used
+        for k0 in tl.static_range(0, HID, BLOCK_K):
+            acc += _router_chunk(x_ptr, stride_x, nw_ptr, w_ptr, xn_ptr, rstd, rt, t_ok, re, pid, k0, HID, BLOCK_K)
+    else:
+        for k0 in range(0, HID, BLOCK_K):
+            acc += _router_chunk(x_ptr, stride_x, nw_ptr, w_ptr, xn_ptr, rstd, rt, t_ok, re, pid, k0, HID, BLOCK_K)
     scores = tl.sigmoid(acc)
     tl.store(scores_ptr + rt[:, None] * E + re[None, :], scores, mask=t_ok[:, None])
     if SELECT:  # one token: the last program to arrive selects, in this launch
@@ -170,6 +187,7 @@ class FusedRouter:
     # one token selects in the scores launch (its last program) unless this is set: then in a second
     # launch like verification (dev/launch_probe.py times both)
     select_separately = False
+    unroll = False  # the scores' K loop as straight-line code (dev/launch_probe.py times it)
 
     def __init__(
         self,
@@ -200,6 +218,8 @@ class FusedRouter:
         self.counter = counter
         self.select_counter = select_counter if select_counter is not None else counter
         self.launch = launch
+        if launch.prefetch and (reason := prefetch_unavailable(self.weight, self.hidden * 2)):
+            raise ValueError(f"the fused router cannot prefetch its weight into the L2: {reason}")
         self._scratch: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def _selects_in_launch(self, tokens: int) -> bool:
@@ -247,6 +267,8 @@ class FusedRouter:
             HID_POW2=triton.next_power_of_2(self.hidden),
             SELECT=self._selects_in_launch(t),
             PDL=self.launch.pdl,
+            PREFETCH=32 * self.WARPS if self.launch.prefetch else 0,
+            UNROLL=self.unroll,
             num_warps=self.WARPS,
             **self.launch.options,
         )

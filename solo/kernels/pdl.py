@@ -59,8 +59,11 @@ class LaunchPolicy:
     reported: the compiled kernel's own `launch_pdl` flag per kernel family, which is how the start-up
     check proves PDL was really on (asked for is not the same as launched with)."""
 
-    def __init__(self, pdl: bool = False) -> None:
+    def __init__(self, pdl: bool = False, prefetch: bool | None = None) -> None:
         self.pdl = pdl
+        # weight prefetch into the L2 before the wait (solo.kernels.prefetch): what gives a projection
+        # something to overlap with its predecessor; on with PDL unless set
+        self.prefetch = pdl if prefetch is None else prefetch
         self.options = launch_options(pdl)
         self.seen: dict[str, set[bool]] = {}
 
