@@ -206,8 +206,8 @@ def other_variants():
                 D_PARTS=d_parts,
                 MIN_CHUNK=mla.FusedMLA.MIN_CHUNK,
             ),
-            8,
-            1,
+            mla.FusedMLA.ATTEND_WARPS,
+            mla.FusedMLA.ATTEND_STAGES,
         )
         yield (
             f"mla_combine T={tokens}",
@@ -221,6 +221,7 @@ def other_variants():
                 SPLITS=splits,
                 BLOCK_M=block_m,
                 V_BLOCK=mla.FusedMLA.V_BLOCK,
+                V_PER=min(mla.FusedMLA.V_PER_PROGRAM, 128),
                 MIN_CHUNK=mla.FusedMLA.MIN_CHUNK,
                 T_POW2=triton.next_power_of_2(tokens),
             ),

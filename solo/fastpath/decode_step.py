@@ -6,15 +6,11 @@ T = the verification window for NEXTN):
 
   KDA attention   norm + [q|k|v|f|g|b] GEMV (1) -> KDA recurrence (1) -> gated norm + o_proj + residual (1)
   MLA attention   norm + [q|kv_a|g] GEMV (1) -> prep (1) -> split attention (1) -> combine (1) -> dense + residual (1)
-  MoE             norm + router + top-k (1) -> routed experts (the backend's 1-2) -> shared down +
-                  routed + residual (1); beside them, on a second stream forked and joined inside
-                  the step (and its graph), norm + shared gate_up + SwiGLU (1)
+  MoE             norm + router + top-k (1) -> shared gate_up + SwiGLU (1) -> routed experts (the
+                  backend's 1-2) -> shared down + routed + residual (1)
   dense MLP       norm + gate_up + SwiGLU (1) -> down + residual (1)
 
-plus the embedding lookup and the final norm: about 7 launches per layer instead of about 100. At
-batch size 1 each of these kernels leaves most of the GPU idle for part of its life (the router's
-selection is one warp), so the shared expert's gate_up, which needs only the residual stream, runs
-concurrently with the router and the routed experts instead of after them. The
+plus the embedding lookup and the final norm: about 7 launches per layer instead of about 100. The
 fused projections' weights are the reference layers' own bytes: their Linear modules are re-pointed
 at slices of the concatenated buffers, so nothing is stored twice. Every kernel family counts its
 launches on the device (`launch_counts`), which is how the start-up check proves the fused path ran
@@ -175,8 +171,6 @@ class _MLAAttention:
 class _MoE:
     def __init__(self, moe: SparseMoE, norm: torch.Tensor, eps: float, index: int, step: FusedDecodeStep) -> None:
         gate = moe.gate
-        self.norm, self.eps = norm, eps
-        self.step = step
         self.experts = moe.experts
         self.router = FusedRouter(
             gate.weight,
@@ -197,22 +191,12 @@ class _MoE:
             self.shared_gate_up, self.shared_down = _swiglu_pair(moe.shared_experts, step, f"layer {index} shared")
 
     def __call__(self, x: torch.Tensor) -> None:
-        if self.shared_gate_up is None:
-            xn, ids, weights = self.router(x)
-            x.add_(self.experts(xn, ids, weights))
-            return
-        act = self.step.shared_activation(x.shape[0], self.shared_gate_up.rows)
-        side = self.step.side_stream
-        if side is not None:  # fork: the shared gate_up (with its own norm) beside the router and experts
-            side.wait_stream(torch.cuda.current_stream(x.device))
-            with torch.cuda.stream(side):
-                self.shared_gate_up(x, out=act, norm_weight=self.norm, eps=self.eps)
-        else:
-            self.shared_gate_up(x, out=act, norm_weight=self.norm, eps=self.eps)
         xn, ids, weights = self.router(x)
         routed = self.experts(xn, ids, weights)
-        if side is not None:  # join
-            torch.cuda.current_stream(x.device).wait_stream(side)
+        if self.shared_gate_up is None:
+            x.add_(routed)
+            return
+        act = self.shared_gate_up(xn)
         self.shared_down(act, out=x, residual=x, addend=routed)
 
 
@@ -274,9 +258,6 @@ class FusedDecodeStep:
             raise PDLUnavailable(f"--pdl on: {reason}. Use --pdl off.")
         self.launch = LaunchPolicy(pdl)
         self.model = model
-        # the stream the shared experts' gate_up runs on beside the router (None off CUDA: in order)
-        self.side_stream = torch.cuda.Stream(model.device) if model.device.type == "cuda" else None
-        self._shared_act: dict[tuple[int, int], torch.Tensor] = {}
         self.config = model.config
         self.token_counts = frozenset(token_counts)
         self.launch_counts = torch.zeros(len(FAMILIES), dtype=torch.int32, device=model.device)
@@ -292,15 +273,6 @@ class FusedDecodeStep:
             self.nextn = _Layer(nextn, self)
             self.eh_proj = _gemv(nextn.eh_proj, self, "NEXTN eh_proj")
             self.nextn_module: NextNLayer = nextn
-
-    def shared_activation(self, tokens: int, width: int) -> torch.Tensor:
-        """The shared experts' SwiGLU output [tokens, width]: one static buffer per shape, written on the
-        side stream and read on the main one after the join (no allocator round trip between streams;
-        layers reuse it in turn, each after the previous layer's join)."""
-        key = (tokens, width)
-        if key not in self._shared_act:
-            self._shared_act[key] = torch.empty((tokens, width), dtype=torch.bfloat16, device=self.model.device)
-        return self._shared_act[key]
 
     def counter(self, family: str, n: int = 1) -> torch.Tensor:
         """The device counter of a kernel family (a view into `launch_counts`; n consecutive ones)."""
