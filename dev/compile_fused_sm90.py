@@ -206,8 +206,8 @@ def other_variants():
                 D_PARTS=d_parts,
                 MIN_CHUNK=mla.FusedMLA.MIN_CHUNK,
             ),
-            mla.FusedMLA.ATTEND_WARPS,
-            mla.FusedMLA.ATTEND_STAGES,
+            8,
+            1,
         )
         yield (
             f"mla_combine T={tokens}",
@@ -221,7 +221,6 @@ def other_variants():
                 SPLITS=splits,
                 BLOCK_M=block_m,
                 V_BLOCK=mla.FusedMLA.V_BLOCK,
-                V_PER=min(mla.FusedMLA.V_PER_PROGRAM, 128),
                 MIN_CHUNK=mla.FusedMLA.MIN_CHUNK,
                 T_POW2=triton.next_power_of_2(tokens),
             ),

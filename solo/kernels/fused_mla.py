@@ -162,18 +162,19 @@ def _mla_attend(
     l_i = tl.zeros((ROW_BLOCK,), dtype=tl.float32)
     acc = tl.zeros((ROW_BLOCK, DV), dtype=tl.float32)
     q_rows = q_ptr + rm[:, None] * (RANK + ROPE)
-    rd = tl.arange(0, RANK)
-    rr = tl.arange(0, ROPE)
-    # the query once, whole: every chunk's scores are one product over the rank (and one over the rope)
-    q_lat = tl.load(q_rows + rd[None, :], mask=m_ok[:, None], other=0.0).to(tl.float16)
-    q_rope = tl.load(q_rows + RANK + rr[None, :], mask=m_ok[:, None], other=0.0).to(tl.float16)
     for l0 in range(start, end, BLOCK_L):
         rl = l0 + tl.arange(0, BLOCK_L)
         l_ok = rl < end
-        # one load per chunk: the latent rows are the keys and (absorbed) the values
-        kv = tl.load(latent_ptr + rl[:, None] * RANK + rd[None, :], mask=l_ok[:, None], other=0.0).to(tl.float16)
-        kr = tl.load(rope_ptr + rl[:, None] * ROPE + rr[None, :], mask=l_ok[:, None], other=0.0).to(tl.float16)
-        scores = tl.dot(q_lat, tl.trans(kv)) + tl.dot(q_rope, tl.trans(kr))
+        scores = tl.zeros((ROW_BLOCK, BLOCK_L), dtype=tl.float32)
+        for d0 in tl.static_range(0, RANK, BLOCK_D):
+            rd = d0 + tl.arange(0, BLOCK_D)
+            qd = tl.load(q_rows + rd[None, :], mask=m_ok[:, None], other=0.0)
+            kd = tl.load(latent_ptr + rl[:, None] * RANK + rd[None, :], mask=l_ok[:, None], other=0.0)
+            scores += tl.dot(qd.to(tl.float16), tl.trans(kd.to(tl.float16)))
+        rr = tl.arange(0, ROPE)
+        qr = tl.load(q_rows + RANK + rr[None, :], mask=m_ok[:, None], other=0.0)
+        kr = tl.load(rope_ptr + rl[:, None] * ROPE + rr[None, :], mask=l_ok[:, None], other=0.0)
+        scores += tl.dot(qr.to(tl.float16), tl.trans(kr.to(tl.float16)))
         visible = l_ok[None, :] & (rl[None, :] <= row_pos[:, None])
         scores = tl.where(visible, scores * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -181,11 +182,8 @@ def _mla_attend(
         p = tl.exp(scores - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if D_PARTS == 1:
-            v = kv
-        else:  # this program's value columns (just loaded: from the L1)
-            v = tl.load(latent_ptr + rl[:, None] * RANK + rv[None, :], mask=l_ok[:, None], other=0.0).to(tl.float16)
-        acc = acc * alpha[:, None] + tl.dot(round_bf16(p).to(tl.float16), v)
+        v = tl.load(latent_ptr + rl[:, None] * RANK + rv[None, :], mask=l_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(round_bf16(p).to(tl.float16), v.to(tl.float16))
         m_i = m_new
     tl.store(part_ptr + (s * BLOCK_M + rm)[:, None] * RANK + rv[None, :], acc, mask=m_ok[:, None])
     if dp == 0:
@@ -211,18 +209,14 @@ def _mla_combine(
     SPLITS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     V_BLOCK: tl.constexpr,
-    V_PER: tl.constexpr,
     MIN_CHUNK: tl.constexpr,
     T_POW2: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """One program per head and V_PER value rows: merge the head's partials of the splits in use (each
-    of the head's programs merges them all, from the L2: the merge is a few us, w_uv's rows are the
-    part worth spreading), then w_uv for its rows, the gate."""
+    """One program per head: merge the partials of the splits in use (read once), then w_uv, the gate."""
     after_previous_kernel(PDL)
     h = tl.program_id(0)
-    vp = tl.program_id(1)
-    if h == 0 and vp == 0:
+    if h == 0:
         tl.atomic_add(count_ptr, 1)
     rr = tl.arange(0, RANK)
     rs_all = tl.arange(0, SPLITS)
@@ -246,8 +240,8 @@ def _mla_combine(
             den += tl.sum(lsum * weight, axis=0)
         latent = round_bf16(num / den)
         gate = round_bf16(tl.sigmoid(tl.load(gate_ptr + t * stride_g + h).to(tl.float32)))
-        for v0 in tl.static_range(0, V_PER, V_BLOCK):
-            rv = vp * V_PER + v0 + tl.arange(0, V_BLOCK)
+        for v0 in tl.static_range(0, V, V_BLOCK):
+            rv = v0 + tl.arange(0, V_BLOCK)
             w = tl.load(wuv_ptr + (h * V + rv)[:, None] * RANK + rr[None, :]).to(tl.float32)  # [V_BLOCK, RANK]
             out = round_bf16(tl.sum(w * latent[None, :], axis=1))
             store_rounded(o_ptr + t * stride_o + h * V + rv, out * gate, None)
@@ -258,13 +252,10 @@ class FusedMLA:
 
     SPLITS = 128  # at most about one per SM: a 32K context is 256 positions each
     MIN_CHUNK = 256  # positions per split at least (shorter contexts use fewer splits, fewer partials)
-    BLOCK_L = 64  # positions per step of a split
-    ATTEND_STAGES = 1  # software pipelining of the attention's chunk loop (shared memory per stage)
-    ATTEND_WARPS = 8
+    BLOCK_L = 64
     BLOCK_D = 64
     RANK_BLOCK = 128
     V_BLOCK = 16  # value rows of w_uv per step of the combine
-    V_PER_PROGRAM = 128  # value rows per program of the combine (the heads' programs: v_dim / this)
 
     def __init__(
         self,
@@ -286,8 +277,6 @@ class FusedMLA:
         self.rope = rope_dim
         if self.rank % self.RANK_BLOCK or self.rank % self.BLOCK_D or self.v_dim % self.V_BLOCK or self.SPLITS % 16:
             raise ValueError("the fused MLA kernels need rank a multiple of 128 and v_head_dim of 32")
-        if self.v_dim % min(self.V_PER_PROGRAM, self.v_dim) or self.V_PER_PROGRAM % self.V_BLOCK:
-            raise ValueError("the fused MLA combine splits v_head_dim into equal parts of whole V_BLOCKs")
         self.w_uk = w_uk.contiguous()
         self.w_uv = w_uv.contiguous()
         self.kv_norm = kv_norm_weight
@@ -381,14 +370,13 @@ class FusedMLA:
             D_PARTS=d_parts,
             MIN_CHUNK=self.MIN_CHUNK,
             PDL=launch.pdl,
-            num_warps=self.ATTEND_WARPS,
-            num_stages=self.ATTEND_STAGES,
+            num_warps=8,
+            num_stages=1,  # a pipelined chunk loop needs more shared memory than an SM has
             **launch.options,
         )
         launch.record("mla_attend", compiled)
         gate = proj[:, self.gate_offset :]
-        v_per = min(self.V_PER_PROGRAM, self.v_dim)
-        compiled = _mla_combine[(self.heads, self.v_dim // v_per)](
+        compiled = _mla_combine[(self.heads,)](
             part,
             ml,
             positions,
@@ -405,7 +393,6 @@ class FusedMLA:
             SPLITS=self.SPLITS,
             BLOCK_M=block_m,
             V_BLOCK=self.V_BLOCK,
-            V_PER=v_per,
             MIN_CHUNK=self.MIN_CHUNK,
             T_POW2=triton.next_power_of_2(t),
             PDL=launch.pdl,
