@@ -17,7 +17,7 @@ import triton.language as tl
 
 from solo.kernels.fused_gemv import MAX_TOKENS, round_bf16, store_rounded
 from solo.kernels.pdl import PLAIN, LaunchPolicy, after_previous_kernel
-from solo.kernels.prefetch import prefetch_rows_to_l2, prefetch_unavailable
+from solo.kernels.prefetch import prefetch_to_l2, prefetch_unavailable
 
 
 @triton.jit
@@ -115,7 +115,7 @@ def _router(
     pid = tl.program_id(0)
     re = pid * BLOCK_E + tl.arange(0, BLOCK_E)
     if PREFETCH:  # this program's expert rows, before waiting for the residual stream
-        prefetch_rows_to_l2(w_ptr + (pid * BLOCK_E).to(tl.int64) * HID, HID * 2, BLOCK_E, HID * 2, BLOCK_E, PREFETCH)
+        prefetch_to_l2(w_ptr + (pid * BLOCK_E).to(tl.int64) * HID, BLOCK_E * HID * 2, PREFETCH)
     after_previous_kernel(PDL)
     if pid == 0:
         tl.atomic_add(count_ptr, 1)
@@ -218,7 +218,7 @@ class FusedRouter:
         self.counter = counter
         self.select_counter = select_counter if select_counter is not None else counter
         self.launch = launch
-        if launch.prefetch and (reason := prefetch_unavailable(self.weight, self.hidden * 2)):
+        if launch.prefetch and (reason := prefetch_unavailable(self.weight, self.BLOCK_E * self.hidden * 2)):
             raise ValueError(f"the fused router cannot prefetch its weight into the L2: {reason}")
         self._scratch: dict[int, tuple[torch.Tensor, ...]] = {}
 

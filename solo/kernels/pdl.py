@@ -61,8 +61,8 @@ class LaunchPolicy:
 
     def __init__(self, pdl: bool = False, prefetch: bool | None = None) -> None:
         self.pdl = pdl
-        # weight prefetch into the L2 before the wait (solo.kernels.prefetch): what gives a projection
-        # something to overlap with its predecessor; on with PDL unless set
+        # the router's weight prefetch into the L2 before the wait (solo.kernels.prefetch): on with PDL
+        # unless set
         self.prefetch = pdl if prefetch is None else prefetch
         self.options = launch_options(pdl)
         self.seen: dict[str, set[bool]] = {}
