@@ -49,7 +49,8 @@ def test_routing_margin_equals_its_definition():
     router = _router()
     x = torch.randn(7, 24)
     assert routing_margin(router, x) == pytest.approx(brute_force_margin(router, x), abs=1e-6)
-    assert routing_margin(router, x[:3]) >= routing_margin(router, x)  # the smallest over the tokens
+    # the smallest over the tokens (up to the rounding of a 3-row against a 7-row product)
+    assert routing_margin(router, x[:3]) >= routing_margin(router, x) - 1e-6
 
 
 def test_a_duplicated_expert_is_a_tie_and_the_router_is_recorded():
