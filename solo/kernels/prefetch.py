@@ -2,8 +2,9 @@
 
 A kernel's weights depend on nothing the step computes, so a program can ask for all of its slice
 (contiguous rows) before it waits for its predecessor (under PDL, while that predecessor still
-runs). The instruction takes no registers and returns nothing; it is a hint, so the arithmetic is unchanged. Addresses must
-be 16-byte aligned and sizes multiples of 16 bytes (`prefetch_unavailable` checks a weight).
+runs). The instruction takes no registers and returns nothing; it is a hint, so the arithmetic is
+unchanged. Addresses must be 16-byte aligned and sizes multiples of 16 bytes (`prefetch_unavailable`
+checks a weight).
 
 Used by the router, whose scores are a latency-bound 2.6 MB (on the H200 with PDL: 11.1 us per
 router against 12.2 without the prefetch, dev/launch_probe.py). Measured and dropped for the fused

@@ -83,9 +83,9 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 600.0) -> l
 
 # --------------------------------------------------------------------------- what the ranks run
 def record_head(model: Any) -> list[torch.Tensor]:
-    """Every output of the model's LM head (target and NEXTN draft calls, in order), as fp32 copies."""
+    """Every output of the model's LM head (target and NEXTN draft calls, in order), as float64 copies."""
     seen: list[torch.Tensor] = []
-    model.lm_head.register_forward_hook(lambda _m, _i, out: seen.append(out.detach().float().clone()))
+    model.lm_head.register_forward_hook(lambda _m, _i, out: seen.append(out.detach().double().clone()))
     return seen
 
 
@@ -97,16 +97,22 @@ def greedy_runs(
     moe_split: str = "auto",
     lm_head: str = "fp32",
     transport: str = "auto",
+    float64: bool = False,
 ) -> dict[str, Any]:
     """Greedy decoding of `prompt`, plain and with NEXTN (when the checkpoint has the layer), fp32 on the
-    CPU, as one rank of `tensor_parallel` (1: one process). Per decoder: the tokens and every LM-head
-    output; and the rank's shard."""
+    CPU (`float64`: the whole model and its head in float64, the rounding reference), as one rank of
+    `tensor_parallel` (1: one process). Per decoder: the tokens and every LM-head output; and the
+    rank's shard."""
     from solo.distributed.parallel import init_tensor_parallel
     from solo.engine.engine import Engine, GenerationParams
     from solo.speculative.nextn import NextNDecoder
 
     tp = init_tensor_parallel(tensor_parallel, "cpu", moe_split, transport)
-    plain = Engine.from_pretrained(path, lm_head=lm_head, tensor_parallel=tp)
+    plain = Engine.from_pretrained(
+        path, lm_head=lm_head, tensor_parallel=tp, dtype=torch.float64 if float64 else torch.float32
+    )
+    if float64:
+        plain.model.lm_head.weight.data = plain.model.lm_head.weight.data.double()
     engines = {"plain": plain}
     if plain.model.nextn is not None:
         engines["nextn"] = Engine(plain.model, plain.tokenizer, NextNDecoder(plain.model))
