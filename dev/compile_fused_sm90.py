@@ -179,8 +179,8 @@ def other_variants():
     splits = mla.FusedMLA.SPLITS
     for tokens in (1, 4):
         block_m = triton.next_power_of_2(max(16, tokens * 32))
-        row_block = max(16, min(block_m, 32 * 512 // 512))
-        d_parts = max(1, row_block * 512 // (32 * 512))
+        row_block = max(16, min(block_m, mla.FusedMLA.ROWS_PER_PROGRAM))  # as FusedMLA at rank 512
+        d_parts = 1
         yield (
             f"mla_prep T={tokens}",
             mla._mla_prep,
@@ -206,8 +206,8 @@ def other_variants():
                 D_PARTS=d_parts,
                 MIN_CHUNK=mla.FusedMLA.MIN_CHUNK,
             ),
-            8,
-            1,
+            mla.FusedMLA.ATTEND_WARPS,
+            mla.FusedMLA.ATTEND_STAGES,
         )
         yield (
             f"mla_combine T={tokens}",
@@ -220,7 +220,7 @@ def other_variants():
                 V=128,
                 SPLITS=splits,
                 BLOCK_M=block_m,
-                V_BLOCK=mla.FusedMLA.V_BLOCK,
+                V_PER=min(mla.FusedMLA.V_PER_PROGRAM, 128),
                 MIN_CHUNK=mla.FusedMLA.MIN_CHUNK,
                 T_POW2=triton.next_power_of_2(tokens),
             ),

@@ -84,6 +84,19 @@ def test_every_fused_layer_matches_its_reference_layer(setup):
     assert max(worst.values()) < 2e-2, worst
 
 
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_mla_layers_over_a_long_context_match_the_reference(setup, tokens):
+    """The attention split over thousands of filled positions (tens of splits) and merged; the bound as
+    in the CPU suite's test (tests/test_fused_step.py: the reference rounds its scores to bf16)."""
+    from solo.testing.attention import mla_layers_against_reference
+
+    _, _, fused = setup
+    context = int(torch.randint(2000, 3000, ()))
+    worst = mla_layers_against_reference(fused, context=context, tokens=tokens)
+    print(f"\nMLA at {context} positions, {tokens} token(s): worst rel. err {worst:.1e}")
+    assert worst < 5e-2
+
+
 def test_greedy_decode_in_graphs_replays_the_fused_step_exactly(setup):
     """The engine's greedy loop on the fused step inside CUDA graphs emits exactly the tokens of the
     fused step run eagerly, token by token (same kernels, fixed-order reductions: deterministic), and

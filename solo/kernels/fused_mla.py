@@ -9,9 +9,11 @@ The layer's projections arrive as one row per token, [q (heads x (nope + rope)) 
    query per token and head.
 2. `_mla_attend` (flash decoding): the positions actually filled, 0..max(position), are cut into
    `splits` equal chunks, one program each (a few hundred positions at 32K, so every SM streams part
-   of the cache); each computes scores for all heads and tokens against its chunk on the tensor cores
-   (causal per token), an online softmax, and its partial output in the latent space, with the
-   running max and sum.
+   of the cache; at least MIN_CHUNK each, so at 4K 64 splits); each computes scores for all heads and
+   tokens against its chunk on the tensor cores (causal per token), an online softmax, and its
+   partial output in the latent space, with the running max and sum. The query is loaded once, and
+   each step of BLOCK_L positions loads the latent rows once: they are the keys and (absorbed) the
+   values. Latency, not bytes, bounds this kernel at these sizes (on the H200, dev/mla_probe.py).
 3. `_mla_combine`: per head and slice of the value dimension, the partials are merged (rescaled by
    their maxima), the latent output is mapped through w_uv ([heads, v, rank], the value
    up-projection), multiplied by the head's sigmoid gate, and stored as the input of the output
@@ -162,19 +164,18 @@ def _mla_attend(
     l_i = tl.zeros((ROW_BLOCK,), dtype=tl.float32)
     acc = tl.zeros((ROW_BLOCK, DV), dtype=tl.float32)
     q_rows = q_ptr + rm[:, None] * (RANK + ROPE)
+    rd = tl.arange(0, RANK)
+    rr = tl.arange(0, ROPE)
+    # the query once, whole: every chunk's scores are one product over the rank (and one over the rope)
+    q_lat = tl.load(q_rows + rd[None, :], mask=m_ok[:, None], other=0.0).to(tl.float16)
+    q_rope = tl.load(q_rows + RANK + rr[None, :], mask=m_ok[:, None], other=0.0).to(tl.float16)
     for l0 in range(start, end, BLOCK_L):
         rl = l0 + tl.arange(0, BLOCK_L)
         l_ok = rl < end
-        scores = tl.zeros((ROW_BLOCK, BLOCK_L), dtype=tl.float32)
-        for d0 in tl.static_range(0, RANK, BLOCK_D):
-            rd = d0 + tl.arange(0, BLOCK_D)
-            qd = tl.load(q_rows + rd[None, :], mask=m_ok[:, None], other=0.0)
-            kd = tl.load(latent_ptr + rl[:, None] * RANK + rd[None, :], mask=l_ok[:, None], other=0.0)
-            scores += tl.dot(qd.to(tl.float16), tl.trans(kd.to(tl.float16)))
-        rr = tl.arange(0, ROPE)
-        qr = tl.load(q_rows + RANK + rr[None, :], mask=m_ok[:, None], other=0.0)
-        kr = tl.load(rope_ptr + rl[:, None] * ROPE + rr[None, :], mask=l_ok[:, None], other=0.0)
-        scores += tl.dot(qr.to(tl.float16), tl.trans(kr.to(tl.float16)))
+        # one load per chunk: the latent rows are the keys and (absorbed) the values
+        kv = tl.load(latent_ptr + rl[:, None] * RANK + rd[None, :], mask=l_ok[:, None], other=0.0).to(tl.float16)
+        kr = tl.load(rope_ptr + rl[:, None] * ROPE + rr[None, :], mask=l_ok[:, None], other=0.0).to(tl.float16)
+        scores = tl.dot(q_lat, tl.trans(kv)) + tl.dot(q_rope, tl.trans(kr))
         visible = l_ok[None, :] & (rl[None, :] <= row_pos[:, None])
         scores = tl.where(visible, scores * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -182,8 +183,11 @@ def _mla_attend(
         p = tl.exp(scores - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(latent_ptr + rl[:, None] * RANK + rv[None, :], mask=l_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(round_bf16(p).to(tl.float16), v.to(tl.float16))
+        if D_PARTS == 1:
+            v = kv
+        else:  # this program's value columns (just loaded: from the L1)
+            v = tl.load(latent_ptr + rl[:, None] * RANK + rv[None, :], mask=l_ok[:, None], other=0.0).to(tl.float16)
+        acc = acc * alpha[:, None] + tl.dot(round_bf16(p).to(tl.float16), v)
         m_i = m_new
     tl.store(part_ptr + (s * BLOCK_M + rm)[:, None] * RANK + rv[None, :], acc, mask=m_ok[:, None])
     if dp == 0:
@@ -208,54 +212,63 @@ def _mla_combine(
     V: tl.constexpr,
     SPLITS: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    V_BLOCK: tl.constexpr,
+    V_PER: tl.constexpr,
     MIN_CHUNK: tl.constexpr,
     T_POW2: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """One program per head: merge the partials of the splits in use (read once), then w_uv, the gate."""
+    """One program per head and V_PER value rows: merge the head's partials of the splits in use, then
+    w_uv for its rows, the gate. Every program of a head merges all its partials (from the L2): the
+    merge is a few loads, while w_uv's rows are 4 MB a layer, worth spreading over the SMs.
+
+    Latency, not bytes, sets this kernel's time: w_uv's rows are loaded first, and the partials are
+    summed into a [CH, RANK] accumulator, reduced once at the end, so that no barrier sits between
+    the loads of successive chunks and they are all in flight together."""
     after_previous_kernel(PDL)
     h = tl.program_id(0)
-    if h == 0:
+    vp = tl.program_id(1)
+    if h == 0 and vp == 0:
         tl.atomic_add(count_ptr, 1)
     rr = tl.arange(0, RANK)
+    rv = vp * V_PER + tl.arange(0, V_PER)
+    w = tl.load(wuv_ptr + (h * V + rv)[:, None] * RANK + rr[None, :])  # [V_PER, RANK]
     rs_all = tl.arange(0, SPLITS)
     length = tl.max(tl.load(pos_ptr + tl.arange(0, T_POW2), mask=tl.arange(0, T_POW2) < T, other=-1), axis=0) + 1
     used = tl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)  # as in _mla_attend
-    CH: tl.constexpr = 16  # splits merged per step (bounds the registers)
-    for t in tl.static_range(T):
+    CH: tl.constexpr = 16  # splits per chunk (bounds the registers)
+    for t in range(T):  # not unrolled: the registers hold one token's chunks in flight
         row = t * HEADS + h
         in_use = rs_all < used
         top = tl.max(tl.load(ml_ptr + (rs_all * BLOCK_M + row) * 2, mask=in_use, other=float("-inf")), axis=0)
-        num = tl.zeros((RANK,), dtype=tl.float32)
-        den = tl.sum(tl.zeros((CH,), dtype=tl.float32), axis=0)
-        for s0 in range(0, used, CH):
+        num = tl.zeros((CH, RANK), dtype=tl.float32)
+        den = tl.zeros((CH,), dtype=tl.float32)
+        for s0 in tl.static_range(0, SPLITS, CH):  # chunks past `used` load nothing (masked)
             rs = s0 + tl.arange(0, CH)
             ok = rs < used
             m = tl.load(ml_ptr + (rs * BLOCK_M + row) * 2, mask=ok, other=float("-inf"))
             lsum = tl.load(ml_ptr + (rs * BLOCK_M + row) * 2 + 1, mask=ok, other=0.0)
             weight = tl.where(m == float("-inf"), 0.0, tl.exp(m - top))
             acc = tl.load(part_ptr + (rs * BLOCK_M + row)[:, None] * RANK + rr[None, :], mask=ok[:, None], other=0.0)
-            num += tl.sum(acc * weight[:, None], axis=0)
-            den += tl.sum(lsum * weight, axis=0)
-        latent = round_bf16(num / den)
+            num += acc * weight[:, None]
+            den += lsum * weight
+        latent = round_bf16(tl.sum(num, axis=0) / tl.sum(den, axis=0))
         gate = round_bf16(tl.sigmoid(tl.load(gate_ptr + t * stride_g + h).to(tl.float32)))
-        for v0 in tl.static_range(0, V, V_BLOCK):
-            rv = v0 + tl.arange(0, V_BLOCK)
-            w = tl.load(wuv_ptr + (h * V + rv)[:, None] * RANK + rr[None, :]).to(tl.float32)  # [V_BLOCK, RANK]
-            out = round_bf16(tl.sum(w * latent[None, :], axis=1))
-            store_rounded(o_ptr + t * stride_o + h * V + rv, out * gate, None)
+        out = round_bf16(tl.sum(w.to(tl.float32) * latent[None, :], axis=1))
+        store_rounded(o_ptr + t * stride_o + h * V + rv, out * gate, None)
 
 
 class FusedMLA:
     """The three MLA kernels of one layer, with their scratch (fixed buffers: graphs point at them)."""
 
     SPLITS = 128  # at most about one per SM: a 32K context is 256 positions each
-    MIN_CHUNK = 256  # positions per split at least (shorter contexts use fewer splits, fewer partials)
-    BLOCK_L = 64
+    MIN_CHUNK = 64  # positions per split at least (shorter contexts use fewer splits, fewer partials)
+    BLOCK_L = 64  # positions per step of a split
+    ATTEND_STAGES = 1  # software pipelining of the attention's chunk loop (shared memory per stage)
+    ATTEND_WARPS = 8
+    ROWS_PER_PROGRAM = 32  # rows (token x head) per attention program at rank 512 (scales with 512 / rank)
     BLOCK_D = 64
     RANK_BLOCK = 128
-    V_BLOCK = 16  # value rows of w_uv per step of the combine
+    V_PER_PROGRAM = 32  # value rows per program of the combine (the heads' programs: v_dim / this)
 
     def __init__(
         self,
@@ -275,8 +288,8 @@ class FusedMLA:
         self.heads, self.nope, self.rank = w_uk.shape
         self.v_dim = w_uv.shape[1]
         self.rope = rope_dim
-        if self.rank % self.RANK_BLOCK or self.rank % self.BLOCK_D or self.v_dim % self.V_BLOCK or self.SPLITS % 16:
-            raise ValueError("the fused MLA kernels need rank a multiple of 128 and v_head_dim of 32")
+        if self.rank % self.RANK_BLOCK or self.rank % self.BLOCK_D or self.v_dim % 16 or self.SPLITS % 16:
+            raise ValueError("the fused MLA kernels need kv_lora_rank a multiple of 128 and v_head_dim of 16")
         self.w_uk = w_uk.contiguous()
         self.w_uv = w_uv.contiguous()
         self.kv_norm = kv_norm_weight
@@ -345,7 +358,7 @@ class FusedMLA:
         # the accumulator at most 32 x 512 floats: several tokens split their rows (token x head) over
         # programs, each computing its rows' scores once (splitting the value columns instead made every
         # program recompute all rows' scores: 2.2 ms for 7 layers at 4 tokens and 32K on the H200)
-        row_block = max(16, min(block_m, (32 * 512) // self.rank))
+        row_block = max(16, min(block_m, (self.ROWS_PER_PROGRAM * 512) // self.rank))
         d_parts = max(1, row_block * self.rank // (32 * 512))
         while self.rank % (d_parts * 16):
             d_parts //= 2
@@ -370,13 +383,14 @@ class FusedMLA:
             D_PARTS=d_parts,
             MIN_CHUNK=self.MIN_CHUNK,
             PDL=launch.pdl,
-            num_warps=8,
-            num_stages=1,  # a pipelined chunk loop needs more shared memory than an SM has
+            num_warps=self.ATTEND_WARPS,
+            num_stages=self.ATTEND_STAGES,
             **launch.options,
         )
         launch.record("mla_attend", compiled)
         gate = proj[:, self.gate_offset :]
-        compiled = _mla_combine[(self.heads,)](
+        v_per = min(self.V_PER_PROGRAM, self.v_dim & -self.v_dim)  # a power of two dividing v_head_dim
+        compiled = _mla_combine[(self.heads, self.v_dim // v_per)](
             part,
             ml,
             positions,
@@ -392,7 +406,7 @@ class FusedMLA:
             V=self.v_dim,
             SPLITS=self.SPLITS,
             BLOCK_M=block_m,
-            V_BLOCK=self.V_BLOCK,
+            V_PER=v_per,
             MIN_CHUNK=self.MIN_CHUNK,
             T_POW2=triton.next_power_of_2(t),
             PDL=launch.pdl,

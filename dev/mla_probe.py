@@ -1,0 +1,136 @@
+"""MLA decode attention at Ling-3.0-flash width (lent H200): the three fused kernels of 7 layers in one
+CUDA graph, over launch configurations of the attention (positions per step, pipelining stages,
+warps, positions per split at least) and of the combine (value rows per program).
+
+    python3 dev/mla_probe.py [--contexts 4096,32768] [--tokens 1,4] [--json OUT.json]
+
+32 heads, rank 512, rope 64, v 128; 7 layers with their own latent caches (over the L2 at 32K),
+filled with fresh random values up to the context. Each variant's outputs are compared with the
+first variant's (the product's configuration) by relative error: the configurations
+change the order of fp32 sums, not what is computed. Printed: us per layer (prep + attend + combine)
+and the cache bytes each layer reads against the copy bandwidth of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from solo.bench.decode import copy_bandwidth, time_graph  # noqa: E402
+from solo.kernels.fused_mla import FusedMLA  # noqa: E402
+
+HEADS, NOPE, ROPE, RANK, V, LAYERS = 32, 128, 64, 512, 128, 7
+# BLOCK_L, ATTEND_STAGES, ATTEND_WARPS, MIN_CHUNK, V_PER_PROGRAM, ROWS_PER_PROGRAM
+ATTRS = ("BLOCK_L", "ATTEND_STAGES", "ATTEND_WARPS", "MIN_CHUNK", "V_PER_PROGRAM", "ROWS_PER_PROGRAM")
+VARIANTS = [
+    (64, 1, 8, 64, 32, 32),  # the product's configuration (FusedMLA's class attributes, 2026-12-02)
+    (32, 3, 8, 64, 32, 32),
+    (32, 2, 8, 64, 32, 16),  # 16 rows: about 128 registers, two programs per SM
+    (32, 3, 8, 64, 32, 16),
+    (64, 2, 8, 64, 32, 16),
+    (64, 1, 8, 64, 32, 16),
+    (32, 3, 8, 32, 32, 16),
+]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--contexts", default="4096,32768")
+    p.add_argument("--tokens", default="1,4")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    copy_gbs = copy_bandwidth(dev) / 1e9
+    print(f"device-to-device copy bandwidth: {copy_gbs:.0f} GB/s ({torch.cuda.get_device_name()})", flush=True)
+    g = torch.Generator(device=dev).manual_seed(int(torch.randint(0, 2**31, ())))
+    contexts = [int(c) for c in args.contexts.split(",")]
+    top = max(contexts) + 16
+    layers = []
+    for _ in range(LAYERS):
+        layers.append(
+            dict(
+                w_uk=(torch.randn(HEADS, NOPE, RANK, device=dev, generator=g) * 0.05).bfloat16(),
+                w_uv=(torch.randn(HEADS, V, RANK, device=dev, generator=g) * 0.05).bfloat16(),
+                norm=(1 + 0.1 * torch.randn(RANK, device=dev, generator=g)).bfloat16(),
+                latent=torch.randn(top, RANK, device=dev, generator=g).bfloat16(),
+                rope=torch.randn(top, ROPE, device=dev, generator=g).bfloat16(),
+            )
+        )
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, ROPE, 2, device=dev).float() / ROPE))
+    width = HEADS * (NOPE + ROPE) + RANK + ROPE + HEADS
+    rows = []
+    for tokens in [int(t) for t in args.tokens.split(",")]:
+        proj = torch.randn(tokens, width, device=dev, generator=g).bfloat16()
+        for ctx in contexts:
+            positions = torch.arange(ctx - tokens, ctx, device=dev)
+            reference = None
+            for variant in VARIANTS:
+                block_l, stages, warps, min_chunk, v_per, rows_pp = variant
+                counter = torch.zeros(3, dtype=torch.int32, device=dev)
+                mlas, outs = [], []
+                for layer in layers:
+                    m = FusedMLA(
+                        layer["w_uk"],
+                        layer["w_uv"],
+                        layer["norm"],
+                        inv_freq,
+                        1.0,
+                        0.07,
+                        1e-6,
+                        ROPE,
+                        counter,
+                        kv_offset=HEADS * (NOPE + ROPE),
+                        gate_offset=HEADS * (NOPE + ROPE) + RANK + ROPE,
+                    )
+                    for attr, value in zip(ATTRS, variant, strict=True):
+                        setattr(m, attr, value)
+                    mlas.append(m)
+                    outs.append(torch.empty(tokens, HEADS * V, dtype=torch.bfloat16, device=dev))
+
+                def calls(mlas=mlas, outs=outs, proj=proj, positions=positions):
+                    for m, layer, o in zip(mlas, layers, outs, strict=True):
+                        m(proj, positions, layer["latent"], layer["rope"], o)
+
+                row = dict(tokens=tokens, context=ctx, block_l=block_l, stages=stages, warps=warps)
+                row.update(min_chunk=min_chunk, v_per_program=v_per, rows=rows_pp)
+                try:
+                    calls()
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        calls()
+                    seconds = time_graph(graph, replays=20, rounds=5) / LAYERS
+                    del graph
+                except Exception as exc:  # noqa: BLE001 (a variant the compiler refuses is reported)
+                    row["error"] = str(exc).splitlines()[-1][:200] if str(exc) else type(exc).__name__
+                    print(f"T={tokens} ctx={ctx} {variant}: FAILED {row['error']}", flush=True)
+                    rows.append(row)
+                    continue
+                got = torch.cat([o.float().flatten() for o in outs])
+                if reference is None:
+                    reference = got.clone()
+                rel = float((got - reference).norm() / reference.norm())
+                cache_bytes = ctx * (RANK + ROPE) * 2
+                row.update(us=seconds * 1e6, rel_err=rel, of_copy=cache_bytes / seconds / 1e9 / copy_gbs)
+                rows.append(row)
+                print(
+                    f"T={tokens} ctx={ctx:6d} BLOCK_L={block_l:3d} stages={stages} warps={warps} "
+                    f"min_chunk={min_chunk:4d} v_per={v_per:4d} rows={rows_pp:3d}: {row['us']:7.2f} us per layer "
+                    f"(cache {row['of_copy']:.0%} of copy) rel err {rel:.1e}",
+                    flush=True,
+                )
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs, "rows": rows}, indent=1)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
