@@ -258,7 +258,10 @@ def _mla_combine(
 
 
 class FusedMLA:
-    """The three MLA kernels of one layer, with their scratch (fixed buffers: graphs point at them)."""
+    """The three MLA kernels of one layer, with their scratch (fixed buffers: graphs point at them).
+
+    The launch configuration below is the best that dev/mla_probe.py measured on the H200 at full
+    width (docs/results/h200_mla_probe.log); the probe sets these attributes per instance."""
 
     SPLITS = 128  # at most about one per SM: a 32K context is 256 positions each
     MIN_CHUNK = 64  # positions per split at least (shorter contexts use fewer splits, fewer partials)
