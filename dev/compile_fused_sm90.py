@@ -202,7 +202,6 @@ def other_variants():
                 BLOCK_M=block_m,
                 ROW_BLOCK=row_block,
                 BLOCK_L=mla.FusedMLA.BLOCK_L,
-                BLOCK_D=mla.FusedMLA.BLOCK_D,
                 D_PARTS=d_parts,
                 MIN_CHUNK=mla.FusedMLA.MIN_CHUNK,
             ),

@@ -134,7 +134,6 @@ def _mla_attend(
     BLOCK_M: tl.constexpr,
     ROW_BLOCK: tl.constexpr,
     BLOCK_L: tl.constexpr,
-    BLOCK_D: tl.constexpr,
     D_PARTS: tl.constexpr,
     MIN_CHUNK: tl.constexpr,
     PDL: tl.constexpr,
@@ -269,7 +268,6 @@ class FusedMLA:
     ATTEND_STAGES = 1  # software pipelining of the attention's chunk loop (shared memory per stage)
     ATTEND_WARPS = 8
     ROWS_PER_PROGRAM = 32  # rows (token x head) per attention program at rank 512 (scales with 512 / rank)
-    BLOCK_D = 64
     RANK_BLOCK = 128
     V_PER_PROGRAM = 32  # value rows per program of the combine (the heads' programs: v_dim / this)
 
@@ -291,7 +289,7 @@ class FusedMLA:
         self.heads, self.nope, self.rank = w_uk.shape
         self.v_dim = w_uv.shape[1]
         self.rope = rope_dim
-        if self.rank % self.RANK_BLOCK or self.rank % self.BLOCK_D or self.v_dim % 16 or self.SPLITS % 16:
+        if self.rank % self.RANK_BLOCK or self.v_dim % 16 or self.SPLITS % 16:
             raise ValueError("the fused MLA kernels need kv_lora_rank a multiple of 128 and v_head_dim of 16")
         self.w_uk = w_uk.contiguous()
         self.w_uv = w_uv.contiguous()
@@ -382,7 +380,6 @@ class FusedMLA:
             BLOCK_M=block_m,
             ROW_BLOCK=row_block,
             BLOCK_L=self.BLOCK_L,
-            BLOCK_D=self.BLOCK_D,
             D_PARTS=d_parts,
             MIN_CHUNK=self.MIN_CHUNK,
             PDL=launch.pdl,
