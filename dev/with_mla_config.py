@@ -17,10 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mla_probe import ATTRS  # noqa: E402  (dev/, the script's own folder)
+
 from solo.kernels.fused_mla import FusedMLA  # noqa: E402
 
-KEYS = ("block_l", "stages", "warps", "min_chunk", "v_per_program", "rows")
-ATTRS = ("BLOCK_L", "ATTEND_STAGES", "ATTEND_WARPS", "MIN_CHUNK", "V_PER_PROGRAM", "ROWS_PER_PROGRAM")
+KEYS = ("block_l", "stages", "warps", "min_chunk", "v_per_program", "rows")  # the report's names of ATTRS
 
 
 def best(report: dict) -> tuple[int, ...]:

@@ -356,11 +356,12 @@ class FusedMLA:
             **launch.options,
         )
         launch.record("mla_prep", compiled)
-        # the accumulator at most 32 x 512 floats: several tokens split their rows (token x head) over
-        # programs, each computing its rows' scores once (splitting the value columns instead made every
-        # program recompute all rows' scores: 2.2 ms for 7 layers at 4 tokens and 32K on the H200)
-        row_block = max(16, min(block_m, (self.ROWS_PER_PROGRAM * 512) // self.rank))
-        d_parts = max(1, row_block * self.rank // (32 * 512))
+        # the accumulator at most ROWS_PER_PROGRAM x 512 floats: several tokens split their rows (token x
+        # head) over programs, each computing its rows' scores once (splitting the value columns instead
+        # made every program recompute all rows' scores: 2.2 ms for 7 layers at 4 tokens and 32K on the H200)
+        budget = self.ROWS_PER_PROGRAM * 512
+        row_block = max(16, min(block_m, budget // self.rank))
+        d_parts = max(1, row_block * self.rank // budget)
         while self.rank % (d_parts * 16):
             d_parts //= 2
         compiled = _mla_attend[(self.SPLITS, d_parts, block_m // row_block)](
