@@ -96,6 +96,14 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "kernel is launched while the previous one finishes, hiding launch latency; needs the fused step "
         "(default off; compare with `solo bench decode --configs cuda:fp8:fused,cuda:fp8:fused+pdl`)",
     )
+    p.add_argument(
+        "--step-kernels",
+        choices=("auto", "triton", "cuda"),
+        default="auto",
+        action=OnceOnly,
+        help="the fused decode step's one-token projections and routers: cuda (CUDA kernels compiled by NVRTC "
+        "for the exact shapes; Hopper), triton, or auto (default: cuda where every one can run, else triton)",
+    )
     add_graph_options(p)
     p.add_argument(
         "--speculative-algorithm",
@@ -235,6 +243,7 @@ def load_options(args: argparse.Namespace) -> dict:
         block_fp8=args.block_fp8,
         decode_step=args.decode_step,
         pdl=args.pdl == "on",
+        step_kernels=args.step_kernels,
         verify_tokens=args.speculative_num_draft_tokens,
         speculative=speculative_config(args),
     )

@@ -141,6 +141,25 @@ def test_pdl_is_refused_under_the_interpreter_naming_the_fix(models):
         accelerate(model, FastPathOptions(block_fp8="on", decode_step="fused", verify_tokens=4, pdl=True))
 
 
+def test_cuda_step_kernels_are_refused_where_they_cannot_run_naming_the_fix(models):
+    """--step-kernels cuda where the CUDA kernels cannot run (here: no GPU) is an error naming the fix;
+    auto keeps the Triton kernels and says why in the step's description (never a silent mix)."""
+    from solo.fastpath.availability import DecodeStepUnavailable
+
+    config, _, fast = models
+    described = fast.decode_step.describe()
+    assert described["step_kernels"] == "triton" and "NVIDIA GPU" in described["step_kernels_note"]
+    assert "cuda_gemv" not in fast.decode_step.families_per_step()
+    model = load_random_model(config, "cpu", torch.bfloat16, int(torch.randint(0, 10_000, ())))
+    refusal = r"^--step-kernels cuda: .*NVIDIA GPU.*Use --step-kernels triton\.$"
+    with pytest.raises(DecodeStepUnavailable, match=refusal):
+        accelerate(model, FastPathOptions(block_fp8="on", decode_step="fused", step_kernels="cuda"))
+    with pytest.raises(DecodeStepUnavailable, match="drop --decode-step reference or --step-kernels cuda"):
+        accelerate(model, FastPathOptions(decode_step="reference", step_kernels="cuda"))
+    with pytest.raises(ValueError, match="unknown step kernels 'fast'"):
+        FastPathOptions(step_kernels="fast")
+
+
 def test_the_router_selects_several_tokens_as_it_selects_each_alone():
     """Verification routes its tokens in a second launch, one program per token: the same experts and
     weights as the one-token kernel gives each token, bit for bit (fresh random router and inputs)."""

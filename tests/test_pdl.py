@@ -49,6 +49,12 @@ def test_bench_configs_name_the_launch_mode():
     assert pdl.name == "cuda/fp8/fused+pdl"
     with pytest.raises(ValueError, match="decode step is one of"):
         parse_configs("cuda:fp8:fast")
+    cuda, triton = parse_configs("cuda:fp8:fused+cuda+pdl,cuda:fp8:fused+triton")
+    assert (cuda.step, cuda.pdl, cuda.step_kernels) == ("fused", True, "cuda")
+    assert (triton.step, triton.pdl, triton.step_kernels, plain.step_kernels) == ("fused", False, "triton", "auto")
+    for bad in ("fused+pdl+pdl", "fused+fast", "reference+pdl", "fused+cuda+triton"):
+        with pytest.raises(ValueError, match="modifiers|triton or cuda"):
+            parse_configs(f"cuda:fp8:{bad}")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal on a machine without a GPU")

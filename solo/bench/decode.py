@@ -44,14 +44,16 @@ COMPONENTS = (  # kernel name patterns -> component (first match wins)
 )
 
 
-STEPS = ("fused", "fused+pdl", "reference", "auto")  # +pdl: the fused step's kernels under PDL
+STEPS = ("fused", "reference", "auto")
+# modifiers of the fused step, joined with '+': pdl (its kernels under PDL), triton / cuda (the step kernels)
+STEP_MODIFIERS = ("pdl", "triton", "cuda")
 
 
 @dataclass
 class Config:
     moe_backend: str
     lm_head: str
-    decode_step: str  # one of STEPS
+    decode_step: str  # one of STEPS, the fused one optionally with modifiers: fused+cuda+pdl
 
     @property
     def name(self) -> str:
@@ -59,24 +61,42 @@ class Config:
 
     @property
     def step(self) -> str:
-        """The FastPathOptions decode step (without the launch mode)."""
-        return self.decode_step.removesuffix("+pdl")
+        """The FastPathOptions decode step (without the modifiers)."""
+        return self.decode_step.split("+")[0]
+
+    @property
+    def modifiers(self) -> list[str]:
+        return self.decode_step.split("+")[1:]
 
     @property
     def pdl(self) -> bool:
-        return self.decode_step.endswith("+pdl")
+        return "pdl" in self.modifiers
+
+    @property
+    def step_kernels(self) -> str:
+        kernels = [m for m in self.modifiers if m in ("triton", "cuda")]
+        return kernels[0] if kernels else "auto"
 
 
 def parse_configs(text: str) -> list[Config]:
-    """'cuda:fp8:fused,cuda:fp8:fused+pdl,triton:fp8:reference' -> configurations."""
+    """'cuda:fp8:fused,cuda:fp8:fused+pdl,cuda:fp8:fused+triton,triton:fp8:reference' -> configurations."""
     configs = []
     for item in text.split(","):
         parts = item.strip().split(":")
         if len(parts) != 3:
             raise ValueError(f"--configs item '{item}': expected MOE_BACKEND:LM_HEAD:DECODE_STEP, e.g. cuda:fp8:fused")
-        if parts[2] not in STEPS:
+        config = Config(*parts)
+        mods = config.modifiers
+        if config.step not in STEPS:
             raise ValueError(f"--configs item '{item}': the decode step is one of {', '.join(STEPS)}")
-        configs.append(Config(*parts))
+        if mods and config.step != "fused" or any(m not in STEP_MODIFIERS for m in mods) or len(set(mods)) < len(mods):
+            raise ValueError(
+                f"--configs item '{item}': only the fused step takes modifiers, each once, joined by '+': "
+                f"{', '.join(STEP_MODIFIERS)} (e.g. fused+cuda+pdl)"
+            )
+        if "triton" in mods and "cuda" in mods:
+            raise ValueError(f"--configs item '{item}': the step kernels are triton or cuda, not both")
+        configs.append(config)
     return configs
 
 
@@ -163,6 +183,7 @@ def load(args: argparse.Namespace, config: Config):
         block_fp8=args.block_fp8,
         decode_step=config.step,
         pdl=config.pdl,
+        step_kernels=config.step_kernels,
         verify_tokens=args.verify_tokens,
     )
     t0 = time.perf_counter()
@@ -193,6 +214,10 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
     max_len = max(contexts) + 2 * args.verify_tokens + 8
     result: dict[str, Any] = {"config": config.name, **times, "contexts": {}}
     result["decode_step"] = "fused" if model.decode_step is not None else "reference"
+    if model.decode_step is not None:
+        result["step_kernels"] = model.decode_step.kernels
+        if model.decode_step.kernels_note:
+            result["step_kernels_note"] = model.decode_step.kernels_note
     if model.decode_step is None and getattr(model, "decode_step_note", ""):
         result["decode_step_note"] = model.decode_step_note
     result["copy_bandwidth_gbs"] = round(copy_bandwidth(device) / 1e9, 1)

@@ -19,7 +19,7 @@ import torch
 
 from solo.checkpoint.loader import FP8_BLOCK, LoadOptions, load_model, reference_fp8_block_linear
 from solo.checkpoint.reader import CheckpointError
-from solo.fastpath.availability import DecodeStepUnavailable, PDLUnavailable
+from solo.fastpath.availability import DecodeStepUnavailable, PDLUnavailable, StepKernelsUnavailable
 from solo.kernels.registry import backend_spec, make_moe_backend
 from solo.model.layers import Linear, block_fp8_linears
 from solo.model.ling import LingForCausalLM
@@ -28,6 +28,7 @@ from solo.quantization import lm_head as lm_head_modes
 
 BLOCK_FP8_MODES = ("off", "auto", "on")
 DECODE_STEPS = ("auto", "fused", "reference")
+STEP_KERNELS = ("auto", "triton", "cuda")  # as solo.fastpath.decode_step.STEP_KERNELS (importable without Triton)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class FastPathOptions:
     # programmatic dependent launch between the fused step's kernels (sm_90+; solo.kernels.pdl):
     # each launches while the previous one finishes. Needs the fused step; refused where unavailable
     pdl: bool = False
+    # the fused step's one-token projections and routers: "cuda" (solo.kernels.cuda_step; Hopper, NVRTC),
+    # "triton", or "auto" (CUDA where it can run, else Triton, with the reason)
+    step_kernels: str = "auto"
 
     def __post_init__(self) -> None:
         if self.decode_step not in DECODE_STEPS:
@@ -53,6 +57,8 @@ class FastPathOptions:
         if self.block_fp8 not in BLOCK_FP8_MODES:
             raise ValueError(f"unknown block_fp8 mode {self.block_fp8!r}; choose one of {', '.join(BLOCK_FP8_MODES)}")
         backend_spec(self.moe_backend)  # an unknown backend is an error naming the known ones
+        if self.step_kernels not in STEP_KERNELS:
+            raise ValueError(f"unknown step kernels {self.step_kernels!r}; choose one of {', '.join(STEP_KERNELS)}")
 
 
 def accelerate(model: LingForCausalLM, options: FastPathOptions | None = None) -> LingForCausalLM:
@@ -75,6 +81,11 @@ def _install_decode_step(model: LingForCausalLM, options: FastPathOptions) -> No
             raise DecodeStepUnavailable(
                 "--pdl on launches the fused decode step's kernels; drop --decode-step reference or --pdl on"
             )
+        if options.step_kernels == "cuda":
+            raise DecodeStepUnavailable(
+                "--step-kernels cuda runs kernels of the fused decode step; drop --decode-step reference or "
+                "--step-kernels cuda"
+            )
         return
     from solo.fastpath.availability import fused_step_unavailable
 
@@ -83,16 +94,22 @@ def _install_decode_step(model: LingForCausalLM, options: FastPathOptions) -> No
         from solo.fastpath.decode_step import FusedDecodeStep
 
         try:
-            model.decode_step = FusedDecodeStep(model, token_counts=(1, options.verify_tokens), pdl=options.pdl)
+            model.decode_step = FusedDecodeStep(
+                model, token_counts=(1, options.verify_tokens), pdl=options.pdl, kernels=options.step_kernels
+            )
             model.decode_step.warmup()
             model.decode_step_note = ""
             return
-        except PDLUnavailable:  # the step could run, PDL cannot: said as it is
+        except (PDLUnavailable, StepKernelsUnavailable):  # the step could run, these cannot: said as they are
             raise
         except DecodeStepUnavailable as e:
             reason = str(e)
     if options.pdl:
         raise DecodeStepUnavailable(f"--pdl on needs the fused decode step, which cannot run: {reason}. Use --pdl off.")
+    if options.step_kernels == "cuda":
+        raise DecodeStepUnavailable(
+            f"--step-kernels cuda needs the fused decode step, which cannot run: {reason}. Use --step-kernels auto."
+        )
     if options.decode_step == "fused":
         raise DecodeStepUnavailable(f"--decode-step fused: {reason}. Use --decode-step reference.")
     model.decode_step_note = reason

@@ -17,6 +17,10 @@ class PDLUnavailable(DecodeStepUnavailable):
     """--pdl on where programmatic dependent launch cannot run (the step itself could)."""
 
 
+class StepKernelsUnavailable(DecodeStepUnavailable):
+    """--step-kernels cuda where the CUDA step kernels cannot run (the step itself could)."""
+
+
 def fused_step_unavailable(model: LingForCausalLM, allow_interpreter: bool = True) -> str | None:
     """Why the fused decode step cannot run `model` here (None: it can). On a CPU it runs only under
     Triton's interpreter (TRITON_INTERPRET=1, for tests), and only when asked for explicitly."""

@@ -25,7 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from solo.fastpath.availability import DecodeStepUnavailable, PDLUnavailable, fused_step_unavailable
+from solo.fastpath.availability import (
+    DecodeStepUnavailable,
+    PDLUnavailable,
+    StepKernelsUnavailable,
+    fused_step_unavailable,
+)
 from solo.kernels.fused_gemv import FusedGemv
 from solo.kernels.fused_kda import kda_decode
 from solo.kernels.fused_mla import FusedMLA
@@ -38,7 +43,19 @@ from solo.model.ling import DecoderLayer, LingForCausalLM, NextNLayer
 from solo.model.mla import MultiLatentAttention
 from solo.model.moe import SparseMoE, SwiGLUMLP
 
-FAMILIES = ("gemv", "kda", "mla_prep", "mla_attend", "mla_combine", "router", "router_select", "rmsnorm")
+FAMILIES = (
+    "gemv",
+    "kda",
+    "mla_prep",
+    "mla_attend",
+    "mla_combine",
+    "router",
+    "router_select",
+    "rmsnorm",
+    "cuda_gemv",  # one-token projections on solo/kernels/cuda_step.py (step kernels "cuda")
+    "cuda_router",
+)
+STEP_KERNELS = ("auto", "triton", "cuda")
 
 
 def _fuse_rows(linears: list[Linear], name: str) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
@@ -250,10 +267,21 @@ class _Layer:
 class FusedDecodeStep:
     """Decode and verification forwards (a few tokens) of `model` on the fused kernels; see the module
     docstring. `token_counts`: the token counts it serves (others go to the reference layers). `pdl`:
-    launch its Triton kernels with programmatic dependent launch (solo.kernels.pdl; sm_90+)."""
+    launch its kernels with programmatic dependent launch (solo.kernels.pdl; sm_90+). `kernels`:
+    "cuda" runs the one-token projections and routers on solo.kernels.cuda_step's CUDA kernels (the
+    Triton ones keep verification), "triton" all on Triton, "auto" CUDA where every one of them can
+    run (Hopper, NVRTC, FP8 projections), else Triton with the reason in `kernels_note`."""
 
-    def __init__(self, model: LingForCausalLM, token_counts: tuple[int, ...] = (1, 4), pdl: bool = False) -> None:
+    def __init__(
+        self,
+        model: LingForCausalLM,
+        token_counts: tuple[int, ...] = (1, 4),
+        pdl: bool = False,
+        kernels: str = "triton",
+    ) -> None:
         _check_model(model)
+        if kernels not in STEP_KERNELS:
+            raise ValueError(f"unknown step kernels {kernels!r}; choose one of {', '.join(STEP_KERNELS)}")
         if pdl and (reason := pdl_unavailable(model.device)) is not None:
             raise PDLUnavailable(f"--pdl on: {reason}. Use --pdl off.")
         self.launch = LaunchPolicy(pdl)
@@ -273,6 +301,51 @@ class FusedDecodeStep:
             self.nextn = _Layer(nextn, self)
             self.eh_proj = _gemv(nextn.eh_proj, self, "NEXTN eh_proj")
             self.nextn_module: NextNLayer = nextn
+        self.kernels, self.kernels_note = "triton", "step kernels triton requested" if kernels == "triton" else ""
+        if kernels != "triton":
+            reason = self._use_cuda_kernels()
+            if reason is not None and kernels == "cuda":
+                raise StepKernelsUnavailable(f"--step-kernels cuda: {reason}. Use --step-kernels triton.")
+            self.kernels_note = reason or ""
+
+    def _slots(self) -> list[tuple[Any, str]]:
+        """(owner, attribute) of every one-token projection and router of the step."""
+        slots: list[tuple[Any, str]] = []
+        layers = self.layers + ([self.nextn] if self.nextn is not None else [])
+        for layer in layers:
+            slots += [(layer.attention, "proj"), (layer.attention, "dense")]
+            if isinstance(layer.mlp, _MoE):
+                slots.append((layer.mlp, "router"))
+                if layer.mlp.shared_gate_up is not None:
+                    slots += [(layer.mlp, "shared_gate_up"), (layer.mlp, "shared_down")]
+            else:
+                slots += [(layer.mlp, "gate_up"), (layer.mlp, "down")]
+        if self.nextn is not None:
+            slots.append((self, "eh_proj"))
+        return slots
+
+    def _use_cuda_kernels(self) -> str | None:
+        """Put every one-token projection and router on the CUDA kernels; None, or why they cannot run
+        (then nothing is changed: the step is all CUDA or all Triton, never a silent mix)."""
+        from solo.kernels.cuda_step import CudaGemv, CudaRouter, cuda_step_unavailable
+
+        reason = cuda_step_unavailable(self.model.device)
+        if reason is not None:
+            return reason
+        swaps = []
+        for owner, attr in self._slots():
+            kernel = getattr(owner, attr)
+            try:
+                if isinstance(kernel, FusedRouter):
+                    swaps.append((owner, attr, CudaRouter(kernel, self.counter("cuda_router"))))
+                else:
+                    swaps.append((owner, attr, CudaGemv(kernel, self.counter("cuda_gemv"))))
+            except ValueError as exc:
+                return str(exc)
+        for owner, attr, kernel in swaps:
+            setattr(owner, attr, kernel)
+        self.kernels = "cuda"
+        return None
 
     def counter(self, family: str, n: int = 1) -> torch.Tensor:
         """The device counter of a kernel family (a view into `launch_counts`; n consecutive ones)."""
@@ -285,12 +358,13 @@ class FusedDecodeStep:
 
     def families_per_step(self) -> set[str]:
         """The kernel families one decode step launches (the start-up check expects each to run)."""
-        families = {"gemv", "rmsnorm"}
+        cuda = self.kernels == "cuda"
+        families = {"cuda_gemv" if cuda else "gemv", "rmsnorm"}
         for layer in self.layers:
             kda = isinstance(layer.attention, _KDAAttention)
             families |= {"kda"} if kda else {"mla_prep", "mla_attend", "mla_combine"}
             if isinstance(layer.mlp, _MoE):
-                families.add("router")
+                families.add("cuda_router" if cuda else "router")
         return families
 
     def serves(self, tokens: int) -> bool:
@@ -341,6 +415,8 @@ class FusedDecodeStep:
             "token_counts": sorted(self.token_counts),
             "layers": len(self.layers),
             "pdl": self.launch.pdl,
+            "step_kernels": self.kernels,
+            **({"step_kernels_note": self.kernels_note} if self.kernels_note else {}),
         }
 
 

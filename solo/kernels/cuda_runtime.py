@@ -184,6 +184,7 @@ class CudaKernel:
             self._fn = ctypes.c_void_p()
             _check_cu(cu.cuModuleGetFunction(ctypes.byref(self._fn), self._module, name.encode()), "get function")
         self._shared = 0
+        self.last_dependent = False  # whether the last launch was a programmatic dependent launch
 
     def set_shared_bytes(self, nbytes: int) -> None:
         _check_cu(
@@ -240,3 +241,4 @@ class CudaKernel:
         cfg.attrs = attrs
         cfg.num_attrs = n
         _check_cu(driver().cuLaunchKernelEx(ctypes.byref(cfg), self._fn, params, None), f"launch {self.name}")
+        self.last_dependent = dependent

@@ -70,7 +70,10 @@ class LaunchPolicy:
     def record(self, family: str, compiled: object) -> None:
         """After a launch: `compiled` is what Triton's launch returned (None under the interpreter)."""
         metadata = getattr(compiled, "metadata", None)
-        self.seen.setdefault(family, set()).add(bool(getattr(metadata, "launch_pdl", False)))
+        flag = getattr(metadata, "launch_pdl", None)
+        if flag is None:  # a solo.kernels.cuda_runtime.CudaKernel: the attribute of its last launch
+            flag = getattr(compiled, "last_dependent", False)
+        self.seen.setdefault(family, set()).add(bool(flag))
 
     def families_with_pdl(self) -> dict[str, bool]:
         """family -> whether every launch of it so far was a PDL launch."""

@@ -1,0 +1,233 @@
+"""The CUDA step kernels (solo/kernels/cuda_step.py) against the Triton ones, shape by shape (lent GPU).
+
+    python3 dev/step_kernels_probe.py [--shapes qkvfgb,o_proj,...] [--json OUT.json] [--quick]
+
+1. Every one-token projection of Ling-3.0-flash's decode step (dev/fused_gemv_sweep.py's shapes and
+   call kinds): the CUDA GEMV's output against the Triton FusedGemv's (relative error; the two sum
+   in different orders), then each timed as a CUDA graph of calls cycling through copies of the
+   weights (>= 400 MB, over the L2): the Triton kernel in the product's configuration against CUDA
+   launch configurations (warps, rows per task, buffers, blocks per SM). The LM head (row scales)
+   is timed against the product's head kernel (solo.kernels.triton_fp8.fp8_rowwise_linear).
+2. A chain like the decode step's projections (qkvfgb, o_proj, shared gate_up, shared down per
+   layer, 10 layers, distinct weights): Triton vs CUDA, each with plain launches and with PDL
+   (the CUDA kernels load their first weights before waiting on the previous kernel).
+3. 40 one-token routers (512 experts, hidden 2560, 8 groups keep 4, top-8): Triton vs CUDA, same
+   experts chosen, weights within rounding.
+Prints a table per part; --json writes everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fused_gemv_sweep import SHAPES, call_kwargs, make, run_once  # noqa: E402
+
+from solo.bench.decode import copy_bandwidth, time_graph  # noqa: E402
+from solo.kernels.cuda_step import CudaGemv, CudaRouter, GemvLaunch, choose_launch  # noqa: E402
+from solo.kernels.fused_router import FusedRouter  # noqa: E402
+from solo.kernels.pdl import LaunchPolicy  # noqa: E402
+
+CHAIN = ("qkvfgb", "o_proj", "shared_gate_up", "shared_down")
+
+
+def graph_seconds(calls, replays: int = 20, rounds: int = 7) -> float:
+    """Per call: `calls` (zero-argument callables) captured in order in one graph."""
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    seconds = time_graph(graph, replays=replays, rounds=rounds) / len(calls)
+    del graph
+    return seconds
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def variants(name: str, quick: bool) -> list[GemvLaunch]:
+    rows, k, kind, _ = SHAPES[name]
+    rpws = (1, 2, 4) if rows >= 8192 else (1, 2)
+    out = [choose_launch(rows if not kind.startswith("swiglu") else rows // 2, k, kind.startswith("swiglu"))]
+    for warps in (4, 8):
+        for rpw in rpws:
+            for buffers in (1, 2):
+                out.append(GemvLaunch(warps=warps, rows_per_task=rpw, blocks_per_sm=16, buffers=buffers))
+    if quick:
+        out = out[:3]
+    return list(dict.fromkeys(out))
+
+
+def shape_rows(name: str, copy_gbs: float, device: torch.device, quick: bool) -> dict:
+    rows, k, kind, _ = SHAPES[name]
+    one = make(name, 1, device)[0]
+    copies = max(2, -(-400_000_000 // one.nbytes()))
+    gemvs = make(name, copies, device, seed=3)
+    kw = call_kwargs(name, 1, device)
+    counter = torch.zeros(1, dtype=torch.int32, device=device)
+    outs = [torch.empty((1, g.rows), dtype=torch.bfloat16, device=device) for g in gemvs]
+    nbytes = gemvs[0].nbytes()
+    result: dict = {"shape": name, "rows": rows, "k": k, "kind": kind, "mb": nbytes / 1e6, "runs": []}
+
+    if kind == "row":  # the product's LM head kernel
+        from solo.kernels.triton_fp8 import fp8_rowwise_linear
+
+        def triton_call(i):
+            return fp8_rowwise_linear(kw["x"], gemvs[i].weight, gemvs[i].scale, out=outs[i])
+    else:
+
+        def triton_call(i):
+            return run_once(gemvs[i], kw, outs[i])
+
+    want = triton_call(0).clone()
+    secs = graph_seconds([lambda i=i: triton_call(i) for i in range(copies)])
+    result["runs"].append({"impl": "triton", "us": secs * 1e6, "of_copy": nbytes / secs / 1e9 / copy_gbs})
+    for launch in variants(name, quick):
+        try:
+            cudas = [CudaGemv(g, counter, launch) for g in gemvs]
+            got = run_once(cudas[0], kw, outs[0]).clone()
+            secs = graph_seconds([lambda c=c, o=o: run_once(c, kw, o) for c, o in zip(cudas, outs, strict=True)])
+        except Exception as exc:  # noqa: BLE001 (a configuration that cannot run is reported)
+            result["runs"].append({"impl": "cuda", "launch": vars(launch), "error": str(exc)[:300]})
+            print(f"  {name} {launch}: {str(exc)[:200]}", flush=True)
+            continue
+        row = {"impl": "cuda", "launch": vars(launch), "us": secs * 1e6, "of_copy": nbytes / secs / 1e9 / copy_gbs}
+        row["rel_err_vs_triton"] = rel(got, want)
+        row["grid"] = next(iter(cudas[0]._kernels.values()))[1]
+        result["runs"].append(row)
+    best = min((r for r in result["runs"] if "us" in r), key=lambda r: r["us"])
+    result["best"] = best
+    tri = result["runs"][0]
+    print(
+        f"{name:15s} {nbytes / 1e6:6.1f} MB  triton {tri['us']:6.2f} us ({tri['of_copy']:.0%})  "
+        + "  ".join(
+            f"[{r['launch']['warps']}w r{r['launch']['rows_per_task']} b{r['launch']['buffers']} "
+            f"g{r.get('grid', '-')}] {r['us']:6.2f} ({r['of_copy']:.0%}, err {r['rel_err_vs_triton']:.1e})"
+            for r in result["runs"][1:]
+            if "us" in r
+        ),
+        flush=True,
+    )
+    return result
+
+
+def chain(copy_gbs: float, device: torch.device, layers: int = 10) -> dict:
+    gemvs = {name: make(name, layers, device, seed=i) for i, name in enumerate(CHAIN)}
+    counter = torch.zeros(1, dtype=torch.int32, device=device)
+    cudas = {name: [CudaGemv(g, counter) for g in gemvs[name]] for name in CHAIN}
+    kwargs = {name: call_kwargs(name, 1, device) for name in CHAIN}
+    nbytes = sum(g.nbytes() for name in CHAIN for g in gemvs[name])
+    outs = {
+        name: [torch.empty((1, g.rows), dtype=torch.bfloat16, device=device) for g in gemvs[name]] for name in CHAIN
+    }
+    result: dict = {"kernels": layers * len(CHAIN), "mb": nbytes / 1e6}
+    reference = None
+    for impl in ("triton", "cuda"):
+        for pdl in (False, True):
+            policy = LaunchPolicy(pdl, prefetch=False)
+            for name in CHAIN:
+                for g in gemvs[name]:
+                    g.launch = policy
+            made = gemvs if impl == "triton" else cudas
+            calls = [
+                lambda g=made[name][i], o=outs[name][i], kw=kwargs[name]: run_once(g, kw, o)
+                for i in range(layers)
+                for name in CHAIN
+            ]
+            secs = graph_seconds(calls)
+            got = torch.cat([o.flatten() for name in CHAIN for o in outs[name]])
+            if reference is None:
+                reference = got.clone()
+            key = f"{impl}{'+pdl' if pdl else ''}"
+            result[key] = {
+                "us_per_kernel": secs * 1e6,
+                "of_copy": nbytes / (secs * result["kernels"]) / 1e9 / copy_gbs,
+                "rel_err_vs_triton": rel(got, reference),
+                "pdl_flags": policy.families_with_pdl(),
+            }
+            r = result[key]
+            print(
+                f"chain ({result['kernels']} kernels, {nbytes / 1e6:.0f} MB) {key:12s}: {r['us_per_kernel']:6.2f} us "
+                f"per kernel ({r['of_copy']:.0%} of copy), err vs triton {r['rel_err_vs_triton']:.1e}",
+                flush=True,
+            )
+    return result
+
+
+def routers(copy_gbs: float, device: torch.device, count: int = 40) -> dict:
+    experts, hidden = 512, 2560
+    g = torch.Generator(device=device).manual_seed(int(time.time()))
+    weights = [torch.randn(experts, hidden, device=device, generator=g).mul(0.02).bfloat16() for _ in range(count)]
+    biases = [torch.randn(experts, device=device, generator=g) * 0.01 for _ in range(count)]
+    norm = (1 + 0.1 * torch.randn(hidden, device=device, generator=g)).to(torch.bfloat16)
+    xs = [torch.randn(1, hidden, device=device, generator=g).to(torch.bfloat16) for _ in range(count)]
+    counters = torch.zeros(3, dtype=torch.int32, device=device)
+    out: dict = {}
+    picks = {}
+    for impl in ("triton", "cuda"):
+        for pdl in (False, True):
+            policy = LaunchPolicy(pdl, prefetch=False)
+            made = [
+                FusedRouter(w, b, norm, 1e-6, 8, 8, 4, True, 2.5, counters[0:1], counters[1:2], policy)
+                for w, b in zip(weights, biases, strict=True)
+            ]
+            if impl == "cuda":
+                made = [CudaRouter(r, counters[2:3]) for r in made]
+            results: list = [None] * count
+
+            def call(i, made=made, results=results):
+                results[i] = made[i](xs[i])
+
+            secs = graph_seconds([lambda i=i: call(i) for i in range(count)])
+            key = f"{impl}{'+pdl' if pdl else ''}"
+            picks[key] = results
+            out[key] = {"us": secs * 1e6}
+    ref = picks["triton"]
+    for key, results in picks.items():
+        same_ids = all(torch.equal(a[1], b[1]) for a, b in zip(results, ref, strict=True))
+        wts_err = max(rel(a[2], b[2]) for a, b in zip(results, ref, strict=True))
+        xn_err = max(rel(a[0], b[0]) for a, b in zip(results, ref, strict=True))
+        out[key].update(same_ids=same_ids, wts_rel_err=wts_err, xn_rel_err=xn_err)
+        print(
+            f"router {key:12s}: {out[key]['us']:6.2f} us, same experts {same_ids}, weights err {wts_err:.1e}, "
+            f"xn err {xn_err:.1e}",
+            flush=True,
+        )
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--json", default=None)
+    p.add_argument("--quick", action="store_true", help="three CUDA configurations per shape")
+    args = p.parse_args()
+    device = torch.device("cuda")
+    copy_gbs = copy_bandwidth(device) / 1e9
+    print(f"device-to-device copy bandwidth: {copy_gbs:.0f} GB/s ({torch.cuda.get_device_name()})", flush=True)
+    report: dict = {"device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs, "torch": torch.__version__}
+    report["routers"] = routers(copy_gbs, device)
+    report["chain"] = chain(copy_gbs, device)
+    report["shapes"] = []
+    for name in args.shapes.split(","):
+        report["shapes"].append(shape_rows(name, copy_gbs, device, args.quick))
+        torch.cuda.empty_cache()
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

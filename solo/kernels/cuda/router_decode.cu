@@ -1,0 +1,227 @@
+// One-token MoE router of the decode step in one launch (solo/kernels/cuda_step.py): RMSNorm,
+// router GEMV, sigmoid, grouped top-k, the semantics of solo/kernels/fused_router.py.
+//
+// Why CUDA: the router reads 2.6 MB, so its time is latency, and the Triton kernel spent it in a
+// chain of dependent steps (one warp per program looping over K chunks; the selection as about 30
+// arg-max reductions each through Triton's generic reduction). Here every warp loads its expert
+// row(s) in one go before griddepcontrol.wait (the weights do not depend on the previous kernel),
+// each block normalises x once into shared memory (block 0 also writes it for the experts), and
+// the last block to finish selects in one warp with lane-local work and shuffles:
+//   biased = score + bias (for the choice only); groups of E / GROUPS experts ranked by the sum of
+//   their two largest biased scores, the best KEEP kept (ties: lower index first); the TOPK largest
+//   biased scores among them in order (ties: lower index first); weights = their unbiased scores,
+//   renormalised if RENORM, times the routed scaling factor.
+// The arrival counter is reset by the last block, so graph replays need no memset.
+//
+// Defines: H (hidden, multiple of 256), E (experts, 32 <= E, power of two), GROUPS, KEEP, TOPK,
+// RENORM, WARPS (per block), EPW (experts per warp).
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+#define THREADS (WARPS * 32)
+#define NCH ((H * 2 + 511) / 512)  // 16-byte loads per lane per expert row (bf16)
+#define EPL (E / 32)                // experts per lane in the selection
+#define GSIZE (E / GROUPS)
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float bf16_to_float(u16 b) { return __uint_as_float((u32)b << 16); }
+
+__device__ __forceinline__ float round_bf16(float f) {
+    u32 b = __float_as_uint(f);
+    b = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
+    return __uint_as_float(b);
+}
+
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float dot2(u32 w, float a, float b, float acc) {
+    acc = fmaf(__uint_as_float(w << 16), a, acc);
+    return fmaf(__uint_as_float(w & 0xFFFF0000u), b, acc);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    return v;
+}
+
+// better(a, ia, b, ib): a larger, or equal with a lower index
+__device__ __forceinline__ bool better(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+router_decode(const u16 *__restrict__ x,       // [H] bf16 residual stream
+              const u16 *__restrict__ nw,      // [H] post-attention norm weight
+              const u16 *__restrict__ w,       // [E, H] bf16 router weight
+              const float *__restrict__ bias,  // [E] expert bias (selection only)
+              u16 *__restrict__ xn,            // [H] normalised x for the experts (written by block 0)
+              float *scores,                   // [E] scratch
+              int *arrived,                    // arrival counter (zero between launches)
+              int *__restrict__ ids,           // [TOPK]
+              float *__restrict__ wts,         // [TOPK]
+              int *__restrict__ count,         // launch counter
+              float eps, float scaling) {
+    __shared__ __align__(16) float xs[H];
+    __shared__ float partial[WARPS];
+    __shared__ int last;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e0 = (blockIdx.x * WARPS + warp) * EPW;
+
+    uint4 row[EPW][NCH];
+#pragma unroll
+    for (int j = 0; j < EPW; ++j)
+#pragma unroll
+        for (int c = 0; c < NCH; ++c) {
+            const int col = c * 256 + lane * 8;  // bf16 columns
+            row[j][c] = col < H ? ld_stream(reinterpret_cast<const uint4 *>(w + (size_t)(e0 + j) * H + col))
+                                : uint4{0u, 0u, 0u, 0u};
+        }
+    asm volatile("griddepcontrol.launch_dependents;");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
+
+    float ss = 0.0f;
+    for (int k = threadIdx.x; k < H; k += THREADS) {
+        const float v = bf16_to_float(x[k]);
+        xs[k] = v;
+        ss = fmaf(v, v, ss);
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) partial[warp] = ss;
+    __syncthreads();
+    ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < WARPS; ++i) ss += partial[i];
+    const float rstd = __frcp_rn(__fsqrt_rn(__fdiv_rn(ss, (float)H) + eps));
+    for (int k = threadIdx.x; k < H; k += THREADS) {
+        const float v = round_bf16(round_bf16(xs[k] * rstd) * bf16_to_float(nw[k]));
+        xs[k] = v;
+        if (blockIdx.x == 0) xn[k] = (u16)(__float_as_uint(v) >> 16);
+    }
+    __syncthreads();
+
+#pragma unroll
+    for (int j = 0; j < EPW; ++j) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int c = 0; c < NCH; ++c) {
+            const int col = c * 256 + lane * 8;
+            if (col < H) {
+                const float4 *xv = reinterpret_cast<const float4 *>(xs + col);
+                const float4 lo = xv[0], hi = xv[1];
+                const uint4 v = row[j][c];
+                acc = dot2(v.x, lo.x, lo.y, acc);
+                acc = dot2(v.y, lo.z, lo.w, acc);
+                acc = dot2(v.z, hi.x, hi.y, acc);
+                acc = dot2(v.w, hi.z, hi.w, acc);
+            }
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) {
+            scores[e0 + j] = 1.0f / (1.0f + __expf(-acc));
+            __threadfence();  // visible to the last block before this one counts itself in
+        }
+    }
+
+    // ---- the last block to arrive selects
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(arrived, 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last || warp != 0) return;
+    __threadfence();
+
+    float sc[EPL], bsd[EPL];
+#pragma unroll
+    for (int j = 0; j < EPL; ++j) {
+        sc[j] = __ldcg(scores + lane * EPL + j);
+        bsd[j] = sc[j] + __ldg(bias + lane * EPL + j);
+    }
+#if KEEP < GROUPS
+    {
+        // the two largest biased scores of this lane's experts, then of its group's lanes
+        float m1 = NEG_INF, m2 = NEG_INF;
+#pragma unroll
+        for (int j = 0; j < EPL; ++j) {
+            const float v = bsd[j];
+            if (v > m1) {
+                m2 = m1;
+                m1 = v;
+            } else if (v > m2) {
+                m2 = v;
+            }
+        }
+#pragma unroll
+        for (int o = 1; o < GSIZE / EPL; o <<= 1) {
+            const float o1 = __shfl_xor_sync(0xFFFFFFFFu, m1, o), o2 = __shfl_xor_sync(0xFFFFFFFFu, m2, o);
+            const float hi = fmaxf(m1, o1), lo = fmaxf(fminf(m1, o1), fmaxf(m2, o2));
+            m1 = hi;
+            m2 = lo;
+        }
+        const float mine = m1 + m2;
+        const int group = lane * EPL / GSIZE;
+        int rank = 0;
+#pragma unroll
+        for (int g = 0; g < GROUPS; ++g) {
+            const float other = __shfl_sync(0xFFFFFFFFu, mine, g * GSIZE / EPL);
+            rank += better(other, g, mine, group) ? 1 : 0;
+        }
+        if (rank >= KEEP) {
+#pragma unroll
+            for (int j = 0; j < EPL; ++j) bsd[j] = NEG_INF;
+        }
+    }
+#endif
+    int my_ids = 0;
+    float my_wts = 0.0f, total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < TOPK; ++i) {
+        float best = NEG_INF;
+        int at = E;
+#pragma unroll
+        for (int j = 0; j < EPL; ++j)
+            if (better(bsd[j], lane * EPL + j, best, at)) {
+                best = bsd[j];
+                at = lane * EPL + j;
+            }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xFFFFFFFFu, best, o);
+            const int oa = __shfl_xor_sync(0xFFFFFFFFu, at, o);
+            if (better(ob, oa, best, at)) {
+                best = ob;
+                at = oa;
+            }
+        }
+        // the owner lane takes the expert out and tells its unbiased score
+        float score = 0.0f;
+#pragma unroll
+        for (int j = 0; j < EPL; ++j)
+            if (lane * EPL + j == at) {
+                score = sc[j];
+                bsd[j] = NEG_INF;
+            }
+        score = __shfl_sync(0xFFFFFFFFu, score, at / EPL);
+        total += score;
+        if (lane == i) {
+            my_ids = at;
+            my_wts = score;
+        }
+    }
+#if RENORM
+    my_wts = my_wts / (total + 1e-20f);
+#endif
+    if (lane < TOPK) {
+        ids[lane] = my_ids;
+        wts[lane] = my_wts * scaling;
+    }
+    if (lane == 0) atomicExch(arrived, 0);
+}

@@ -1,0 +1,180 @@
+"""The decode step's CUDA kernels (solo.kernels.cuda_step) against the reference modules (Hopper GPU only).
+
+Every prologue (none, RMSNorm, gated norm), scale kind (block, row) and epilogue (store, residual +
+addend, SwiGLU with clamp) of the one-token GEMV at Ling-3.0-flash's widths, including a K that is not
+a multiple of a warp's 512 columns and row counts that do not divide into tasks, over every launch
+configuration kind (warps, rows per task, one or two buffers); the router against the model's own
+Router on fresh random weights (the same experts where the run is clear of ties, weights within fp32
+rounding). Fresh random inputs every run. Skipped where the kernels cannot run (CPU, pre-Hopper).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from solo.kernels.cuda_step import cuda_step_unavailable
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or cuda_step_unavailable("cuda") is not None,
+        reason="needs a Hopper GPU with NVRTC",
+    ),
+]
+
+DEVICE = "cuda"
+LAUNCHES = {
+    "4w r1 b1": dict(warps=4, rows_per_task=1, buffers=1),
+    "8w r2 b2": dict(warps=8, rows_per_task=2, buffers=2),
+    "4w r4 b1": dict(warps=4, rows_per_task=4, buffers=1),
+}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def gemv(rows: int, k: int, scale_kind: str = "block", half: int | None = None, limit: float | None = None, **launch):
+    """(CudaGemv, the dequantized fp32 weight on the CPU) with fresh random FP8 weights."""
+    from solo.kernels.cuda_step import CudaGemv, GemvLaunch
+    from solo.kernels.fused_gemv import FusedGemv
+    from solo.quantization import formats
+
+    w = torch.randn(rows, k) * 0.05
+    if scale_kind == "block":
+        w8, scale = formats.quantize_fp8_block(w)
+        wf = formats.dequantize_fp8_block(w8, scale)
+    else:
+        w8, scale = formats.quantize_fp8_rowwise(w)
+        wf = w8.float() * scale.float()[:, None]
+    fused = FusedGemv(w8.to(DEVICE), scale.to(DEVICE), scale_kind, swiglu_half=half, swiglu_limit=limit, name="t")
+    counter = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    return CudaGemv(fused, counter, GemvLaunch(**launch) if launch else None), wf
+
+
+def project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x.float() @ w.T).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("launch", list(LAUNCHES))
+@pytest.mark.parametrize(("rows", "k"), [(20512, 2560), (1001, 768), (2560, 6144)])
+def test_norm_projection_and_residual(launch, rows, k):
+    """RMSNorm -> projection (-> residual + addend), and the normalised x it can write, as the reference."""
+    from solo.model.layers import RMSNorm
+
+    g, wf = gemv(rows, k, **LAUNCHES[launch])
+    x = (torch.randn(1, k) * 3).to(torch.bfloat16)
+    norm = RMSNorm(k, 1e-6)
+    norm.weight.data = (1 + 0.2 * torch.randn(k)).to(torch.bfloat16)
+    xn = torch.empty(1, k, dtype=torch.bfloat16, device=DEVICE)
+    got = g(x.to(DEVICE), norm_weight=norm.weight.data.to(DEVICE), eps=1e-6, xn_out=xn).cpu()
+    assert rel(got, project(norm(x), wf)) < 1e-2
+    assert torch.equal(xn.cpu(), norm(x))
+    residual = torch.randn(1, rows).to(torch.bfloat16)
+    addend = torch.randn(1, rows).to(torch.bfloat16)
+    got = g(x.to(DEVICE), residual=residual.to(DEVICE), addend=addend.to(DEVICE)).cpu()
+    want = residual + project(x, wf) + addend
+    assert rel(got - residual, want - residual) < 1e-2
+    assert g.counter.item() == 2
+
+
+@pytest.mark.parametrize("launch", list(LAUNCHES))
+def test_gated_norm_projection_in_place(launch):
+    """The KDA output: per-head gated RMSNorm -> o_proj -> residual, written over the residual stream."""
+    from solo.model.layers import GatedRMSNorm
+
+    rows, k, group = 2560, 4096, 128
+    g, wf = gemv(rows, k, **LAUNCHES[launch])
+    o = torch.randn(1, k).to(torch.bfloat16)
+    gate = torch.randn(1, k).to(torch.bfloat16)
+    norm = GatedRMSNorm(group, 1e-6)
+    norm.weight.data = (1 + 0.2 * torch.randn(group)).to(torch.bfloat16)
+    normed = norm(o.view(1, k // group, group), gate.view(1, k // group, group)).view(1, k)
+    stream = torch.randn(1, rows).to(torch.bfloat16)
+    want = stream + project(normed, wf)
+    x = stream.to(DEVICE)
+    g(o.to(DEVICE), out=x, residual=x, norm_weight=norm.weight.data.to(DEVICE), gate=gate.to(DEVICE), eps=1e-6)
+    assert rel(x.cpu() - stream, want - stream) < 1e-2
+
+
+@pytest.mark.parametrize("launch", list(LAUNCHES))
+def test_swiglu_pair(launch):
+    """[gate; up] in one weight -> silu(gate) * up with the clamp (the shared expert)."""
+    from solo.kernels.moe import swiglu
+
+    half, k = 768, 2560
+    g, wf = gemv(2 * half, k, half=half, limit=0.3, **LAUNCHES[launch])
+    x = (torch.randn(1, k) * 2).to(torch.bfloat16)
+    want = swiglu(project(x, wf[:half]), project(x, wf[half:]), 0.3)
+    assert rel(g(x.to(DEVICE)).cpu(), want) < 2e-2
+
+
+def test_row_scales_in_bf16_and_fp32():
+    """The LM head's format: one scale per row, bf16 or fp32 logits."""
+    g, wf = gemv(3001, 2560, "row", warps=4, rows_per_task=2)
+    x = torch.randn(1, 2560).to(torch.bfloat16)
+    want = x.float() @ wf.T
+    assert rel(g(x.to(DEVICE)).cpu(), want) < 1e-2
+    out = torch.empty(1, 3001, dtype=torch.float32, device=DEVICE)
+    assert rel(g(x.to(DEVICE), out=out).cpu(), want) < 1e-5
+
+
+def test_several_tokens_go_to_the_triton_kernel():
+    g, wf = gemv(512, 2560)
+    x = torch.randn(4, 2560).to(torch.bfloat16)
+    assert rel(g(x.to(DEVICE)).cpu(), project(x, wf)) < 1e-2
+    assert g.counter.item() == 0  # the CUDA kernel's counter did not move
+
+
+def test_the_router_chooses_as_the_reference():
+    """512 experts in 8 groups keep 4, top-8, renormalised and scaled: the model's Router in fp32 on the
+    same normalised input; drawn again when a run comes within rounding of a tie."""
+    from solo.checkpoint.synthetic import synthetic_config
+    from solo.kernels.cuda_step import CudaRouter
+    from solo.kernels.fused_router import FusedRouter
+    from solo.model.layers import RMSNorm
+    from solo.model.moe import Router
+    from solo.testing.routing import routing_margin
+
+    config = synthetic_config(num_layers=1)  # Ling-3.0-flash's router: 512 experts, 8 groups keep 4, top-8
+    assert (config.num_experts, config.n_group, config.topk_group, config.num_experts_per_tok) == (512, 8, 4, 8)
+    ref = Router(config)
+    checked = 0
+    for _ in range(20):
+        ref.weight.data = torch.randn(512, 2560) * 0.02
+        ref.weight.data = ref.weight.data.to(torch.bfloat16).float()
+        ref.expert_bias.data = torch.randn(512) * 0.01
+        norm = RMSNorm(2560, 1e-6)
+        norm.weight.data = (1 + 0.1 * torch.randn(2560)).to(torch.bfloat16)
+        x = torch.randn(1, 2560).to(torch.bfloat16)
+        xn_ref = norm(x)
+        if routing_margin(ref, xn_ref) < 1e-5:
+            continue
+        counters = torch.zeros(3, dtype=torch.int32, device=DEVICE)
+        fused = FusedRouter(
+            ref.weight.data.to(torch.bfloat16).to(DEVICE),
+            ref.expert_bias.data.to(DEVICE),
+            norm.weight.data.to(DEVICE),
+            1e-6,
+            8,
+            8,
+            4,
+            True,
+            config.routed_scaling_factor,
+            counters[0:1],
+            counters[1:2],
+        )
+        router = CudaRouter(fused, counters[2:3])
+        xn, ids, wts = router(x.to(DEVICE))
+        want_w, want_ids = ref(xn_ref)
+        assert torch.equal(xn.cpu(), xn_ref)
+        assert torch.equal(ids.cpu().long(), want_ids)
+        assert rel(wts.cpu(), want_w) < 1e-5
+        again = router(x.to(DEVICE))  # the arrival counter reset itself: same choice on a second launch
+        assert torch.equal(again[1], ids) and torch.equal(again[2], wts)
+        assert counters[2].item() == 2 and counters[0].item() == 0
+        checked += 1
+        if checked == 3:
+            break
+    assert checked == 3
