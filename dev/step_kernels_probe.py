@@ -6,7 +6,7 @@
    call kinds): the CUDA GEMV's output against the Triton FusedGemv's (relative error; the two sum
    in different orders), then each timed as a CUDA graph of calls cycling through copies of the
    weights (>= 400 MB, over the L2): the Triton kernel in the product's configuration against CUDA
-   launch configurations (warps, rows per task, buffers, blocks per SM). The LM head (row scales)
+   launch configurations (warps splitting K, loads in flight, blocks per SM). The LM head (row scales)
    is timed against the product's head kernel (solo.kernels.triton_fp8.fp8_rowwise_linear).
 2. A chain like the decode step's projections (qkvfgb, o_proj, shared gate_up, shared down per
    layer, 10 layers, distinct weights): Triton vs CUDA, each with plain launches and with PDL
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fused_gemv_sweep import SHAPES, call_kwargs, make, run_once  # noqa: E402
 
 from solo.bench.decode import copy_bandwidth, time_graph  # noqa: E402
-from solo.kernels.cuda_step import CudaGemv, CudaRouter, GemvLaunch, choose_launch  # noqa: E402
+from solo.kernels.cuda_step import CudaGemv, CudaRouter, GemvLaunch  # noqa: E402
 from solo.kernels.fused_router import FusedRouter  # noqa: E402
 from solo.kernels.pdl import LaunchPolicy  # noqa: E402
 
@@ -58,13 +58,11 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def variants(name: str, quick: bool) -> list[GemvLaunch]:
-    rows, k, kind, _ = SHAPES[name]
-    rpws = (1, 2, 4) if rows >= 8192 else (1, 2)
-    out = [choose_launch(rows if not kind.startswith("swiglu") else rows // 2, k, kind.startswith("swiglu"))]
-    for warps in (4, 8):
-        for rpw in rpws:
-            for buffers in (1, 2):
-                out.append(GemvLaunch(warps=warps, rows_per_task=rpw, blocks_per_sm=16, buffers=buffers))
+    out = [GemvLaunch()]  # the product's choice
+    for warps in (4, 8, 16):
+        for most in (4, 8):
+            for per_sm in (16, 2):
+                out.append(GemvLaunch(warps=warps, blocks_per_sm=per_sm, max_in_flight=most))
     if quick:
         out = out[:3]
     return list(dict.fromkeys(out))
@@ -105,7 +103,8 @@ def shape_rows(name: str, copy_gbs: float, device: torch.device, quick: bool) ->
             continue
         row = {"impl": "cuda", "launch": vars(launch), "us": secs * 1e6, "of_copy": nbytes / secs / 1e9 / copy_gbs}
         row["rel_err_vs_triton"] = rel(got, want)
-        row["grid"] = next(iter(cudas[0]._kernels.values()))[1]
+        _, grid, threads, defines = next(iter(cudas[0]._kernels.values()))
+        row.update(grid=grid, warps=defines["WARPS"], in_flight=defines["PF"])
         result["runs"].append(row)
     best = min((r for r in result["runs"] if "us" in r), key=lambda r: r["us"])
     result["best"] = best
@@ -113,8 +112,8 @@ def shape_rows(name: str, copy_gbs: float, device: torch.device, quick: bool) ->
     print(
         f"{name:15s} {nbytes / 1e6:6.1f} MB  triton {tri['us']:6.2f} us ({tri['of_copy']:.0%})  "
         + "  ".join(
-            f"[{r['launch']['warps']}w r{r['launch']['rows_per_task']} b{r['launch']['buffers']} "
-            f"g{r.get('grid', '-')}] {r['us']:6.2f} ({r['of_copy']:.0%}, err {r['rel_err_vs_triton']:.1e})"
+            f"[{r['warps']}w pf{r['in_flight']} g{r['grid']}] {r['us']:6.2f} ({r['of_copy']:.0%}, "
+            f"err {r['rel_err_vs_triton']:.1e})"
             for r in result["runs"][1:]
             if "us" in r
         ),

@@ -1,11 +1,11 @@
 """The decode step's CUDA kernels (solo.kernels.cuda_step) against the reference modules (Hopper GPU only).
 
 Every prologue (none, RMSNorm, gated norm), scale kind (block, row) and epilogue (store, residual +
-addend, SwiGLU with clamp) of the one-token GEMV at Ling-3.0-flash's widths, including a K that is not
-a multiple of a warp's 512 columns and row counts that do not divide into tasks, over every launch
-configuration kind (warps, rows per task, one or two buffers); the router against the model's own
-Router on fresh random weights (the same experts where the run is clear of ties, weights within fp32
-rounding). Fresh random inputs every run. Skipped where the kernels cannot run (CPU, pre-Hopper).
+addend, SwiGLU with clamp) of the one-token GEMV at Ling-3.0-flash's widths, including row counts that
+are not a multiple of a task's 8 rows, over launch configurations of each kind (warps splitting K,
+loads in flight, one or many tasks a block); the router against the model's own Router on fresh random
+weights (the same experts where the run is clear of ties, weights within fp32 rounding). Fresh random
+inputs every run. Skipped where the kernels cannot run (CPU, pre-Hopper).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ pytestmark = [
 ]
 
 DEVICE = "cuda"
-LAUNCHES = {
-    "4w r1 b1": dict(warps=4, rows_per_task=1, buffers=1),
-    "8w r2 b2": dict(warps=8, rows_per_task=2, buffers=2),
-    "4w r4 b1": dict(warps=4, rows_per_task=4, buffers=1),
+LAUNCHES = {  # the product's choice; 4 warps with 4 loads in flight; one block per SM (many tasks a block)
+    "auto": {},
+    "4 warps, 4 in flight": dict(warps=4, max_in_flight=4),
+    "one block per SM": dict(warps=16, blocks_per_sm=1),
 }
 
 
@@ -112,7 +112,7 @@ def test_swiglu_pair(launch):
 
 def test_row_scales_in_bf16_and_fp32():
     """The LM head's format: one scale per row, bf16 or fp32 logits."""
-    g, wf = gemv(3001, 2560, "row", warps=4, rows_per_task=2)
+    g, wf = gemv(3001, 2560, "row", warps=4)
     x = torch.randn(1, 2560).to(torch.bfloat16)
     want = x.float() @ wf.T
     assert rel(g(x.to(DEVICE)).cpu(), want) < 1e-2

@@ -53,22 +53,34 @@ def compile_report() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class GemvLaunch:
-    """How one projection's kernel runs: warps per block, rows per warp task, blocks per SM (at most;
-    fewer where registers or shared memory allow fewer), and whether a warp loads its next task
-    while it reduces the current one (buffers=2) or has one in flight at a time (buffers=1)."""
+    """How one projection's kernel runs: warps per block (they split K; 0: chosen by `choose_launch`),
+    blocks per SM (at most; fewer where registers or shared memory allow fewer) and loads in flight
+    per lane (at most)."""
 
-    warps: int = 4
-    rows_per_task: int = 1
+    warps: int = 0
     blocks_per_sm: int = 16
-    buffers: int = 1
+    max_in_flight: int = 8
 
 
 def choose_launch(rows: int, k: int, swiglu: bool) -> GemvLaunch:
-    """Two rows per task where there are many rows (more bytes in flight per lane), one otherwise
-    (so the tasks spread evenly over the warps: 2,560 rows over 132 SMs x 16 warps)."""
-    if rows >= 8192 and not swiglu and k <= 4096:
-        return GemvLaunch(warps=4, rows_per_task=2)
-    return GemvLaunch(warps=4, rows_per_task=1)
+    """8 warps where their K slices stay at least 5 steps of 64 columns, else 4."""
+    steps = k // 64
+    warps = 8 if steps % 8 == 0 and steps // 8 >= 5 else 4
+    return GemvLaunch(warps=warps)
+
+
+def warps_for(k: int, wanted: int) -> int:
+    """The warp count nearest below `wanted` that divides K's 64-column steps."""
+    steps = k // 64
+    for w in range(min(wanted, steps, 32), 0, -1):
+        if steps % w == 0:
+            return w
+    return 1
+
+
+def in_flight(steps_per_warp: int, most: int) -> int:
+    """The largest divisor of a warp's steps that is at most `most` (the ring of loads must tile them)."""
+    return max(d for d in range(1, min(most, steps_per_warp) + 1) if steps_per_warp % d == 0)
 
 
 def _load(source: Path, name: str, defines: dict[str, int], device: torch.device):
@@ -83,20 +95,22 @@ class CudaGemv:
     """The one-token calls of `fused` (a FusedGemv with FP8 weights) on gemv_decode.cu."""
 
     def __init__(self, fused: FusedGemv, counter: torch.Tensor, launch: GemvLaunch | None = None) -> None:
+        if fused.scale_mode not in (1, 2):
+            raise ValueError(f"{fused.name}: the CUDA GEMV runs FP8 weights with block or row scales")
         if fused.weight.dtype != torch.float8_e4m3fn:
             raise ValueError(f"{fused.name}: the CUDA GEMV runs FP8 weights, not {fused.weight.dtype}")
-        if fused.k % 16 or fused.weight.data_ptr() % 16:
-            raise ValueError(f"{fused.name}: the CUDA GEMV reads 16-byte pieces: K % 16 == 0 and an aligned weight")
+        if fused.k % 64 or fused.weight.data_ptr() % 16:
+            raise ValueError(f"{fused.name}: the CUDA GEMV needs K % 64 == 0 and a 16-byte aligned weight")
         self.fused = fused
         self.name = fused.name
         self.rows = fused.rows
         self.out_features = fused.out_features
         self.k = fused.k
         self.counter = counter
-        self.launch_config = launch or choose_launch(fused.rows, fused.k, fused.half is not None)
+        self.launch_config = launch or GemvLaunch()
         self.device = fused.weight.device
         self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        self._kernels: dict[tuple, tuple[Any, int]] = {}
+        self._kernels: dict[tuple, tuple[Any, int, int, dict[str, int]]] = {}
 
     @property
     def launch(self) -> LaunchPolicy:
@@ -113,6 +127,7 @@ class CudaGemv:
         key = (norm, epi, add, write_xn, out_f32, group)
         if key not in self._kernels:
             f, cfg = self.fused, self.launch_config
+            warps = warps_for(self.k, cfg.warps or choose_launch(self.rows, self.k, f.half is not None).warps)
             defines = {
                 "K": self.k,
                 "ROWS": self.rows,
@@ -124,20 +139,19 @@ class CudaGemv:
                 "HAS_LIMIT": int(f.limit is not None),
                 "OUT_F32": int(out_f32),
                 "WRITE_XN": int(write_xn),
-                "WARPS": cfg.warps,
-                "RPW": cfg.rows_per_task,
-                "BUFFERS": cfg.buffers,
+                "WARPS": warps,
+                "PF": in_flight(self.k // 64 // warps, cfg.max_in_flight),
             }
             kernel = _load(GEMV_SOURCE, "gemv_decode", defines, self.device)
-            shared = self.k * 4
+            shared = -(-(2 * self.k + 132 * warps) // 16) * 16  # gemv_decode.cu's struct Shared
             kernel.set_shared_bytes(shared)
-            threads = 32 * cfg.warps
+            threads = 32 * warps
             per_sm = min(cfg.blocks_per_sm, kernel.max_blocks_per_sm(threads, shared))
             if per_sm < 1:
                 raise RuntimeError(f"{self.name}: the CUDA GEMV does not fit on an SM with {cfg}")
-            tasks = -(-self.rows // cfg.rows_per_task)
-            grid = min(-(-tasks // cfg.warps), per_sm * self.sms)
-            self._kernels[key] = (kernel, grid)
+            tasks = -(-self.rows // 8)
+            grid = min(tasks, per_sm * self.sms)
+            self._kernels[key] = (kernel, grid, threads, defines)
         return self._kernels[key]
 
     def __call__(
@@ -175,16 +189,19 @@ class CudaGemv:
             norm = NORM_GATED if gate is not None else NORM_RMS
             if norm == NORM_GATED:
                 group = norm_weight.numel()
-                if self.k % group or group & (group - 1) or not 16 <= group <= 512:
-                    raise ValueError(f"{self.name}: the gated norm's group ({group}) must be 16..512, a power of two")
+                if self.k % group or group & (group - 1) or not 16 <= group <= 256:
+                    raise ValueError(f"{self.name}: the gated norm's group ({group}) must be 16..256, a power of two")
+        for name, t in (("x", x), ("norm weight", norm_weight), ("gate", gate)):
+            if t is not None and t.data_ptr() % 16:
+                raise ValueError(f"{self.name}: the CUDA GEMV reads the {name} in 16-byte pieces; it is not aligned")
         epi = EPI_SWIGLU if self.fused.half is not None else EPI_RESIDUAL if residual is not None else EPI_STORE
         out_f32 = out.dtype == torch.float32
         if out_f32 and epi != EPI_STORE or out.dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"{self.name}: the CUDA GEMV writes bf16 (fp32 only for plain outputs), not {out.dtype}")
-        kernel, grid = self._kernel(norm, epi, addend is not None, xn_out is not None, out_f32, group)
+        kernel, grid, threads, _ = self._kernel(norm, epi, addend is not None, xn_out is not None, out_f32, group)
         kernel.launch(
             grid,
-            32 * self.launch_config.warps,
+            threads,
             [
                 x,
                 norm_weight,
@@ -259,6 +276,8 @@ class CudaRouter:
         f = self.fused
         if x.ndim != 2 or x.shape[1] != f.hidden or not x.is_contiguous() or x.dtype != torch.bfloat16:
             raise ValueError(f"the CUDA router takes a contiguous bf16 [1, {f.hidden}] tensor, got {tuple(x.shape)}")
+        if x.data_ptr() % 16:
+            raise ValueError("the CUDA router reads x in 16-byte pieces; it is not aligned")
         kernel = self.kernel()
         scores, arrived = self._scratch
         xn = torch.empty((1, f.hidden), dtype=torch.bfloat16, device=x.device)

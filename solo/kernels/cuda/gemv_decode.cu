@@ -1,39 +1,43 @@
 // One-token FP8 GEMV of the decode step, with its neighbours fused in (solo/kernels/cuda_step.py).
 //
-// out[r] = epilogue(sum_k W[r, k] * prologue(x)[k] * scale) for one token. Why CUDA and not the
-// Triton kernel (solo/kernels/fused_gemv.py): at batch size 1 a projection is a stream of weight
-// bytes, and the Triton kernel recomputed the activation side (norm, rounding, scales) for every
-// weight tile in every program and kept one 16-byte load in flight per thread; here
-//   - each block computes the prologue once into shared memory (fp32), then its warps stream rows;
-//   - a warp owns RPW whole rows at a time (a task): every lane holds RPW x NCHUNK 16-byte loads in
-//     flight, and the next task's loads are issued before the current one is reduced (two buffers);
-//   - the first task's weights (and scales) are loaded before griddepcontrol.wait: under
-//     programmatic dependent launch they stream while the previous kernel finishes (weights do not
-//     depend on it; x does);
-//   - products on the CUDA cores: e4m3 pairs widened to f16x2 (exact), then fp32 FMAs against the
-//     fp32 activations; the block scale multiplies each lane's 16-product partial (one 128-column
-//     block), the row scale the row's sum.
-// The grid is persistent: at most as many blocks as fit at once; warp w takes tasks w, w + total
-// warps, ... (balanced to one task). Block 0 bumps the launch counter (start-up checks read it).
+// out[r] = epilogue(sum_k W[r, k] * prologue(x)[k] * scale) for one token. At batch size 1 a
+// projection is a stream of weight bytes; what costs is everything around the stream. Here:
+//   - each block computes the prologue (norm, gate, rounding) once into shared memory, with every
+//     load of x issued before the first is used (a loop of dependent loads cost 5-10 us);
+//   - a block task is 8 output rows (SwiGLU: 8 gate + 8 up rows) over all of K, K split evenly over
+//     the block's warps; the grid is persistent (at most what fits at once), so the prologue is paid
+//     once per block and the tasks spread to within one per block;
+//   - products on the tensor cores: a lane's 16-byte load (16 e4m3 codes of one row) widens to eight
+//     f16x2 registers (exact) that are exactly its A fragments of four m16n8k16 products, because
+//     K is permuted consistently for W and x (a sum does not care about order): lane (g, t) takes row
+//     g and columns 16t..16t+15 of each 64-column step; the x fragments come from shared memory in
+//     the same order, every B column equal to x; fp32 accumulation; rows g + 8 of the product are
+//     the SwiGLU up rows, or zero. About one instruction per weight byte instead of three;
+//   - the block scale multiplies each 64-column step's fp32 partial, the row scale the row's sum;
+//   - each warp keeps PF loads in flight, continuing into its next task, and the first task's
+//     weights are loaded before griddepcontrol.wait: under programmatic dependent launch they stream
+//     while the previous kernel finishes (weights do not depend on it; x does). A block lets the next
+//     kernel launch when it starts its last task.
+// Block 0 bumps the launch counter (start-up checks read it).
 //
-// Defines: K (input width, multiple of 16), ROWS (output rows; SwiGLU: the gate rows, W holds
-// [gate; up]), NORM (0 none, 1 RMSNorm over K, 2 gated per-group RMSNorm of GROUP), SCALE (1 block
-// 128x128, 2 one per row), EPI (0 store, 1 residual (+ addend if ADD), 2 SwiGLU (+ clamp if
+// Defines: K (input width, multiple of 64), ROWS (output rows; SwiGLU: the gate rows, W holds
+// [gate; up]), NORM (0 none, 1 RMSNorm over K, 2 gated per-group RMSNorm of GROUP <= 256), SCALE
+// (1 block 128x128, 2 one per row), EPI (0 store, 1 residual (+ addend if ADD), 2 SwiGLU (+ clamp if
 // HAS_LIMIT)), OUT_F32 (EPI 0: fp32 output), WRITE_XN (block 0 writes the prologue's x as bf16),
-// WARPS (per block), RPW (rows per task), BUFFERS (2: the next task's loads are issued before the
-// current one is reduced; 1: one task at a time, for wide rows that would not fit twice in registers).
+// WARPS (per block; divides K / 64), PF (loads in flight per lane; divides K / 64 / WARPS).
 
 typedef unsigned int u32;
 typedef unsigned short u16;
 
 #define THREADS (WARPS * 32)
-#define NCHUNK ((K + 511) / 512)  // 512 columns per chunk: 32 lanes x 16 bytes
-#define KB ((K + 127) / 128)      // 128-column scale blocks
-#define PAIR (EPI == 2 ? 2 : 1)   // weight rows per output row (SwiGLU: gate and up)
-#define WROWS (RPW * PAIR)
-#define TASKS ((ROWS + RPW - 1) / RPW)
+#define NSTEP (K / 64)           // 64-column steps
+#define SPW (NSTEP / WARPS)      // steps per warp
+#define KB ((K + 127) / 128)     // 128-column scale blocks
+#define SWIGLU (EPI == 2)
+#define TASKS ((ROWS + 7) / 8)   // block tasks of 8 rows
+#define PIECES ((K / 8 + THREADS - 1) / THREADS)  // 8-element pieces of x per thread
 
-__device__ __forceinline__ float bf16_to_float(u16 b) { return __uint_as_float((u32)b << 16); }
+__device__ __forceinline__ float bf16_to_float(u32 b) { return __uint_as_float(b << 16); }
 
 // fp32 -> nearest bf16 (ties to even), kept in fp32: the reference's rounding
 __device__ __forceinline__ float round_bf16(float f) {
@@ -44,7 +48,7 @@ __device__ __forceinline__ float round_bf16(float f) {
 
 __device__ __forceinline__ u16 to_bf16(float f) { return (u16)(__float_as_uint(round_bf16(f)) >> 16); }
 
-__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+__device__ __forceinline__ uint4 ld_stream(const void *p) {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -52,32 +56,30 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     return v;
 }
 
-// two e4m3 codes (low byte first) -> f16x2 (exact)
+__device__ __forceinline__ uint4 ld_vec(const void *p) { return *reinterpret_cast<const uint4 *>(p); }
+
+// word q of a uint4 (q a compile-time constant after unrolling: no local-memory indexing)
+__device__ __forceinline__ u32 word(const uint4 &v, int q) { return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w; }
+
+// two e4m3 codes (low byte first) -> f16x2 (exact), low byte in the low half
 __device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 pair) {
     u32 r;
     asm("{\n\t.reg .b16 t;\n\tcvt.u16.u32 t, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, t;\n\t}" : "=r"(r) : "r"(pair));
     return r;
 }
 
-__device__ __forceinline__ float f16_lo(u32 h2) {
-    float f;
-    asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.f32.f16 %0, lo;\n\t}" : "=f"(f) : "r"(h2));
-    return f;
+__device__ __forceinline__ u32 f16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
 }
 
-__device__ __forceinline__ float f16_hi(u32 h2) {
-    float f;
-    asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.f32.f16 %0, hi;\n\t}" : "=f"(f) : "r"(h2));
-    return f;
-}
-
-// 4 e4m3 codes in a word against 4 activations
-__device__ __forceinline__ float dot4(u32 w, float4 x, float acc) {
-    const u32 lo = e4m3x2_to_f16x2(w), hi = e4m3x2_to_f16x2(w >> 16);
-    acc = fmaf(f16_lo(lo), x.x, acc);
-    acc = fmaf(f16_hi(lo), x.y, acc);
-    acc = fmaf(f16_lo(hi), x.z, acc);
-    return fmaf(f16_hi(hi), x.w, acc);
+__device__ __forceinline__ void mma(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -86,199 +88,242 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-struct Task {
-    uint4 w[WROWS][NCHUNK];
-#if SCALE == 1
-    float s[WROWS][NCHUNK];
-#endif
+struct Shared {
+    u32 xh[K / 2];                   // the prologue's x as f16 pairs
+    float part[2][WARPS][2][8];      // per task parity, warp, gate/up, row: the K slices' sums
+    float red[WARPS];
 };
 
-// Issue the loads of task t (rows t*RPW ..; SwiGLU: and their up rows ROWS further on).
-__device__ __forceinline__ void load_task(Task &task, int t, const unsigned char *__restrict__ w,
-                                          const float *__restrict__ s, int lane) {
+// ---- the prologue: x -> xh (f16 pairs), every load issued before the first is used
+__device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, const u16 *__restrict__ nw,
+                                         const u16 *__restrict__ gate, u16 *__restrict__ xn_out, float eps) {
+    const int tid = threadIdx.x;
+    uint4 xv[PIECES];
+#if NORM == 1
+    uint4 nv[PIECES];
+#elif NORM == 2
+    uint4 gv[PIECES], nv[PIECES];
+#endif
 #pragma unroll
-    for (int p = 0; p < RPW; ++p) {
-        const int row = t * RPW + p;
-#pragma unroll
-        for (int h = 0; h < PAIR; ++h) {
-            const int wrow = row + h * ROWS;
-#pragma unroll
-            for (int c = 0; c < NCHUNK; ++c) {
-                const int col = c * 512 + lane * 16;
-                const bool ok = row < ROWS && (K % 512 == 0 || col < K);
-                task.w[p * PAIR + h][c] =
-                    ok ? ld_stream(reinterpret_cast<const uint4 *>(w + (size_t)wrow * K + col)) : uint4{0u, 0u, 0u, 0u};
-#if SCALE == 1
-                task.s[p * PAIR + h][c] = ok ? __ldg(s + (wrow / 128) * KB + col / 128) : 0.0f;
-#endif
-            }
-        }
-    }
-}
-
-// The products of a loaded task (rows cur*RPW ..), reduced over the warp, and their epilogue (lane p: row p).
-__device__ __forceinline__ void finish_task(const Task &task, int cur, const float *xs, const float *__restrict__ s,
-                                            void *out, const u16 *residual, const u16 *__restrict__ addend, int lane,
-                                            float limit) {
-    float y[WROWS];
-#pragma unroll
-    for (int q = 0; q < WROWS; ++q) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int c = 0; c < NCHUNK; ++c) {
-            const int col = c * 512 + lane * 16;
-            if (K % 512 == 0 || col < K) {
-                const float4 *xv = reinterpret_cast<const float4 *>(xs + col);
-                const uint4 v = task.w[q][c];
-                float part = dot4(v.x, xv[0], 0.0f);
-                part = dot4(v.y, xv[1], part);
-                part = dot4(v.z, xv[2], part);
-                part = dot4(v.w, xv[3], part);
-#if SCALE == 1
-                acc = fmaf(part, task.s[q][c], acc);
-#else
-                acc += part;
-#endif
-            }
-        }
-        y[q] = warp_sum(acc);
-    }
-#pragma unroll
-    for (int p = 0; p < RPW; ++p) {
-        const int row = cur * RPW + p;
-        if (lane != p || row >= ROWS) continue;
-        float v = y[p * PAIR];
-#if SCALE == 2
-        v *= __ldg(s + row);
-#endif
-#if EPI == 2
-        float u = y[p * PAIR + 1];
-#if SCALE == 2
-        u *= __ldg(s + row + ROWS);
-#endif
-        float act = v / (1.0f + __expf(-v));
-#if HAS_LIMIT
-        act = fminf(act, limit);
-        u = fminf(fmaxf(u, -limit), limit);
-#endif
-        reinterpret_cast<u16 *>(out)[row] = to_bf16(act * u);
-#elif EPI == 1
-        // the reference adds in the stream's dtype: the projection's output is rounded first
-        float o = bf16_to_float(residual[row]) + round_bf16(v);
-#if ADD
-        o += bf16_to_float(addend[row]);
-#endif
-        reinterpret_cast<u16 *>(out)[row] = to_bf16(o);
-#else
-#if OUT_F32
-        reinterpret_cast<float *>(out)[row] = v;
-#else
-        reinterpret_cast<u16 *>(out)[row] = to_bf16(v);
-#endif
+    for (int p = 0; p < PIECES; ++p) {
+        const int i = p * THREADS + tid;
+        const bool ok = i < K / 8;
+        xv[p] = ok ? ld_vec(x + i * 8) : uint4{0u, 0u, 0u, 0u};
+#if NORM == 1
+        nv[p] = ok ? ld_vec(nw + i * 8) : uint4{0u, 0u, 0u, 0u};
+#elif NORM == 2
+        gv[p] = ok ? ld_vec(gate + i * 8) : uint4{0u, 0u, 0u, 0u};
+        nv[p] = ok ? ld_vec(nw + (i * 8) % GROUP) : uint4{0u, 0u, 0u, 0u};
 #endif
     }
-}
-
-extern "C" __global__ void __launch_bounds__(THREADS)
-gemv_decode(const u16 *__restrict__ x,        // [K] bf16
-            const u16 *__restrict__ nw,       // norm weight: [K] (NORM 1), [GROUP] (NORM 2)
-            const u16 *__restrict__ gate,     // [K] (NORM 2: the sigmoid gate)
-            const unsigned char *__restrict__ w,  // [ROWS * PAIR, K] e4m3
-            const float *__restrict__ s,      // [ceil(rows/128), KB] (SCALE 1) or [rows] (SCALE 2)
-            void *out,                        // [ROWS] bf16 (fp32 with OUT_F32)
-            const u16 *residual,              // [ROWS] (EPI 1; may be out itself)
-            const u16 *__restrict__ addend,   // [ROWS] (EPI 1 with ADD)
-            u16 *__restrict__ xn_out,         // [K] (WRITE_XN)
-            int *__restrict__ count,          // launch counter
-            float eps, float limit) {
-    extern __shared__ __align__(16) float xs[];  // [K] the prologue's x, fp32
-    __shared__ float partial[WARPS];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int first = blockIdx.x * WARPS + warp, stride = gridDim.x * WARPS;
-
-    Task a;
-#if BUFFERS == 2
-    Task b;
-#endif
-    if (first < TASKS) load_task(a, first, w, s, lane);
-    // weights and scales do not depend on the previous kernel; everything below does
-    asm volatile("griddepcontrol.launch_dependents;");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
-
-    // ---- prologue: x into shared memory, once per block
 #if NORM == 1
     float ss = 0.0f;
-    for (int k = threadIdx.x; k < K; k += THREADS) {
-        const float v = bf16_to_float(x[k]);
-        xs[k] = v;
-        ss = fmaf(v, v, ss);
+#pragma unroll
+    for (int p = 0; p < PIECES; ++p) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const u32 xq = word(xv[p], q);
+            const float lo = bf16_to_float(xq & 0xFFFFu), hi = bf16_to_float(xq >> 16);
+            ss = fmaf(lo, lo, ss);
+            ss = fmaf(hi, hi, ss);
+        }
     }
     ss = warp_sum(ss);
-    if (lane == 0) partial[warp] = ss;
+    if ((tid & 31) == 0) sm.red[tid >> 5] = ss;
     __syncthreads();
     ss = 0.0f;
 #pragma unroll
-    for (int i = 0; i < WARPS; ++i) ss += partial[i];
+    for (int i = 0; i < WARPS; ++i) ss += sm.red[i];
     const float rstd = __frcp_rn(__fsqrt_rn(__fdiv_rn(ss, (float)K) + eps));
-    for (int k = threadIdx.x; k < K; k += THREADS) {
-        const float v = round_bf16(round_bf16(xs[k] * rstd) * bf16_to_float(nw[k]));
-        xs[k] = v;
-#if WRITE_XN
-        if (blockIdx.x == 0) xn_out[k] = to_bf16(v);
 #endif
-    }
-#elif NORM == 2
-    // groups of GROUP columns, 16 per thread: a group spans GROUP / 16 consecutive lanes
-    for (int base = threadIdx.x * 16; base - threadIdx.x * 16 < K; base += THREADS * 16) {
-        float v[16];
-        float sq = 0.0f;
-        const bool ok = base < K;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            v[j] = ok ? bf16_to_float(x[base + j]) : 0.0f;
-            sq = fmaf(v[j], v[j], sq);
+    for (int p = 0; p < PIECES; ++p) {
+        const int i = p * THREADS + tid;
+        float v[8];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            v[2 * q] = bf16_to_float(word(xv[p], q) & 0xFFFFu);
+            v[2 * q + 1] = bf16_to_float(word(xv[p], q) >> 16);
         }
+#if NORM == 1
 #pragma unroll
-        for (int o = 1; o < GROUP / 16; o <<= 1) sq += __shfl_xor_sync(0xFFFFFFFFu, sq, o);
+        for (int q = 0; q < 4; ++q) {
+            const u32 nq = word(nv[p], q);
+            v[2 * q] = round_bf16(round_bf16(v[2 * q] * rstd) * bf16_to_float(nq & 0xFFFFu));
+            v[2 * q + 1] = round_bf16(round_bf16(v[2 * q + 1] * rstd) * bf16_to_float(nq >> 16));
+        }
+#elif NORM == 2
+        // a group of GROUP columns is GROUP / 8 consecutive pieces: consecutive lanes of one warp
+        float sq = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sq = fmaf(v[j], v[j], sq);
+#pragma unroll
+        for (int o = 1; o < GROUP / 8; o <<= 1) sq += __shfl_xor_sync(0xFFFFFFFFu, sq, o);
         const float r = __frcp_rn(__fsqrt_rn(__fdiv_rn(sq, (float)GROUP) + eps));
-        if (ok) {
 #pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                const float g = bf16_to_float(gate[base + j]);
+        for (int q = 0; q < 4; ++q) {
+            const u32 gq = word(gv[p], q), nq = word(nv[p], q);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float g = bf16_to_float(h ? gq >> 16 : gq & 0xFFFFu);
+                const float wn = bf16_to_float(h ? nq >> 16 : nq & 0xFFFFu);
                 const float sig = 1.0f / (1.0f + __expf(-g));
-                const float y = round_bf16(bf16_to_float(nw[(base + j) % GROUP]) * (v[j] * r) * sig);
-                xs[base + j] = y;
+                v[2 * q + h] = round_bf16(wn * (v[2 * q + h] * r) * sig);
+            }
+        }
+#endif
+        if (i < K / 8) {
+            uint4 packed;
+            packed.x = f16x2(v[0], v[1]);
+            packed.y = f16x2(v[2], v[3]);
+            packed.z = f16x2(v[4], v[5]);
+            packed.w = f16x2(v[6], v[7]);
+            *reinterpret_cast<uint4 *>(sm.xh + i * 4) = packed;
 #if WRITE_XN
-                if (blockIdx.x == 0) xn_out[base + j] = to_bf16(y);
+            if (blockIdx.x == 0) {
+                uint4 b;
+                b.x = (__float_as_uint(v[0]) >> 16) | (__float_as_uint(v[1]) & 0xFFFF0000u);
+                b.y = (__float_as_uint(v[2]) >> 16) | (__float_as_uint(v[3]) & 0xFFFF0000u);
+                b.z = (__float_as_uint(v[4]) >> 16) | (__float_as_uint(v[5]) & 0xFFFF0000u);
+                b.w = (__float_as_uint(v[6]) >> 16) | (__float_as_uint(v[7]) & 0xFFFF0000u);
+                *reinterpret_cast<uint4 *>(xn_out + i * 8) = b;
+            }
+#endif
+        }
+    }
+    __syncthreads();
+}
+
+// The weights of (task, warp step s): row g (and its up row) at columns 64 * (warp's first step + s) + 16 t.
+__device__ __forceinline__ void issue(uint4 &gate_v, uint4 &up_v, const unsigned char *__restrict__ w, int task,
+                                      int s, int warp, int lane) {
+    const int row = task * 8 + (lane >> 2);
+    const int col = (warp * SPW + s) * 64 + (lane & 3) * 16;
+    const bool ok = row < ROWS;
+    gate_v = ok ? ld_stream(w + (size_t)row * K + col) : uint4{0u, 0u, 0u, 0u};
+#if SWIGLU
+    up_v = ok ? ld_stream(w + (size_t)(row + ROWS) * K + col) : uint4{0u, 0u, 0u, 0u};
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+gemv_decode(const u16 *__restrict__ x,            // [K] bf16
+            const u16 *__restrict__ nw,           // norm weight: [K] (NORM 1), [GROUP] (NORM 2)
+            const u16 *__restrict__ gate,         // [K] (NORM 2: the sigmoid gate)
+            const unsigned char *__restrict__ w,  // [ROWS * (1 + SWIGLU), K] e4m3
+            const float *__restrict__ s,          // [ceil(rows / 128), KB] (SCALE 1) or [rows] (SCALE 2)
+            void *out,                            // [ROWS] bf16 (fp32 with OUT_F32)
+            const u16 *residual,                  // [ROWS] (EPI 1; may be out itself)
+            const u16 *__restrict__ addend,       // [ROWS] (EPI 1 with ADD)
+            u16 *__restrict__ xn_out,             // [K] (WRITE_XN)
+            int *__restrict__ count,              // launch counter
+            float eps, float limit) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Shared &sm = *reinterpret_cast<Shared *>(smem_raw);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+
+    uint4 ring[PF], ring_up[PF];
+    int task = blockIdx.x;
+#pragma unroll
+    for (int s0 = 0; s0 < PF; ++s0)
+        if (task < TASKS) issue(ring[s0], ring_up[s0], w, task, s0, warp, lane);
+    // the weights do not depend on the previous kernel; everything below does
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
+    prologue(sm, x, nw, gate, xn_out, eps);
+
+    for (int parity = 0; task < TASKS; task += gridDim.x, parity ^= 1) {
+        const int next = task + gridDim.x;
+        if (next >= TASKS) asm volatile("griddepcontrol.launch_dependents;");  // this block's last task
+        float acc = 0.0f, acc_up = 0.0f;
+#pragma unroll
+        for (int st = 0; st < SPW; ++st) {
+            const uint4 v = ring[st % PF];
+#if SWIGLU
+            const uint4 vu = ring_up[st % PF];
+#endif
+            // keep PF loads in flight: this task's step st + PF, else the next task's first steps
+            if (st + PF < SPW)
+                issue(ring[st % PF], ring_up[st % PF], w, task, st + PF, warp, lane);
+            else if (next < TASKS)
+                issue(ring[st % PF], ring_up[st % PF], w, next, st + PF - SPW, warp, lane);
+            const int col = (warp * SPW + st) * 64 + t * 16;
+            const uint4 xa = *reinterpret_cast<const uint4 *>(sm.xh + col / 2);
+            const uint4 xb = *reinterpret_cast<const uint4 *>(sm.xh + col / 2 + 4);
+            const u32 xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+            const u32 wv[4] = {v.x, v.y, v.z, v.w};
+#if SWIGLU
+            const u32 uv[4] = {vu.x, vu.y, vu.z, vu.w};
+#endif
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const u32 a0 = e4m3x2_to_f16x2(wv[j]), a2 = e4m3x2_to_f16x2(wv[j] >> 16);
+#if SWIGLU
+                const u32 a1 = e4m3x2_to_f16x2(uv[j]), a3 = e4m3x2_to_f16x2(uv[j] >> 16);
+#else
+                const u32 a1 = 0u, a3 = 0u;
+#endif
+                mma(j & 1 ? d : c, a0, a1, a2, a3, xw[2 * j], xw[2 * j + 1]);
+            }
+#if SCALE == 1
+            const int row = task * 8 + g;
+            const int kb = ((warp * SPW + st) * 64) / 128;
+            const float sg = row < ROWS ? __ldg(s + (row / 128) * KB + kb) : 0.0f;
+            acc = fmaf(c[0] + d[0], sg, acc);
+#if SWIGLU
+            const float su = row < ROWS ? __ldg(s + ((row + ROWS) / 128) * KB + kb) : 0.0f;
+            acc_up = fmaf(c[2] + d[2], su, acc_up);
+#endif
+#else
+            acc += c[0] + d[0];
+#if SWIGLU
+            acc_up += c[2] + d[2];
+#endif
+#endif
+        }
+        // the K slices of the block's warps, summed in warp order; lanes t == 0 hold rows g
+        if (t == 0) {
+            sm.part[parity][warp][0][g] = acc;
+            sm.part[parity][warp][1][g] = acc_up;
+        }
+        __syncthreads();
+        if (warp == 0 && lane < 8) {
+            const int row = task * 8 + lane;
+            float y = 0.0f, u = 0.0f;
+#pragma unroll
+            for (int i = 0; i < WARPS; ++i) {
+                y += sm.part[parity][i][0][lane];
+                u += sm.part[parity][i][1][lane];
+            }
+            if (row < ROWS) {
+#if SCALE == 2
+                y *= __ldg(s + row);
+#if SWIGLU
+                u *= __ldg(s + row + ROWS);
+#endif
+#endif
+#if SWIGLU
+                float act = y / (1.0f + __expf(-y));
+#if HAS_LIMIT
+                act = fminf(act, limit);
+                u = fminf(fmaxf(u, -limit), limit);
+#endif
+                reinterpret_cast<u16 *>(out)[row] = to_bf16(act * u);
+#elif EPI == 1
+                // the reference adds in the stream's dtype: the projection's output is rounded first
+                float o = bf16_to_float(residual[row]) + round_bf16(y);
+#if ADD
+                o += bf16_to_float(addend[row]);
+#endif
+                reinterpret_cast<u16 *>(out)[row] = to_bf16(o);
+#elif OUT_F32
+                reinterpret_cast<float *>(out)[row] = y;
+#else
+                reinterpret_cast<u16 *>(out)[row] = to_bf16(y);
 #endif
             }
         }
     }
-#else
-    for (int k = threadIdx.x; k < K; k += THREADS) {
-        const float v = bf16_to_float(x[k]);
-        xs[k] = v;
-#if WRITE_XN
-        if (blockIdx.x == 0) xn_out[k] = x[k];
-#endif
-    }
-#endif
-    __syncthreads();
-
-    // ---- weight rows: a task's products, reduced over the warp; lane p finishes row p
-#if BUFFERS == 2
-    for (int t = first; t < TASKS; t += 2 * stride) {
-        if (t + stride < TASKS) load_task(b, t + stride, w, s, lane);
-        finish_task(a, t, xs, s, out, residual, addend, lane, limit);
-        if (t + stride >= TASKS) break;
-        if (t + 2 * stride < TASKS) load_task(a, t + 2 * stride, w, s, lane);
-        finish_task(b, t + stride, xs, s, out, residual, addend, lane, limit);
-    }
-#else
-    for (int t = first; t < TASKS; t += stride) {
-        if (t != first) load_task(a, t, w, s, lane);
-        finish_task(a, t, xs, s, out, residual, addend, lane, limit);
-    }
-#endif
 }

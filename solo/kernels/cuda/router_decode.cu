@@ -23,15 +23,18 @@ typedef unsigned short u16;
 #define NCH ((H * 2 + 511) / 512)  // 16-byte loads per lane per expert row (bf16)
 #define EPL (E / 32)                // experts per lane in the selection
 #define GSIZE (E / GROUPS)
+#define PIECES ((H / 8 + THREADS - 1) / THREADS)  // 8-element pieces of x per thread
 #define NEG_INF __int_as_float(0xff800000)
 
-__device__ __forceinline__ float bf16_to_float(u16 b) { return __uint_as_float((u32)b << 16); }
+__device__ __forceinline__ float bf16_to_float(u32 b) { return __uint_as_float(b << 16); }
 
 __device__ __forceinline__ float round_bf16(float f) {
     u32 b = __float_as_uint(f);
     b = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
     return __uint_as_float(b);
 }
+
+__device__ __forceinline__ u32 word(const uint4 &v, int q) { return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w; }
 
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     uint4 v;
@@ -82,15 +85,28 @@ router_decode(const u16 *__restrict__ x,       // [H] bf16 residual stream
             row[j][c] = col < H ? ld_stream(reinterpret_cast<const uint4 *>(w + (size_t)(e0 + j) * H + col))
                                 : uint4{0u, 0u, 0u, 0u};
         }
-    asm volatile("griddepcontrol.launch_dependents;");
+    // the weights do not depend on the previous kernel; everything below does
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
 
+    // x and the norm weight, every load issued before the first is used
+    uint4 xv[PIECES], nv[PIECES];
+#pragma unroll
+    for (int p = 0; p < PIECES; ++p) {
+        const int i = p * THREADS + threadIdx.x;
+        xv[p] = i < H / 8 ? *reinterpret_cast<const uint4 *>(x + i * 8) : uint4{0u, 0u, 0u, 0u};
+        nv[p] = i < H / 8 ? *reinterpret_cast<const uint4 *>(nw + i * 8) : uint4{0u, 0u, 0u, 0u};
+    }
     float ss = 0.0f;
-    for (int k = threadIdx.x; k < H; k += THREADS) {
-        const float v = bf16_to_float(x[k]);
-        xs[k] = v;
-        ss = fmaf(v, v, ss);
+#pragma unroll
+    for (int p = 0; p < PIECES; ++p) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 xq = word(xv[p], j);
+            const float lo = bf16_to_float(xq & 0xFFFFu), hi = bf16_to_float(xq >> 16);
+            ss = fmaf(lo, lo, ss);
+            ss = fmaf(hi, hi, ss);
+        }
     }
     ss = warp_sum(ss);
     if (lane == 0) partial[warp] = ss;
@@ -99,10 +115,21 @@ router_decode(const u16 *__restrict__ x,       // [H] bf16 residual stream
 #pragma unroll
     for (int i = 0; i < WARPS; ++i) ss += partial[i];
     const float rstd = __frcp_rn(__fsqrt_rn(__fdiv_rn(ss, (float)H) + eps));
-    for (int k = threadIdx.x; k < H; k += THREADS) {
-        const float v = round_bf16(round_bf16(xs[k] * rstd) * bf16_to_float(nw[k]));
-        xs[k] = v;
-        if (blockIdx.x == 0) xn[k] = (u16)(__float_as_uint(v) >> 16);
+#pragma unroll
+    for (int p = 0; p < PIECES; ++p) {
+        const int i = p * THREADS + threadIdx.x;
+        if (i >= H / 8) continue;
+        u32 out[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 xq = word(xv[p], j), nq = word(nv[p], j);
+            const float lo = round_bf16(round_bf16(bf16_to_float(xq & 0xFFFFu) * rstd) * bf16_to_float(nq & 0xFFFFu));
+            const float hi = round_bf16(round_bf16(bf16_to_float(xq >> 16) * rstd) * bf16_to_float(nq >> 16));
+            xs[i * 8 + 2 * j] = lo;
+            xs[i * 8 + 2 * j + 1] = hi;
+            out[j] = (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xFFFF0000u);
+        }
+        if (blockIdx.x == 0) *reinterpret_cast<uint4 *>(xn + i * 8) = uint4{out[0], out[1], out[2], out[3]};
     }
     __syncthreads();
 
@@ -129,7 +156,8 @@ router_decode(const u16 *__restrict__ x,       // [H] bf16 residual stream
         }
     }
 
-    // ---- the last block to arrive selects
+    // ---- the last block to arrive selects; the next kernel may launch now
+    asm volatile("griddepcontrol.launch_dependents;");
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
