@@ -31,6 +31,10 @@ def setup():
     options = FastPathOptions(moe_backend="cuda", lm_head="fp8", block_fp8="on", decode_step="fused")
     fused = accelerate(load_random_model(config, "cuda", torch.bfloat16, seed), options)
     assert fused.decode_step is not None
+    from solo.kernels.cuda_step import cuda_step_unavailable
+
+    if cuda_step_unavailable("cuda") is None:  # Hopper: the one-token projections and routers run on CUDA
+        assert fused.decode_step.kernels == "cuda" and not fused.decode_step.kernels_note
     return config, seed, fused
 
 
@@ -80,6 +84,9 @@ def test_every_fused_layer_matches_its_reference_layer(setup):
                     worst[key] = max(worst.get(key, 0.0), rel(got_h, want_h))
     print("\nworst rel. err per layer kind: " + ", ".join(f"{k} {v:.1e}" for k, v in sorted(worst.items())))
     assert max(worst.values()) < 2e-2, worst
+    launched = step.launches()
+    for family in step.families_per_step() - {"rmsnorm"}:  # (the final norm is not part of a layer)
+        assert launched[family] > 0, (family, launched)
 
 
 @pytest.mark.parametrize("tokens", [1, 4])

@@ -303,9 +303,9 @@ class FusedDecodeStep:
             self.nextn_module: NextNLayer = nextn
         self.kernels, self.kernels_note = "triton", "step kernels triton requested" if kernels == "triton" else ""
         if kernels != "triton":
-            reason = self._use_cuda_kernels()
+            reason = self._use_cuda_kernels(strict=kernels == "cuda")
             if reason is not None and kernels == "cuda":
-                raise StepKernelsUnavailable(f"--step-kernels cuda: {reason}. Use --step-kernels triton.")
+                raise StepKernelsUnavailable(f"--step-kernels cuda: {reason}.")
             self.kernels_note = reason or ""
 
     def _slots(self) -> list[tuple[Any, str]]:
@@ -324,15 +324,16 @@ class FusedDecodeStep:
             slots.append((self, "eh_proj"))
         return slots
 
-    def _use_cuda_kernels(self) -> str | None:
-        """Put every one-token projection and router on the CUDA kernels; None, or why they cannot run
-        (then nothing is changed: the step is all CUDA or all Triton, never a silent mix)."""
+    def _use_cuda_kernels(self, strict: bool) -> str | None:
+        """Put the one-token projections and routers on the CUDA kernels. Returns None when all went, else
+        what stayed on Triton and why: with `strict` nothing is changed then; otherwise the ones that can
+        run go, and the note names the rest (the launch counters show both families)."""
         from solo.kernels.cuda_step import CudaGemv, CudaRouter, cuda_step_unavailable
 
         reason = cuda_step_unavailable(self.model.device)
         if reason is not None:
-            return reason
-        swaps = []
+            return f"{reason}. Use --step-kernels triton" if strict else reason
+        swaps, refused = [], []
         for owner, attr in self._slots():
             kernel = getattr(owner, attr)
             try:
@@ -341,11 +342,28 @@ class FusedDecodeStep:
                 else:
                     swaps.append((owner, attr, CudaGemv(kernel, self.counter("cuda_gemv"))))
             except ValueError as exc:
-                return str(exc)
+                refused.append(str(exc))
+        if refused and strict:
+            more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+            return f"{refused[0]}{more}. Load with --block-fp8 on, or use --step-kernels auto or triton"
         for owner, attr, kernel in swaps:
             setattr(owner, attr, kernel)
-        self.kernels = "cuda"
+        if swaps:
+            self.kernels = "cuda"
+        if refused:
+            return f"{len(refused)} of {len(refused) + len(swaps)} one-token kernels stay on Triton: {refused[0]}"
         return None
+
+    def _triton_one_token(self) -> set[str]:
+        """The Triton families one-token calls still launch (none when every slot runs on CUDA)."""
+        left = set()
+        for owner, attr in self._slots():
+            kernel = getattr(owner, attr)
+            if isinstance(kernel, FusedRouter):
+                left.add("router")
+            elif isinstance(kernel, FusedGemv):
+                left.add("gemv")
+        return left
 
     def counter(self, family: str, n: int = 1) -> torch.Tensor:
         """The device counter of a kernel family (a view into `launch_counts`; n consecutive ones)."""
@@ -358,13 +376,21 @@ class FusedDecodeStep:
 
     def families_per_step(self) -> set[str]:
         """The kernel families one decode step launches (the start-up check expects each to run)."""
-        cuda = self.kernels == "cuda"
-        families = {"cuda_gemv" if cuda else "gemv", "rmsnorm"}
+        triton = self._triton_one_token()
+        families = {"rmsnorm"} | ({"gemv"} & triton)
         for layer in self.layers:
             kda = isinstance(layer.attention, _KDAAttention)
             families |= {"kda"} if kda else {"mla_prep", "mla_attend", "mla_combine"}
-            if isinstance(layer.mlp, _MoE):
-                families.add("cuda_router" if cuda else "router")
+        families |= {
+            ("router" if isinstance(owner, _MoE) and isinstance(getattr(owner, attr), FusedRouter) else "cuda_router")
+            for owner, attr in self._slots()
+            if attr == "router"
+        }
+        if self.kernels == "cuda" and any(
+            not isinstance(getattr(owner, attr), (FusedGemv, FusedRouter)) and attr != "router"
+            for owner, attr in self._slots()
+        ):
+            families.add("cuda_gemv")
         return families
 
     def serves(self, tokens: int) -> bool:
