@@ -34,7 +34,7 @@ import torch
 ACCEPT_LENGTHS = (2.68, 3.90)  # the seed's GSM8K and synthetic accept lengths
 COMPONENTS = (  # kernel name patterns -> component (first match wins)
     ("experts", r"moe_decode|gemv_gate_up|gemv_down|grouped|humming|expert"),
-    ("router", r"_router|topk|sort|radix"),
+    ("router", r"_router|router_decode|topk|sort|radix"),
     ("kda", r"_kda|kda_"),
     ("mla", r"_mla"),
     ("norms", r"rmsnorm|_norm"),

@@ -63,10 +63,10 @@ class GemvLaunch:
 
 
 def choose_launch(rows: int, k: int, swiglu: bool) -> GemvLaunch:
-    """8 warps where their K slices stay at least 5 steps of 64 columns, else 4."""
-    steps = k // 64
-    warps = 8 if steps % 8 == 0 and steps // 8 >= 5 else 4
-    return GemvLaunch(warps=warps)
+    """Measured on the H200 (dev/step_kernels_probe.py, docs/performance.md): many rows (q|k|v|f|g|b,
+    MLA q|kv_a|g, dense gate_up: thousands of 8-row tasks) run best as many small blocks of 4 warps;
+    a few hundred tasks (2,560 output rows) as blocks of up to 16 warps that split K finely."""
+    return GemvLaunch(warps=4 if rows >= 4096 else 16)
 
 
 def warps_for(k: int, wanted: int) -> int:

@@ -58,6 +58,20 @@ __device__ __forceinline__ uint4 ld_stream(const void *p) {
 
 __device__ __forceinline__ uint4 ld_vec(const void *p) { return *reinterpret_cast<const uint4 *>(p); }
 
+// Activations (written by the kernels before this one) bypass L1: under programmatic dependent launch
+// this kernel starts before its producer ends, so a read-only or L1 path could serve stale lines.
+__device__ __forceinline__ uint4 ld_fresh(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ u32 ld_fresh_u16(const u16 *p) {
+    unsigned short v;
+    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
 // word q of a uint4 (q a compile-time constant after unrolling: no local-memory indexing)
 __device__ __forceinline__ u32 word(const uint4 &v, int q) { return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w; }
 
@@ -108,11 +122,11 @@ __device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, 
     for (int p = 0; p < PIECES; ++p) {
         const int i = p * THREADS + tid;
         const bool ok = i < K / 8;
-        xv[p] = ok ? ld_vec(x + i * 8) : uint4{0u, 0u, 0u, 0u};
+        xv[p] = ok ? ld_fresh(x + i * 8) : uint4{0u, 0u, 0u, 0u};
 #if NORM == 1
         nv[p] = ok ? ld_vec(nw + i * 8) : uint4{0u, 0u, 0u, 0u};
 #elif NORM == 2
-        gv[p] = ok ? ld_vec(gate + i * 8) : uint4{0u, 0u, 0u, 0u};
+        gv[p] = ok ? ld_fresh(gate + i * 8) : uint4{0u, 0u, 0u, 0u};
         nv[p] = ok ? ld_vec(nw + (i * 8) % GROUP) : uint4{0u, 0u, 0u, 0u};
 #endif
     }
@@ -313,9 +327,9 @@ gemv_decode(const u16 *__restrict__ x,            // [K] bf16
                 reinterpret_cast<u16 *>(out)[row] = to_bf16(act * u);
 #elif EPI == 1
                 // the reference adds in the stream's dtype: the projection's output is rounded first
-                float o = bf16_to_float(residual[row]) + round_bf16(y);
+                float o = bf16_to_float(ld_fresh_u16(residual + row)) + round_bf16(y);
 #if ADD
-                o += bf16_to_float(addend[row]);
+                o += bf16_to_float(ld_fresh_u16(addend + row));
 #endif
                 reinterpret_cast<u16 *>(out)[row] = to_bf16(o);
 #elif OUT_F32

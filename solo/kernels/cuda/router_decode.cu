@@ -44,6 +44,13 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     return v;
 }
 
+// x bypasses L1: under programmatic dependent launch this kernel starts before its producer ends
+__device__ __forceinline__ uint4 ld_fresh(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
 __device__ __forceinline__ float dot2(u32 w, float a, float b, float acc) {
     acc = fmaf(__uint_as_float(w << 16), a, acc);
     return fmaf(__uint_as_float(w & 0xFFFF0000u), b, acc);
@@ -94,7 +101,7 @@ router_decode(const u16 *__restrict__ x,       // [H] bf16 residual stream
 #pragma unroll
     for (int p = 0; p < PIECES; ++p) {
         const int i = p * THREADS + threadIdx.x;
-        xv[p] = i < H / 8 ? *reinterpret_cast<const uint4 *>(x + i * 8) : uint4{0u, 0u, 0u, 0u};
+        xv[p] = i < H / 8 ? ld_fresh(x + i * 8) : uint4{0u, 0u, 0u, 0u};
         nv[p] = i < H / 8 ? *reinterpret_cast<const uint4 *>(nw + i * 8) : uint4{0u, 0u, 0u, 0u};
     }
     float ss = 0.0f;
