@@ -89,12 +89,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--pdl",
-        choices=("off", "on"),
-        default="off",
+        choices=("auto", "off", "on"),
+        default="auto",
         action=OnceOnly,
-        help="programmatic dependent launch between the fused decode step's kernels (Hopper or later): each "
-        "kernel is launched while the previous one finishes, hiding launch latency; needs the fused step "
-        "(default off; compare with `solo bench decode --configs cuda:fp8:fused,cuda:fp8:fused+pdl`)",
+        help="programmatic dependent launch between the fused decode step's one-token kernels (Hopper or "
+        "later): each kernel is launched while the previous one finishes and loads its weights before "
+        "waiting for it; on needs the fused step; auto (default): on with the CUDA step kernels on Hopper "
+        "(compare with `solo bench decode --configs cuda:fp8:fused+cuda,cuda:fp8:fused+cuda+pdl`)",
     )
     p.add_argument(
         "--step-kernels",
@@ -242,7 +243,7 @@ def load_options(args: argparse.Namespace) -> dict:
         lm_head=args.lm_head,
         block_fp8=args.block_fp8,
         decode_step=args.decode_step,
-        pdl=args.pdl == "on",
+        pdl={"on": True, "off": False}.get(args.pdl),
         step_kernels=args.step_kernels,
         verify_tokens=args.speculative_num_draft_tokens,
         speculative=speculative_config(args),

@@ -28,7 +28,7 @@ def setup():
 
     config = synthetic_config(num_layers=6, num_experts=64, vocab_size=VOCAB)
     seed = int(torch.randint(0, 10_000, ()))
-    options = FastPathOptions(moe_backend="cuda", lm_head="fp8", block_fp8="on", decode_step="fused")
+    options = FastPathOptions(moe_backend="cuda", lm_head="fp8", block_fp8="on", decode_step="fused", pdl=False)
     fused = accelerate(load_random_model(config, "cuda", torch.bfloat16, seed), options)
     assert fused.decode_step is not None
     from solo.kernels.cuda_step import cuda_step_unavailable

@@ -92,3 +92,18 @@ def test_a_weight_prefetch_that_cannot_run_is_refused_naming_why(monkeypatch):
             launch=LaunchPolicy(prefetch=True),
         )
     assert LaunchPolicy(pdl=True).prefetch and not LaunchPolicy(pdl=True, prefetch=False).prefetch
+
+
+def test_pdl_for_one_token_calls_only():
+    """The decode step's policy: one-token calls launch with PDL, calls of several tokens plainly, and
+    the evidence the start-up check reads covers the launches PDL applies to."""
+    policy = LaunchPolicy(True, prefetch=False, one_token_only=True)
+    assert policy.at(1) is policy and policy.at(1).options == {"launch_pdl": True}
+    several = policy.at(4)
+    assert several.pdl is False and several.options == {} and several.prefetch is False
+    assert policy.at(4) is several  # one plain view, reused
+    several.record("gemv", None)
+    assert policy.families_with_pdl() == {}
+    everywhere = LaunchPolicy(True, prefetch=False)
+    assert everywhere.at(4) is everywhere
+    assert LaunchPolicy().at(1).pdl is False

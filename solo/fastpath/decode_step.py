@@ -267,7 +267,8 @@ class _Layer:
 class FusedDecodeStep:
     """Decode and verification forwards (a few tokens) of `model` on the fused kernels; see the module
     docstring. `token_counts`: the token counts it serves (others go to the reference layers). `pdl`:
-    launch its kernels with programmatic dependent launch (solo.kernels.pdl; sm_90+). `kernels`:
+    launch its one-token calls' kernels with programmatic dependent launch (solo.kernels.pdl; sm_90+;
+    verification's kernels launch plainly, which measured faster for them). `kernels`:
     "cuda" runs the one-token projections and routers on solo.kernels.cuda_step's CUDA kernels (the
     Triton ones keep verification), "triton" all on Triton, "auto" CUDA where every one of them can
     run (Hopper, NVRTC, FP8 projections), else Triton with the reason in `kernels_note`."""
@@ -284,7 +285,7 @@ class FusedDecodeStep:
             raise ValueError(f"unknown step kernels {kernels!r}; choose one of {', '.join(STEP_KERNELS)}")
         if pdl and (reason := pdl_unavailable(model.device)) is not None:
             raise PDLUnavailable(f"--pdl on: {reason}. Use --pdl off.")
-        self.launch = LaunchPolicy(pdl)
+        self.launch = LaunchPolicy(pdl, one_token_only=True)
         self.model = model
         self.config = model.config
         self.token_counts = frozenset(token_counts)

@@ -446,6 +446,7 @@ class FusedGemv:
         grid = (triton.cdiv(self.rows, cfg.block_n), cfg.split_k)
         part, cnt = self._scratch_for(t, cfg, grid[0], block_t)
         dummy = out
+        launch = self.launch.at(t)
         compiled = _fused_gemv[grid](
             x,
             x.stride(0),
@@ -483,12 +484,12 @@ class FusedGemv:
             WRITE_XN=xn_out is not None,
             K_POW2=triton.next_power_of_2(self.k),
             DOT=cfg.dot,
-            PDL=self.launch.pdl,
+            PDL=launch.pdl,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
-            **self.launch.options,
+            **launch.options,
         )
-        self.launch.record("gemv", compiled)
+        launch.record("gemv", compiled)
         return out
 
     def _scratch_for(self, tokens: int, cfg: GemvConfig, programs: int, block_t: int):

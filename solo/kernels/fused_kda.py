@@ -190,6 +190,7 @@ def kda_decode(
     [T, H, d, d] and history_window [3D, 3 + T], what rollback needs is stored too. `sync`: an int32
     buffer of (at least) one counter per head, zero between calls (the kernel leaves it so)."""
     t = proj.shape[0]
+    launch = launch.at(t)
     heads, dk, dv = state.shape
     if not 1 <= t <= MAX_TOKENS:
         raise ValueError(f"the fused KDA kernel takes 1..{MAX_TOKENS} tokens, got {t}")

@@ -329,7 +329,7 @@ class FusedMLA:
         q, part, ml = self._buffers(t, proj.device)
         block_m = part.shape[1]
         splits = self.rank // self.RANK_BLOCK
-        launch = self.launch
+        launch = self.launch.at(t)
         compiled = _mla_prep[(self.heads * splits + 1,)](
             proj,
             proj.stride(0),

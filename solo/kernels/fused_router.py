@@ -240,6 +240,7 @@ class FusedRouter:
         xn = torch.empty((t, self.hidden), dtype=torch.bfloat16, device=x.device)
         ids = torch.empty((t, self.top_k), dtype=torch.int32, device=x.device)
         wts = torch.empty((t, self.top_k), dtype=torch.float32, device=x.device)
+        launch = self.launch.at(t)
         compiled = _router[(self.num_experts // self.BLOCK_E,)](
             x,
             x.stride(0),
@@ -266,13 +267,13 @@ class FusedRouter:
             BLOCK_K=self.block_k,
             HID_POW2=triton.next_power_of_2(self.hidden),
             SELECT=self._selects_in_launch(t),
-            PDL=self.launch.pdl,
-            PREFETCH=32 * self.WARPS if self.launch.prefetch else 0,
+            PDL=launch.pdl,
+            PREFETCH=32 * self.WARPS if launch.prefetch else 0,
             UNROLL=self.unroll,
             num_warps=self.WARPS,
-            **self.launch.options,
+            **launch.options,
         )
-        self.launch.record("router", compiled)
+        launch.record("router", compiled)
         if not self._selects_in_launch(t):
             compiled = _router_select[(t,)](
                 scores,
@@ -286,11 +287,11 @@ class FusedRouter:
                 KEEP_GROUPS=self.topk_group,
                 TOPK=self.top_k,
                 RENORM=self.renormalize,
-                PDL=self.launch.pdl,
+                PDL=launch.pdl,
                 num_warps=1,
-                **self.launch.options,
+                **launch.options,
             )
-            self.launch.record("router_select", compiled)
+            launch.record("router_select", compiled)
         return xn, ids, wts
 
 
@@ -316,6 +317,7 @@ def rmsnorm(
     """RMSNorm of each row of x [T, K] (bf16), rounded like solo.model.layers.RMSNorm."""
     out = torch.empty_like(x)
     k = x.shape[1]
+    launch = launch.at(x.shape[0])
     compiled = _rmsnorm[(x.shape[0],)](
         x,
         x.stride(0),

@@ -55,17 +55,29 @@ def launch_options(pdl: bool) -> dict[str, bool]:
 
 
 class LaunchPolicy:
-    """How one fused decode step launches its Triton kernels (with PDL or not), and what its launches
-    reported: the compiled kernel's own `launch_pdl` flag per kernel family, which is how the start-up
-    check proves PDL was really on (asked for is not the same as launched with)."""
+    """How one fused decode step launches its kernels (with PDL or not), and what its launches
+    reported: the kernel's own `launch_pdl` flag per kernel family, which is how the start-up check
+    proves PDL was really on (asked for is not the same as launched with). `one_token_only`: PDL for
+    one-token calls (decode, NEXTN drafts) only; calls of several tokens (verification) launch plainly,
+    which measured faster for them on the H200 (docs/performance.md section 0)."""
 
-    def __init__(self, pdl: bool = False, prefetch: bool | None = None) -> None:
+    def __init__(self, pdl: bool = False, prefetch: bool | None = None, one_token_only: bool = False) -> None:
         self.pdl = pdl
         # the router's weight prefetch into the L2 before the wait (solo.kernels.prefetch): on with PDL
         # unless set
         self.prefetch = pdl if prefetch is None else prefetch
         self.options = launch_options(pdl)
+        self.one_token_only = one_token_only
         self.seen: dict[str, set[bool]] = {}
+        self._several: LaunchPolicy | None = None
+
+    def at(self, tokens: int) -> LaunchPolicy:
+        """The policy for a call of `tokens` tokens (itself, or plain launches where PDL is one-token only)."""
+        if not self.pdl or not self.one_token_only or tokens == 1:
+            return self
+        if self._several is None:
+            self._several = LaunchPolicy(False, False)
+        return self._several
 
     def record(self, family: str, compiled: object) -> None:
         """After a launch: `compiled` is what Triton's launch returned (None under the interpreter)."""
@@ -76,7 +88,7 @@ class LaunchPolicy:
         self.seen.setdefault(family, set()).add(bool(flag))
 
     def families_with_pdl(self) -> dict[str, bool]:
-        """family -> whether every launch of it so far was a PDL launch."""
+        """family -> whether every launch of it so far that PDL applies to was a PDL launch."""
         return {family: flags == {True} for family, flags in sorted(self.seen.items())}
 
 
