@@ -85,6 +85,7 @@ def test_preflight_all_active_on_gpu():
     # says OFF with the reason (a request for `fused` would be refused: tests/test_fused_step.py)
     decode_step = next(c for c in report.checks if c.name == "decode_step")
     assert statuses.pop("decode_step") == "OFF" and "kv_lora_rank" in decode_step.evidence["reason"]
+    assert statuses.pop("tensor_parallel") == "OFF"  # one process
     assert statuses == dict.fromkeys(
         ("moe_backend", "lm_head", "block_fp8", "draft_head", "mtp", "kernels", "cuda_graphs"), ACTIVE
     )
