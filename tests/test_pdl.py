@@ -107,3 +107,19 @@ def test_pdl_for_one_token_calls_only():
     everywhere = LaunchPolicy(True, prefetch=False)
     assert everywhere.at(4) is everywhere
     assert LaunchPolicy().at(1).pdl is False
+
+
+def test_cuda_sources_inline_the_headers_beside_them(tmp_path):
+    """NVRTC gets one text: `#include "X"` of a file beside the source is inlined (so the kernel cache key
+    covers the header), and a missing one is an error naming it."""
+    from pathlib import Path
+
+    from solo.kernels import cuda_step
+    from solo.kernels.cuda_runtime import expand_includes
+
+    for source in (cuda_step.GEMV_SOURCE, cuda_step.ROUTER_SOURCE):
+        text = expand_includes(source)
+        assert '#include "' not in text and "block_rstd" in text and 'extern "C"' in text
+    (tmp_path / "k.cu").write_text('#include "missing.cuh"\n')
+    with pytest.raises(RuntimeError, match="missing.cuh"):
+        expand_includes(Path(tmp_path / "k.cu"))

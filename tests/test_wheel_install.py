@@ -86,6 +86,9 @@ def test_the_wheel_carries_what_solo_reads_at_run_time(installed):
     names = set(zipfile.ZipFile(installed["wheel"]).namelist())
     for needed in (
         "solo/kernels/cuda/moe_decode.cu",
+        "solo/kernels/cuda/gemv_decode.cu",
+        "solo/kernels/cuda/router_decode.cu",
+        "solo/kernels/cuda/step_common.cuh",
         "solo/assets/gsm8k/test.jsonl.gz",
         "solo/assets/gsm8k/train.jsonl.gz",
         "solo/assets/gsm8k/LICENSE",

@@ -127,6 +127,23 @@ def compile_cubin(source: str, name: str, defines: dict[str, int | float], arch:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
+def expand_includes(source_path: Path) -> str:
+    """The source with each `#include "NAME"` of a file beside it inlined (one level; NVRTC is given no
+    include path, and the cache key then covers the headers' text too)."""
+    out = []
+    for line in source_path.read_text().splitlines(keepends=True):
+        name = line.strip().removeprefix("#include").strip()
+        if line.lstrip().startswith("#include") and name.startswith('"') and name.endswith('"'):
+            header = source_path.parent / name.strip('"')
+            if not header.is_file():
+                raise RuntimeError(f"{source_path.name} includes {name}, which is not beside it")
+            out.append(header.read_text())
+            out.append("\n")
+        else:
+            out.append(line)
+    return "".join(out)
+
+
 class _LaunchAttribute(ctypes.Structure):
     _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_int * 16)]
 
@@ -160,7 +177,7 @@ class CudaKernel:
         self.name = name
         major, minor = torch.cuda.get_device_capability(device)
         self.arch = f"sm_{major}{minor}"
-        source = source_path.read_text()
+        source = expand_includes(source_path)
         key = hashlib.sha256(
             repr((source, name, sorted(defines.items()), self.arch, nvrtc_version())).encode()
         ).hexdigest()[:24]

@@ -26,8 +26,7 @@
 // HAS_LIMIT)), OUT_F32 (EPI 0: fp32 output), WRITE_XN (block 0 writes the prologue's x as bf16),
 // WARPS (per block; divides K / 64), PF (loads in flight per lane; divides K / 64 / WARPS).
 
-typedef unsigned int u32;
-typedef unsigned short u16;
+#include "step_common.cuh"
 
 #define THREADS (WARPS * 32)
 #define NSTEP (K / 64)           // 64-column steps
@@ -37,43 +36,9 @@ typedef unsigned short u16;
 #define TASKS ((ROWS + 7) / 8)   // block tasks of 8 rows
 #define PIECES ((K / 8 + THREADS - 1) / THREADS)  // 8-element pieces of x per thread
 
-__device__ __forceinline__ float bf16_to_float(u32 b) { return __uint_as_float(b << 16); }
-
-// fp32 -> nearest bf16 (ties to even), kept in fp32: the reference's rounding
-__device__ __forceinline__ float round_bf16(float f) {
-    u32 b = __float_as_uint(f);
-    b = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
-    return __uint_as_float(b);
-}
-
 __device__ __forceinline__ u16 to_bf16(float f) { return (u16)(__float_as_uint(round_bf16(f)) >> 16); }
 
-__device__ __forceinline__ uint4 ld_stream(const void *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 __device__ __forceinline__ uint4 ld_vec(const void *p) { return *reinterpret_cast<const uint4 *>(p); }
-
-// Activations (written by the kernels before this one) bypass L1: under programmatic dependent launch
-// this kernel starts before its producer ends, so a read-only or L1 path could serve stale lines.
-__device__ __forceinline__ uint4 ld_fresh(const void *p) {
-    uint4 v;
-    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ u32 ld_fresh_u16(const u16 *p) {
-    unsigned short v;
-    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
-    return v;
-}
-
-// word q of a uint4 (q a compile-time constant after unrolling: no local-memory indexing)
-__device__ __forceinline__ u32 word(const uint4 &v, int q) { return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w; }
 
 // two e4m3 codes (low byte first) -> f16x2 (exact), low byte in the low half
 __device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 pair) {
@@ -94,12 +59,6 @@ __device__ __forceinline__ void mma(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u3
         "{%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    return v;
 }
 
 struct Shared {
@@ -131,24 +90,7 @@ __device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, 
 #endif
     }
 #if NORM == 1
-    float ss = 0.0f;
-#pragma unroll
-    for (int p = 0; p < PIECES; ++p) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const u32 xq = word(xv[p], q);
-            const float lo = bf16_to_float(xq & 0xFFFFu), hi = bf16_to_float(xq >> 16);
-            ss = fmaf(lo, lo, ss);
-            ss = fmaf(hi, hi, ss);
-        }
-    }
-    ss = warp_sum(ss);
-    if ((tid & 31) == 0) sm.red[tid >> 5] = ss;
-    __syncthreads();
-    ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < WARPS; ++i) ss += sm.red[i];
-    const float rstd = __frcp_rn(__fsqrt_rn(__fdiv_rn(ss, (float)K) + eps));
+    const float rstd = block_rstd<PIECES, WARPS>(xv, sm.red, K, eps);
 #endif
 #pragma unroll
     for (int p = 0; p < PIECES; ++p) {
@@ -162,9 +104,9 @@ __device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, 
 #if NORM == 1
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-            const u32 nq = word(nv[p], q);
-            v[2 * q] = round_bf16(round_bf16(v[2 * q] * rstd) * bf16_to_float(nq & 0xFFFFu));
-            v[2 * q + 1] = round_bf16(round_bf16(v[2 * q + 1] * rstd) * bf16_to_float(nq >> 16));
+            const u32 xq = word(xv[p], q), nq = word(nv[p], q);
+            v[2 * q] = rms_value(xq & 0xFFFFu, rstd, nq & 0xFFFFu);
+            v[2 * q + 1] = rms_value(xq >> 16, rstd, nq >> 16);
         }
 #elif NORM == 2
         // a group of GROUP columns is GROUP / 8 consecutive pieces: consecutive lanes of one warp
@@ -195,12 +137,8 @@ __device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, 
             *reinterpret_cast<uint4 *>(sm.xh + i * 4) = packed;
 #if WRITE_XN
             if (blockIdx.x == 0) {
-                uint4 b;
-                b.x = (__float_as_uint(v[0]) >> 16) | (__float_as_uint(v[1]) & 0xFFFF0000u);
-                b.y = (__float_as_uint(v[2]) >> 16) | (__float_as_uint(v[3]) & 0xFFFF0000u);
-                b.z = (__float_as_uint(v[4]) >> 16) | (__float_as_uint(v[5]) & 0xFFFF0000u);
-                b.w = (__float_as_uint(v[6]) >> 16) | (__float_as_uint(v[7]) & 0xFFFF0000u);
-                *reinterpret_cast<uint4 *>(xn_out + i * 8) = b;
+                *reinterpret_cast<uint4 *>(xn_out + i * 8) =
+                    uint4{bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]), bf16_pair(v[4], v[5]), bf16_pair(v[6], v[7])};
             }
 #endif
         }

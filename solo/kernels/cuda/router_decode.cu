@@ -16,8 +16,7 @@
 // Defines: H (hidden, multiple of 256), E (experts, 32 <= E, power of two), GROUPS, KEEP, TOPK,
 // RENORM, WARPS (per block), EPW (experts per warp).
 
-typedef unsigned int u32;
-typedef unsigned short u16;
+#include "step_common.cuh"
 
 #define THREADS (WARPS * 32)
 #define NCH ((H * 2 + 511) / 512)  // 16-byte loads per lane per expert row (bf16)
@@ -26,40 +25,9 @@ typedef unsigned short u16;
 #define PIECES ((H / 8 + THREADS - 1) / THREADS)  // 8-element pieces of x per thread
 #define NEG_INF __int_as_float(0xff800000)
 
-__device__ __forceinline__ float bf16_to_float(u32 b) { return __uint_as_float(b << 16); }
-
-__device__ __forceinline__ float round_bf16(float f) {
-    u32 b = __float_as_uint(f);
-    b = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
-    return __uint_as_float(b);
-}
-
-__device__ __forceinline__ u32 word(const uint4 &v, int q) { return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w; }
-
-__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-// x bypasses L1: under programmatic dependent launch this kernel starts before its producer ends
-__device__ __forceinline__ uint4 ld_fresh(const void *p) {
-    uint4 v;
-    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
 __device__ __forceinline__ float dot2(u32 w, float a, float b, float acc) {
     acc = fmaf(__uint_as_float(w << 16), a, acc);
     return fmaf(__uint_as_float(w & 0xFFFF0000u), b, acc);
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    return v;
 }
 
 // better(a, ia, b, ib): a larger, or equal with a lower index
@@ -89,8 +57,7 @@ router_decode(const u16 *__restrict__ x,       // [H] bf16 residual stream
 #pragma unroll
         for (int c = 0; c < NCH; ++c) {
             const int col = c * 256 + lane * 8;  // bf16 columns
-            row[j][c] = col < H ? ld_stream(reinterpret_cast<const uint4 *>(w + (size_t)(e0 + j) * H + col))
-                                : uint4{0u, 0u, 0u, 0u};
+            row[j][c] = col < H ? ld_stream(w + (size_t)(e0 + j) * H + col) : uint4{0u, 0u, 0u, 0u};
         }
     // the weights do not depend on the previous kernel; everything below does
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -104,24 +71,7 @@ router_decode(const u16 *__restrict__ x,       // [H] bf16 residual stream
         xv[p] = i < H / 8 ? ld_fresh(x + i * 8) : uint4{0u, 0u, 0u, 0u};
         nv[p] = i < H / 8 ? *reinterpret_cast<const uint4 *>(nw + i * 8) : uint4{0u, 0u, 0u, 0u};
     }
-    float ss = 0.0f;
-#pragma unroll
-    for (int p = 0; p < PIECES; ++p) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const u32 xq = word(xv[p], j);
-            const float lo = bf16_to_float(xq & 0xFFFFu), hi = bf16_to_float(xq >> 16);
-            ss = fmaf(lo, lo, ss);
-            ss = fmaf(hi, hi, ss);
-        }
-    }
-    ss = warp_sum(ss);
-    if (lane == 0) partial[warp] = ss;
-    __syncthreads();
-    ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < WARPS; ++i) ss += partial[i];
-    const float rstd = __frcp_rn(__fsqrt_rn(__fdiv_rn(ss, (float)H) + eps));
+    const float rstd = block_rstd<PIECES, WARPS>(xv, partial, H, eps);
 #pragma unroll
     for (int p = 0; p < PIECES; ++p) {
         const int i = p * THREADS + threadIdx.x;
@@ -130,11 +80,10 @@ router_decode(const u16 *__restrict__ x,       // [H] bf16 residual stream
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const u32 xq = word(xv[p], j), nq = word(nv[p], j);
-            const float lo = round_bf16(round_bf16(bf16_to_float(xq & 0xFFFFu) * rstd) * bf16_to_float(nq & 0xFFFFu));
-            const float hi = round_bf16(round_bf16(bf16_to_float(xq >> 16) * rstd) * bf16_to_float(nq >> 16));
+            const float lo = rms_value(xq & 0xFFFFu, rstd, nq & 0xFFFFu), hi = rms_value(xq >> 16, rstd, nq >> 16);
             xs[i * 8 + 2 * j] = lo;
             xs[i * 8 + 2 * j + 1] = hi;
-            out[j] = (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xFFFF0000u);
+            out[j] = bf16_pair(lo, hi);
         }
         if (blockIdx.x == 0) *reinterpret_cast<uint4 *>(xn + i * 8) = uint4{out[0], out[1], out[2], out[3]};
     }

@@ -1,0 +1,81 @@
+// Device helpers shared by the decode step's CUDA kernels (gemv_decode.cu, router_decode.cu), inlined
+// into each source before NVRTC compiles it (solo/kernels/cuda_runtime.py).
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+__device__ __forceinline__ float bf16_to_float(u32 b) { return __uint_as_float(b << 16); }
+
+// fp32 -> nearest bf16 (ties to even), kept in fp32: the reference's rounding
+__device__ __forceinline__ float round_bf16(float f) {
+    u32 b = __float_as_uint(f);
+    b = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
+    return __uint_as_float(b);
+}
+
+// word q of a uint4 (q a compile-time constant after unrolling: no local-memory indexing)
+__device__ __forceinline__ u32 word(const uint4 &v, int q) { return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w; }
+
+// Weights: read once per step, never written while a kernel runs; through the read-only path, no L1.
+__device__ __forceinline__ uint4 ld_stream(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// Activations (written by the kernels before this one) bypass L1: under programmatic dependent launch
+// a kernel starts before its producer ends, so a read-only or L1 path could serve stale lines.
+__device__ __forceinline__ uint4 ld_fresh(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ u32 ld_fresh_u16(const u16 *p) {
+    unsigned short v;
+    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    return v;
+}
+
+// RMSNorm's 1 / rms over n bf16 values held as 8-element pieces by every thread of the block (zeros
+// past the end): the sum of squares reduced over the warps through `red` [warps].
+template <int NP, int NW>
+__device__ __forceinline__ float block_rstd(const uint4 (&xv)[NP], float *red, int n, float eps) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const u32 xq = word(xv[p], q);
+            const float lo = bf16_to_float(xq & 0xFFFFu), hi = bf16_to_float(xq >> 16);
+            ss = fmaf(lo, lo, ss);
+            ss = fmaf(hi, hi, ss);
+        }
+    }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NW; ++i) ss += red[i];
+    return __frcp_rn(__fsqrt_rn(__fdiv_rn(ss, (float)n) + eps));
+}
+
+// One normalised value as the reference rounds it: normalise in fp32, round to bf16, times the bf16
+// norm weight, round.
+__device__ __forceinline__ float rms_value(u32 x_bits, float rstd, u32 w_bits) {
+    return round_bf16(round_bf16(bf16_to_float(x_bits) * rstd) * bf16_to_float(w_bits));
+}
+
+// Two bf16-exact fp32 values -> a packed bf16 pair (low first)
+__device__ __forceinline__ u32 bf16_pair(float lo, float hi) {
+    return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xFFFF0000u);
+}
