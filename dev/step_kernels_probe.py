@@ -30,27 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fused_gemv_sweep import SHAPES, call_kwargs, make, run_once  # noqa: E402
+from launch_probe import graph_seconds  # noqa: E402
 
-from solo.bench.decode import copy_bandwidth, time_graph  # noqa: E402
+from solo.bench.decode import copy_bandwidth  # noqa: E402
 from solo.kernels.cuda_step import CudaGemv, CudaRouter, GemvLaunch  # noqa: E402
 from solo.kernels.fused_router import FusedRouter  # noqa: E402
 from solo.kernels.pdl import LaunchPolicy  # noqa: E402
 
 CHAIN = ("qkvfgb", "o_proj", "shared_gate_up", "shared_down")
-
-
-def graph_seconds(calls, replays: int = 20, rounds: int = 7) -> float:
-    """Per call: `calls` (zero-argument callables) captured in order in one graph."""
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    seconds = time_graph(graph, replays=replays, rounds=rounds) / len(calls)
-    del graph
-    return seconds
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

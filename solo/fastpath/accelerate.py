@@ -19,7 +19,7 @@ import torch
 
 from solo.checkpoint.loader import FP8_BLOCK, LoadOptions, load_model, reference_fp8_block_linear
 from solo.checkpoint.reader import CheckpointError
-from solo.fastpath.availability import DecodeStepUnavailable, PDLUnavailable, StepKernelsUnavailable
+from solo.fastpath.availability import STEP_KERNELS, DecodeStepUnavailable, PDLUnavailable, StepKernelsUnavailable
 from solo.kernels.registry import backend_spec, make_moe_backend
 from solo.model.layers import Linear, block_fp8_linears
 from solo.model.ling import LingForCausalLM
@@ -28,7 +28,6 @@ from solo.quantization import lm_head as lm_head_modes
 
 BLOCK_FP8_MODES = ("off", "auto", "on")
 DECODE_STEPS = ("auto", "fused", "reference")
-STEP_KERNELS = ("auto", "triton", "cuda")  # as solo.fastpath.decode_step.STEP_KERNELS (importable without Triton)
 
 
 @dataclass(frozen=True)

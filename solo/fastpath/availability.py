@@ -8,6 +8,8 @@ import torch
 
 from solo.model.ling import LingForCausalLM
 
+STEP_KERNELS = ("auto", "triton", "cuda")  # the fused step's one-token kernels (--step-kernels)
+
 
 class DecodeStepUnavailable(ValueError):
     """The fused decode step cannot run this model or configuration; the message says why and what to do."""

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from solo.fastpath.availability import (
+    STEP_KERNELS,
     DecodeStepUnavailable,
     PDLUnavailable,
     StepKernelsUnavailable,
@@ -55,7 +56,6 @@ FAMILIES = (
     "cuda_gemv",  # one-token projections on solo/kernels/cuda_step.py (step kernels "cuda")
     "cuda_router",
 )
-STEP_KERNELS = ("auto", "triton", "cuda")
 
 
 def _fuse_rows(linears: list[Linear], name: str) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
@@ -355,17 +355,6 @@ class FusedDecodeStep:
             return f"{len(refused)} of {len(refused) + len(swaps)} one-token kernels stay on Triton: {refused[0]}"
         return None
 
-    def _triton_one_token(self) -> set[str]:
-        """The Triton families one-token calls still launch (none when every slot runs on CUDA)."""
-        left = set()
-        for owner, attr in self._slots():
-            kernel = getattr(owner, attr)
-            if isinstance(kernel, FusedRouter):
-                left.add("router")
-            elif isinstance(kernel, FusedGemv):
-                left.add("gemv")
-        return left
-
     def counter(self, family: str, n: int = 1) -> torch.Tensor:
         """The device counter of a kernel family (a view into `launch_counts`; n consecutive ones)."""
         i = FAMILIES.index(family)
@@ -377,21 +366,10 @@ class FusedDecodeStep:
 
     def families_per_step(self) -> set[str]:
         """The kernel families one decode step launches (the start-up check expects each to run)."""
-        triton = self._triton_one_token()
-        families = {"rmsnorm"} | ({"gemv"} & triton)
+        families = {"rmsnorm"} | {getattr(owner, attr).family for owner, attr in self._slots()}
         for layer in self.layers:
             kda = isinstance(layer.attention, _KDAAttention)
             families |= {"kda"} if kda else {"mla_prep", "mla_attend", "mla_combine"}
-        families |= {
-            ("router" if isinstance(owner, _MoE) and isinstance(getattr(owner, attr), FusedRouter) else "cuda_router")
-            for owner, attr in self._slots()
-            if attr == "router"
-        }
-        if self.kernels == "cuda" and any(
-            not isinstance(getattr(owner, attr), (FusedGemv, FusedRouter)) and attr != "router"
-            for owner, attr in self._slots()
-        ):
-            families.add("cuda_gemv")
         return families
 
     def serves(self, tokens: int) -> bool:

@@ -23,7 +23,6 @@ from solo.kernels.pdl import LaunchPolicy
 
 GEMV_SOURCE = Path(__file__).parent / "cuda" / "gemv_decode.cu"
 ROUTER_SOURCE = Path(__file__).parent / "cuda" / "router_decode.cu"
-_BUILT: list[Any] = []  # CompileRecords of this process
 
 
 def cuda_step_unavailable(device: torch.device | str) -> str | None:
@@ -43,14 +42,6 @@ def cuda_step_unavailable(device: torch.device | str) -> str | None:
     return None
 
 
-def compile_report() -> dict[str, Any]:
-    return {
-        "kernels": len(_BUILT),
-        "compile_seconds": round(sum(r.seconds for r in _BUILT), 3),
-        "all_cached": all(r.cached for r in _BUILT),
-    }
-
-
 @dataclass(frozen=True)
 class GemvLaunch:
     """How one projection's kernel runs: warps per block (they split K; 0: chosen by `choose_launch`),
@@ -62,7 +53,7 @@ class GemvLaunch:
     max_in_flight: int = 8
 
 
-def choose_launch(rows: int, k: int, swiglu: bool) -> GemvLaunch:
+def choose_launch(rows: int) -> GemvLaunch:
     """Measured on the H200 (dev/step_kernels_probe.py, docs/performance.md): many rows (q|k|v|f|g|b,
     MLA q|kv_a|g, dense gate_up: thousands of 8-row tasks) run best as many small blocks of 4 warps;
     a few hundred tasks (2,560 output rows) as blocks of up to 16 warps that split K finely."""
@@ -83,16 +74,10 @@ def in_flight(steps_per_warp: int, most: int) -> int:
     return max(d for d in range(1, min(most, steps_per_warp) + 1) if steps_per_warp % d == 0)
 
 
-def _load(source: Path, name: str, defines: dict[str, int], device: torch.device):
-    from solo.kernels.cuda_runtime import CudaKernel
-
-    kernel = CudaKernel(source, name, defines, device)
-    _BUILT.append(kernel.compile)
-    return kernel
-
-
 class CudaGemv:
     """The one-token calls of `fused` (a FusedGemv with FP8 weights) on gemv_decode.cu."""
+
+    family = "cuda_gemv"  # its launch counter's kernel family (solo.fastpath.decode_step.FAMILIES)
 
     def __init__(self, fused: FusedGemv, counter: torch.Tensor, launch: GemvLaunch | None = None) -> None:
         if fused.scale_mode not in (1, 2):
@@ -104,7 +89,6 @@ class CudaGemv:
         self.fused = fused
         self.name = fused.name
         self.rows = fused.rows
-        self.out_features = fused.out_features
         self.k = fused.k
         self.counter = counter
         self.launch_config = launch or GemvLaunch()
@@ -116,18 +100,13 @@ class CudaGemv:
     def launch(self) -> LaunchPolicy:
         return self.fused.launch
 
-    def nbytes(self) -> int:
-        return self.fused.nbytes()
-
-    def set_launch(self, launch: GemvLaunch) -> None:
-        self.launch_config = launch
-        self._kernels.clear()
-
     def _kernel(self, norm: int, epi: int, add: bool, write_xn: bool, out_f32: bool, group: int):
         key = (norm, epi, add, write_xn, out_f32, group)
         if key not in self._kernels:
+            from solo.kernels.cuda_runtime import CudaKernel
+
             f, cfg = self.fused, self.launch_config
-            warps = warps_for(self.k, cfg.warps or choose_launch(self.rows, self.k, f.half is not None).warps)
+            warps = warps_for(self.k, cfg.warps or choose_launch(self.rows).warps)
             defines = {
                 "K": self.k,
                 "ROWS": self.rows,
@@ -142,7 +121,7 @@ class CudaGemv:
                 "WARPS": warps,
                 "PF": in_flight(self.k // 64 // warps, cfg.max_in_flight),
             }
-            kernel = _load(GEMV_SOURCE, "gemv_decode", defines, self.device)
+            kernel = CudaKernel(GEMV_SOURCE, "gemv_decode", defines, self.device)
             shared = -(-(2 * self.k + 132 * warps) // 16) * 16  # gemv_decode.cu's struct Shared
             kernel.set_shared_bytes(shared)
             threads = 32 * warps
@@ -218,7 +197,7 @@ class CudaGemv:
             ],
             dependent=self.launch.pdl,
         )
-        self.launch.record("cuda_gemv", kernel)
+        self.launch.record(self.family, kernel)
         return out
 
 
@@ -226,6 +205,7 @@ class CudaRouter:
     """The one-token calls of `fused` (a FusedRouter) on router_decode.cu."""
 
     WARPS = 4
+    family = "cuda_router"
 
     def __init__(self, fused: FusedRouter, counter: torch.Tensor) -> None:
         e, h = fused.num_experts, fused.hidden
@@ -250,6 +230,8 @@ class CudaRouter:
 
     def kernel(self):
         if self._kernel is None:
+            from solo.kernels.cuda_runtime import CudaKernel
+
             f = self.fused
             defines = {
                 "H": f.hidden,
@@ -261,7 +243,7 @@ class CudaRouter:
                 "WARPS": self.WARPS,
                 "EPW": 1,
             }
-            self._kernel = _load(ROUTER_SOURCE, "router_decode", defines, self.device)
+            self._kernel = CudaKernel(ROUTER_SOURCE, "router_decode", defines, self.device)
             dev = self.device
             self._scratch = (
                 torch.empty(f.num_experts, dtype=torch.float32, device=dev),
@@ -289,5 +271,5 @@ class CudaRouter:
             [x, f.norm_weight, f.weight, f.bias, xn, scores, arrived, ids, wts, self.counter, f.eps, f.scaling],
             dependent=self.launch.pdl,
         )
-        self.launch.record("cuda_router", kernel)
+        self.launch.record(self.family, kernel)
         return xn, ids, wts

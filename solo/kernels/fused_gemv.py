@@ -355,6 +355,8 @@ class FusedGemv:
     (`scale_kind="block"`), [N] row scales ("row") or None (bf16). `swiglu_half`: W is [gate; up]
     with this many gate rows (the output has that many columns)."""
 
+    family = "gemv"  # its launch counter's kernel family (solo.fastpath.decode_step.FAMILIES)
+
     def __init__(
         self,
         weight: torch.Tensor,
@@ -489,7 +491,7 @@ class FusedGemv:
             num_stages=cfg.num_stages,
             **launch.options,
         )
-        launch.record("gemv", compiled)
+        launch.record(self.family, compiled)
         return out
 
     def _scratch_for(self, tokens: int, cfg: GemvConfig, programs: int, block_t: int):

@@ -182,6 +182,7 @@ class FusedRouter:
     program per token in parallel, instead of one program choosing for every token in turn (measured
     on the H200 before: 12.8 us for one token, 69 us for four)."""
 
+    family = "router"  # its launch counter's kernel family (solo.fastpath.decode_step.FAMILIES)
     BLOCK_E = 4  # experts per program of the scores
     WARPS = 1  # warps per program of the scores (and of the selection when it runs in the same launch)
     # one token selects in the scores launch (its last program) unless this is set: then in a second
