@@ -1,11 +1,12 @@
 """The decode step's CUDA kernels (solo.kernels.cuda_step) against the reference modules (Hopper GPU only).
 
 Every prologue (none, RMSNorm, gated norm), scale kind (block, row) and epilogue (store, residual +
-addend, SwiGLU with clamp) of the one-token GEMV at Ling-3.0-flash's widths, including row counts that
-are not a multiple of a task's 8 rows, over launch configurations of each kind (warps splitting K,
-loads in flight, one or many tasks a block); the router against the model's own Router on fresh random
-weights (the same experts where the run is clear of ties, weights within fp32 rounding). Fresh random
-inputs every run. Skipped where the kernels cannot run (CPU, pre-Hopper).
+addend, SwiGLU with clamp) of the GEMV at Ling-3.0-flash's widths, for one token (decode) and several
+(verification windows of 4 and 8, rows of their own strides), including row counts that are not a
+multiple of a task's 8 rows, over launch configurations of each kind (warps splitting K, loads in
+flight, one or many tasks a block); the router against the model's own Router on fresh random weights,
+every token of a call (the same experts where the run is clear of ties, weights within fp32
+rounding). Fresh random inputs every run. Skipped where the kernels cannot run (CPU, pre-Hopper).
 """
 
 from __future__ import annotations
@@ -50,86 +51,108 @@ def gemv(rows: int, k: int, scale_kind: str = "block", half: int | None = None, 
         wf = w8.float() * scale.float()[:, None]
     fused = FusedGemv(w8.to(DEVICE), scale.to(DEVICE), scale_kind, swiglu_half=half, swiglu_limit=limit, name="t")
     counter = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-    return CudaGemv(fused, counter, GemvLaunch(**launch) if launch else None), wf
+    max_tokens = launch.pop("max_tokens", 8)
+    return CudaGemv(fused, counter, GemvLaunch(**launch) if launch else None, max_tokens=max_tokens), wf
 
 
 def project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (x.float() @ w.T).to(torch.bfloat16)
 
 
+def rows_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The worst token's relative error (a token's rows must be right, not just the call's on average)."""
+    return max(rel(a[i], b[i]) for i in range(b.shape[0]))
+
+
+TOKENS = [1, 4, 8]
+
+
+@pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("launch", list(LAUNCHES))
 @pytest.mark.parametrize(("rows", "k"), [(20512, 2560), (1001, 768), (2560, 6144)])
-def test_norm_projection_and_residual(launch, rows, k):
+def test_norm_projection_and_residual(launch, rows, k, tokens):
     """RMSNorm -> projection (-> residual + addend), and the normalised x it can write, as the reference."""
     from solo.model.layers import RMSNorm
 
     g, wf = gemv(rows, k, **LAUNCHES[launch])
-    x = (torch.randn(1, k) * 3).to(torch.bfloat16)
+    x = (torch.randn(tokens, k) * 3).to(torch.bfloat16)
+    x[-1] *= 5  # tokens of different scales: each token is normalised on its own
     norm = RMSNorm(k, 1e-6)
     norm.weight.data = (1 + 0.2 * torch.randn(k)).to(torch.bfloat16)
-    xn = torch.empty(1, k, dtype=torch.bfloat16, device=DEVICE)
+    xn = torch.empty(tokens, k, dtype=torch.bfloat16, device=DEVICE)
     got = g(x.to(DEVICE), norm_weight=norm.weight.data.to(DEVICE), eps=1e-6, xn_out=xn).cpu()
-    assert rel(got, project(norm(x), wf)) < 1e-2
+    assert rows_rel(got, project(norm(x), wf)) < 1e-2
     assert torch.equal(xn.cpu(), norm(x))
-    residual = torch.randn(1, rows).to(torch.bfloat16)
-    addend = torch.randn(1, rows).to(torch.bfloat16)
+    residual = torch.randn(tokens, rows).to(torch.bfloat16)
+    addend = torch.randn(tokens, rows).to(torch.bfloat16)
     got = g(x.to(DEVICE), residual=residual.to(DEVICE), addend=addend.to(DEVICE)).cpu()
     want = residual + project(x, wf) + addend
-    assert rel(got - residual, want - residual) < 1e-2
+    assert rows_rel(got - residual, want - residual) < 1e-2
     assert g.counter.item() == 2
 
 
+@pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("launch", list(LAUNCHES))
-def test_gated_norm_projection_in_place(launch):
-    """The KDA output: per-head gated RMSNorm -> o_proj -> residual, written over the residual stream."""
+def test_gated_norm_projection_in_place(launch, tokens):
+    """The KDA output: per-head gated RMSNorm -> o_proj -> residual, written over the residual stream;
+    the gate is a column slice of a wider projection output (its own row stride), as in the step."""
     from solo.model.layers import GatedRMSNorm
 
     rows, k, group = 2560, 4096, 128
     g, wf = gemv(rows, k, **LAUNCHES[launch])
-    o = torch.randn(1, k).to(torch.bfloat16)
-    gate = torch.randn(1, k).to(torch.bfloat16)
+    o = torch.randn(tokens, k).to(torch.bfloat16)
+    proj = torch.randn(tokens, 3 * k).to(torch.bfloat16)
+    gate = proj[:, k : 2 * k]
     norm = GatedRMSNorm(group, 1e-6)
     norm.weight.data = (1 + 0.2 * torch.randn(group)).to(torch.bfloat16)
-    normed = norm(o.view(1, k // group, group), gate.view(1, k // group, group)).view(1, k)
-    stream = torch.randn(1, rows).to(torch.bfloat16)
+    normed = norm(o.view(tokens, k // group, group), gate.reshape(tokens, k // group, group)).view(tokens, k)
+    stream = torch.randn(tokens, rows).to(torch.bfloat16)
     want = stream + project(normed, wf)
     x = stream.to(DEVICE)
-    g(o.to(DEVICE), out=x, residual=x, norm_weight=norm.weight.data.to(DEVICE), gate=gate.to(DEVICE), eps=1e-6)
-    assert rel(x.cpu() - stream, want - stream) < 1e-2
+    gate_dev = proj.to(DEVICE)[:, k : 2 * k]
+    g(o.to(DEVICE), out=x, residual=x, norm_weight=norm.weight.data.to(DEVICE), gate=gate_dev, eps=1e-6)
+    assert rows_rel(x.cpu() - stream, want - stream) < 1e-2
 
 
+@pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("launch", list(LAUNCHES))
-def test_swiglu_pair(launch):
+def test_swiglu_pair(launch, tokens):
     """[gate; up] in one weight -> silu(gate) * up with the clamp (the shared expert)."""
     from solo.kernels.moe import swiglu
 
     half, k = 768, 2560
     g, wf = gemv(2 * half, k, half=half, limit=0.3, **LAUNCHES[launch])
-    x = (torch.randn(1, k) * 2).to(torch.bfloat16)
+    x = (torch.randn(tokens, k) * 2).to(torch.bfloat16)
     want = swiglu(project(x, wf[:half]), project(x, wf[half:]), 0.3)
-    assert rel(g(x.to(DEVICE)).cpu(), want) < 2e-2
+    assert rows_rel(g(x.to(DEVICE)).cpu(), want) < 2e-2
 
 
-def test_row_scales_in_bf16_and_fp32():
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_row_scales_in_bf16_and_fp32(tokens):
     """The LM head's format: one scale per row, bf16 or fp32 logits."""
     g, wf = gemv(3001, 2560, "row", warps=4)
-    x = torch.randn(1, 2560).to(torch.bfloat16)
+    x = torch.randn(tokens, 2560).to(torch.bfloat16)
     want = x.float() @ wf.T
-    assert rel(g(x.to(DEVICE)).cpu(), want) < 1e-2
-    out = torch.empty(1, 3001, dtype=torch.float32, device=DEVICE)
-    assert rel(g(x.to(DEVICE), out=out).cpu(), want) < 1e-5
+    assert rows_rel(g(x.to(DEVICE)).cpu(), want) < 1e-2
+    out = torch.empty(tokens, 3001, dtype=torch.float32, device=DEVICE)
+    assert rows_rel(g(x.to(DEVICE), out=out).cpu(), want) < 1e-5
 
 
-def test_several_tokens_go_to_the_triton_kernel():
-    g, wf = gemv(512, 2560)
+def test_calls_past_max_tokens_go_to_the_triton_kernel():
+    g, wf = gemv(512, 2560, max_tokens=1)  # the A/B setting: CUDA for one-token calls only
     x = torch.randn(4, 2560).to(torch.bfloat16)
-    assert rel(g(x.to(DEVICE)).cpu(), project(x, wf)) < 1e-2
+    assert rows_rel(g(x.to(DEVICE)).cpu(), project(x, wf)) < 1e-2
     assert g.counter.item() == 0  # the CUDA kernel's counter did not move
+    g8, wf8 = gemv(512, 2560)
+    x = torch.randn(9, 2560).to(torch.bfloat16)  # wider than the kernel's 8 columns
+    assert rows_rel(g8(x.to(DEVICE)).cpu(), project(x, wf8)) < 1e-2
+    assert g8.counter.item() == 0
 
 
-def test_the_router_chooses_as_the_reference():
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_the_router_chooses_as_the_reference(tokens):
     """512 experts in 8 groups keep 4, top-8, renormalised and scaled: the model's Router in fp32 on the
-    same normalised input; drawn again when a run comes within rounding of a tie."""
+    same normalised input, every token of the call; drawn again when a run comes within rounding of a tie."""
     from solo.checkpoint.synthetic import synthetic_config
     from solo.kernels.cuda_step import CudaRouter
     from solo.kernels.fused_router import FusedRouter
@@ -147,9 +170,10 @@ def test_the_router_chooses_as_the_reference():
         ref.expert_bias.data = torch.randn(512) * 0.01
         norm = RMSNorm(2560, 1e-6)
         norm.weight.data = (1 + 0.1 * torch.randn(2560)).to(torch.bfloat16)
-        x = torch.randn(1, 2560).to(torch.bfloat16)
+        x = torch.randn(tokens, 2560).to(torch.bfloat16)
+        x[0] *= 4  # tokens of different scales: each is normalised on its own
         xn_ref = norm(x)
-        if routing_margin(ref, xn_ref) < 1e-5:
+        if routing_margin(ref, xn_ref) < 1e-5:  # over every token
             continue
         counters = torch.zeros(3, dtype=torch.int32, device=DEVICE)
         fused = FusedRouter(
@@ -170,7 +194,7 @@ def test_the_router_chooses_as_the_reference():
         want_w, want_ids = ref(xn_ref)
         assert torch.equal(xn.cpu(), xn_ref)
         assert torch.equal(ids.cpu().long(), want_ids)
-        assert rel(wts.cpu(), want_w) < 1e-5
+        assert rows_rel(wts.cpu(), want_w) < 1e-5
         again = router(x.to(DEVICE))  # the arrival counter reset itself: same choice on a second launch
         assert torch.equal(again[1], ids) and torch.equal(again[2], wts)
         assert counters[2].item() == 2 and counters[0].item() == 0

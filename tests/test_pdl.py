@@ -52,8 +52,13 @@ def test_bench_configs_name_the_launch_mode():
     cuda, triton = parse_configs("cuda:fp8:fused+cuda+pdl,cuda:fp8:fused+triton")
     assert (cuda.step, cuda.pdl, cuda.step_kernels) == ("fused", True, "cuda")
     assert (triton.step, triton.pdl, triton.step_kernels, plain.step_kernels) == ("fused", False, "triton", "auto")
-    for bad in ("fused+pdl+pdl", "fused+fast", "reference+pdl", "fused+cuda+triton"):
-        with pytest.raises(ValueError, match="modifiers|triton or cuda"):
+    assert (cuda.step_kernel_tokens, triton.step_kernel_tokens) == (8, 8)
+    one, all_pdl = parse_configs("cuda:fp8:fused+cuda1+pdl,cuda:fp8:fused+cuda+pdlall")
+    assert (one.step_kernels, one.step_kernel_tokens, one.pdl) == ("cuda", 1, True)
+    assert (all_pdl.step_kernels, all_pdl.pdl, "pdlall" in all_pdl.modifiers) == ("cuda", True, True)
+    bad_ones = ("fused+pdl+pdl", "fused+fast", "reference+pdl", "fused+cuda+triton", "fused+cuda+cuda1", "fused+pdl+pdlall")
+    for bad in bad_ones:
+        with pytest.raises(ValueError, match="modifiers|one of triton, cuda, cuda1|pdlall includes pdl"):
             parse_configs(f"cuda:fp8:{bad}")
 
 

@@ -45,8 +45,9 @@ COMPONENTS = (  # kernel name patterns -> component (first match wins)
 
 
 STEPS = ("fused", "reference", "auto")
-# modifiers of the fused step, joined with '+': pdl (its kernels under PDL), triton / cuda (the step kernels)
-STEP_MODIFIERS = ("pdl", "triton", "cuda")
+# modifiers of the fused step, joined with '+': pdl (its one-token kernels under PDL), pdlall (verification's
+# too), triton / cuda / cuda1 (the step kernels; cuda1: CUDA for one-token calls only, verification on Triton)
+STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1")
 
 
 @dataclass
@@ -70,12 +71,16 @@ class Config:
 
     @property
     def pdl(self) -> bool:
-        return "pdl" in self.modifiers
+        return "pdl" in self.modifiers or "pdlall" in self.modifiers
 
     @property
     def step_kernels(self) -> str:
-        kernels = [m for m in self.modifiers if m in ("triton", "cuda")]
+        kernels = [m.rstrip("1") for m in self.modifiers if m in ("triton", "cuda", "cuda1")]
         return kernels[0] if kernels else "auto"
+
+    @property
+    def step_kernel_tokens(self) -> int:
+        return 1 if "cuda1" in self.modifiers else 8
 
 
 def parse_configs(text: str) -> list[Config]:
@@ -94,8 +99,10 @@ def parse_configs(text: str) -> list[Config]:
                 f"--configs item '{item}': only the fused step takes modifiers, each once, joined by '+': "
                 f"{', '.join(STEP_MODIFIERS)} (e.g. fused+cuda+pdl)"
             )
-        if "triton" in mods and "cuda" in mods:
-            raise ValueError(f"--configs item '{item}': the step kernels are triton or cuda, not both")
+        if sum(m in ("triton", "cuda", "cuda1") for m in mods) > 1:
+            raise ValueError(f"--configs item '{item}': the step kernels are one of triton, cuda, cuda1")
+        if "pdl" in mods and "pdlall" in mods:
+            raise ValueError(f"--configs item '{item}': pdlall includes pdl; give one")
         configs.append(config)
     return configs
 
@@ -184,6 +191,8 @@ def load(args: argparse.Namespace, config: Config):
         decode_step=config.step,
         pdl=config.pdl,
         step_kernels=config.step_kernels,
+        step_kernel_tokens=config.step_kernel_tokens,
+        pdl_verify="pdlall" in config.modifiers,
         verify_tokens=args.verify_tokens,
     )
     t0 = time.perf_counter()

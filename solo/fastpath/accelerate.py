@@ -49,6 +49,11 @@ class FastPathOptions:
     # the fused step's one-token projections and routers: "cuda" (solo.kernels.cuda_step; Hopper, NVRTC),
     # "triton", or "auto" (CUDA where it can run, else Triton, with the reason)
     step_kernels: str = "auto"
+    # the largest call (tokens) the CUDA step kernels take: 8 covers decode and verification windows up
+    # to 8; 1 keeps verification on Triton (the A/B of `solo bench decode`'s fused+cuda1)
+    step_kernel_tokens: int = 8
+    # PDL for verification's kernels too (measured slower with the Triton kernels; an A/B knob)
+    pdl_verify: bool = False
 
     def __post_init__(self) -> None:
         if self.decode_step not in DECODE_STEPS:
@@ -59,6 +64,10 @@ class FastPathOptions:
         backend_spec(self.moe_backend)  # an unknown backend is an error naming the known ones
         if self.step_kernels not in STEP_KERNELS:
             raise ValueError(f"unknown step kernels {self.step_kernels!r}; choose one of {', '.join(STEP_KERNELS)}")
+        if not 1 <= self.step_kernel_tokens <= 8:
+            raise ValueError(
+                f"step_kernel_tokens must be 1..8 (the CUDA step kernels' widest call), not {self.step_kernel_tokens}"
+            )
 
 
 def accelerate(model: LingForCausalLM, options: FastPathOptions | None = None) -> LingForCausalLM:
@@ -96,7 +105,12 @@ def _install_decode_step(model: LingForCausalLM, options: FastPathOptions) -> No
         pdl = options.pdl if options.pdl is not None else auto_pdl(model.device, options.step_kernels)
         try:
             model.decode_step = FusedDecodeStep(
-                model, token_counts=(1, options.verify_tokens), pdl=pdl, kernels=options.step_kernels
+                model,
+                token_counts=(1, options.verify_tokens),
+                pdl=pdl,
+                kernels=options.step_kernels,
+                cuda_tokens=options.step_kernel_tokens,
+                pdl_verify=options.pdl_verify,
             )
             model.decode_step.warmup()
             model.decode_step_note = ""

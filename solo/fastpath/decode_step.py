@@ -267,11 +267,11 @@ class _Layer:
 class FusedDecodeStep:
     """Decode and verification forwards (a few tokens) of `model` on the fused kernels; see the module
     docstring. `token_counts`: the token counts it serves (others go to the reference layers). `pdl`:
-    launch its one-token calls' kernels with programmatic dependent launch (solo.kernels.pdl; sm_90+;
-    verification's kernels launch plainly, which measured faster for them). `kernels`:
-    "cuda" runs the one-token projections and routers on solo.kernels.cuda_step's CUDA kernels (the
-    Triton ones keep verification), "triton" all on Triton, "auto" CUDA where every one of them can
-    run (Hopper, NVRTC, FP8 projections), else Triton with the reason in `kernels_note`."""
+    launch its one-token calls' kernels with programmatic dependent launch (solo.kernels.pdl; sm_90+),
+    and verification's too with `pdl_verify`. `kernels`: "cuda" runs the projections and routers of
+    calls of up to `cuda_tokens` tokens on solo.kernels.cuda_step's CUDA kernels (larger calls on
+    Triton), "triton" all on Triton, "auto" CUDA where every one of them can run (Hopper, NVRTC, FP8
+    projections), else Triton with the reason in `kernels_note`."""
 
     def __init__(
         self,
@@ -279,13 +279,16 @@ class FusedDecodeStep:
         token_counts: tuple[int, ...] = (1, 4),
         pdl: bool = False,
         kernels: str = "triton",
+        cuda_tokens: int = 8,
+        pdl_verify: bool = False,
     ) -> None:
         _check_model(model)
         if kernels not in STEP_KERNELS:
             raise ValueError(f"unknown step kernels {kernels!r}; choose one of {', '.join(STEP_KERNELS)}")
         if pdl and (reason := pdl_unavailable(model.device)) is not None:
             raise PDLUnavailable(f"--pdl on: {reason}. Use --pdl off.")
-        self.launch = LaunchPolicy(pdl, one_token_only=True)
+        self.launch = LaunchPolicy(pdl, one_token_only=not pdl_verify)
+        self.cuda_tokens = cuda_tokens
         self.model = model
         self.config = model.config
         self.token_counts = frozenset(token_counts)
@@ -339,9 +342,10 @@ class FusedDecodeStep:
             kernel = getattr(owner, attr)
             try:
                 if isinstance(kernel, FusedRouter):
-                    swaps.append((owner, attr, CudaRouter(kernel, self.counter("cuda_router"))))
+                    swaps.append((owner, attr, CudaRouter(kernel, self.counter("cuda_router"), self.cuda_tokens)))
                 else:
-                    swaps.append((owner, attr, CudaGemv(kernel, self.counter("cuda_gemv"))))
+                    cuda = CudaGemv(kernel, self.counter("cuda_gemv"), max_tokens=self.cuda_tokens)
+                    swaps.append((owner, attr, cuda))
             except ValueError as exc:
                 refused.append(str(exc))
         if refused and strict:
@@ -420,7 +424,9 @@ class FusedDecodeStep:
             "token_counts": sorted(self.token_counts),
             "layers": len(self.layers),
             "pdl": self.launch.pdl,
+            "pdl_verify": self.launch.pdl and not self.launch.one_token_only,
             "step_kernels": self.kernels,
+            "cuda_tokens": self.cuda_tokens if self.kernels == "cuda" else 0,
             **({"step_kernels_note": self.kernels_note} if self.kernels_note else {}),
         }
 

@@ -1,8 +1,9 @@
-"""The decode step's one-token projections and routers as CUDA kernels (Hopper, NVRTC).
+"""The decode step's projections and routers as CUDA kernels (Hopper, NVRTC).
 
-`CudaGemv` and `CudaRouter` take over the one-token calls of a `FusedGemv` / `FusedRouter` (same
-arguments, same results up to fp32 summation order) and hand calls of several tokens (NEXTN
-verification) back to the Triton kernels, which also stay the CPU-interpreter path the tests run.
+`CudaGemv` and `CudaRouter` take over the calls of a `FusedGemv` / `FusedRouter` of up to
+`max_tokens` tokens (decode: one; NEXTN verification: the window; same arguments, same results up
+to fp32 summation order) and hand larger calls back to the Triton kernels, which also stay the
+CPU-interpreter path the tests run.
 The kernels are solo/kernels/cuda/gemv_decode.cu and router_decode.cu (their headers say why they
 are faster); they are compiled for the exact shapes by NVRTC and cached on disk
 (solo.kernels.cuda_runtime), and each bumps its own launch counter, so the start-up check can tell
@@ -22,6 +23,7 @@ from solo.kernels.fused_router import FusedRouter
 from solo.kernels.pdl import LaunchPolicy
 
 GEMV_SOURCE = Path(__file__).parent / "cuda" / "gemv_decode.cu"
+MAX_TOKENS = 8  # the kernels' B fragment has 8 columns: tokens per call they take
 ROUTER_SOURCE = Path(__file__).parent / "cuda" / "router_decode.cu"
 
 
@@ -74,12 +76,21 @@ def in_flight(steps_per_warp: int, most: int) -> int:
     return max(d for d in range(1, min(most, steps_per_warp) + 1) if steps_per_warp % d == 0)
 
 
+def _row_major(t: torch.Tensor, tokens: int, width: int) -> bool:
+    """[tokens, width] bf16 rows of unit stride (a row stride of its own is fine: the kernels take it)."""
+    return t.ndim == 2 and tuple(t.shape) == (tokens, width) and t.stride(1) == 1 and t.dtype == torch.bfloat16
+
+
 class CudaGemv:
-    """The one-token calls of `fused` (a FusedGemv with FP8 weights) on gemv_decode.cu."""
+    """The calls of `fused` (a FusedGemv with FP8 weights) of up to `max_tokens` tokens on gemv_decode.cu."""
 
     family = "cuda_gemv"  # its launch counter's kernel family (solo.fastpath.decode_step.FAMILIES)
 
-    def __init__(self, fused: FusedGemv, counter: torch.Tensor, launch: GemvLaunch | None = None) -> None:
+    def __init__(
+        self, fused: FusedGemv, counter: torch.Tensor, launch: GemvLaunch | None = None, max_tokens: int = MAX_TOKENS
+    ) -> None:
+        if not 1 <= max_tokens <= MAX_TOKENS:
+            raise ValueError(f"the CUDA GEMV takes 1..{MAX_TOKENS} tokens per call, not {max_tokens}")
         if fused.scale_mode not in (1, 2):
             raise ValueError(f"{fused.name}: the CUDA GEMV runs FP8 weights with block or row scales")
         if fused.weight.dtype != torch.float8_e4m3fn:
@@ -92,6 +103,7 @@ class CudaGemv:
         self.k = fused.k
         self.counter = counter
         self.launch_config = launch or GemvLaunch()
+        self.max_tokens = max_tokens
         self.device = fused.weight.device
         self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self._kernels: dict[tuple, tuple[Any, int, int, dict[str, int]]] = {}
@@ -100,14 +112,15 @@ class CudaGemv:
     def launch(self) -> LaunchPolicy:
         return self.fused.launch
 
-    def _kernel(self, norm: int, epi: int, add: bool, write_xn: bool, out_f32: bool, group: int):
-        key = (norm, epi, add, write_xn, out_f32, group)
+    def _kernel(self, tokens: int, norm: int, epi: int, add: bool, write_xn: bool, out_f32: bool, group: int):
+        key = (tokens, norm, epi, add, write_xn, out_f32, group)
         if key not in self._kernels:
             from solo.kernels.cuda_runtime import CudaKernel
 
             f, cfg = self.fused, self.launch_config
             warps = warps_for(self.k, cfg.warps or choose_launch(self.rows).warps)
             defines = {
+                "T": tokens,
                 "K": self.k,
                 "ROWS": self.rows,
                 "NORM": norm,
@@ -122,7 +135,8 @@ class CudaGemv:
                 "PF": in_flight(self.k // 64 // warps, cfg.max_in_flight),
             }
             kernel = CudaKernel(GEMV_SOURCE, "gemv_decode", defines, self.device)
-            shared = -(-(2 * self.k + 132 * warps) // 16) * 16  # gemv_decode.cu's struct Shared
+            # gemv_decode.cu's struct Shared: xh [T][K/2] u32, part [2][WARPS][2][8][T], red [T][WARPS] fp32
+            shared = -(-(tokens * (2 * self.k + 128 * warps + 4 * warps)) // 16) * 16
             kernel.set_shared_bytes(shared)
             threads = 32 * warps
             per_sm = min(cfg.blocks_per_sm, kernel.max_blocks_per_sm(threads, shared))
@@ -146,8 +160,9 @@ class CudaGemv:
         xn_out: torch.Tensor | None = None,
         out_dtype: torch.dtype = torch.bfloat16,
     ) -> torch.Tensor:
-        """As FusedGemv.__call__; one token runs here, several on the Triton kernel."""
-        if x.shape[0] != 1:
+        """As FusedGemv.__call__; up to `max_tokens` tokens run here, more on the Triton kernel."""
+        tokens = x.shape[0]
+        if not 1 <= tokens <= self.max_tokens:
             return self.fused(
                 x,
                 out,
@@ -159,10 +174,10 @@ class CudaGemv:
                 xn_out=xn_out,
                 out_dtype=out_dtype,
             )
-        if x.ndim != 2 or x.shape[1] != self.k or not x.is_contiguous() or x.dtype != torch.bfloat16:
-            raise ValueError(f"{self.name}: x must be a contiguous bf16 [1, {self.k}] tensor, got {tuple(x.shape)}")
+        if not _row_major(x, tokens, self.k):
+            raise ValueError(f"{self.name}: x must be row-major bf16 [{tokens}, {self.k}], got {tuple(x.shape)}")
         if out is None:
-            out = torch.empty((1, self.rows), dtype=out_dtype, device=x.device)
+            out = torch.empty((tokens, self.rows), dtype=out_dtype, device=x.device)
         norm, group = NORM_NONE, 0
         if norm_weight is not None:
             norm = NORM_GATED if gate is not None else NORM_RMS
@@ -171,13 +186,23 @@ class CudaGemv:
                 if self.k % group or group & (group - 1) or not 16 <= group <= 256:
                     raise ValueError(f"{self.name}: the gated norm's group ({group}) must be 16..256, a power of two")
         for name, t in (("x", x), ("norm weight", norm_weight), ("gate", gate)):
-            if t is not None and t.data_ptr() % 16:
+            if t is not None and (t.data_ptr() % 16 or t.ndim == 2 and t.stride(0) % 8):
                 raise ValueError(f"{self.name}: the CUDA GEMV reads the {name} in 16-byte pieces; it is not aligned")
+        if gate is not None and not _row_major(gate, tokens, self.k):
+            raise ValueError(f"{self.name}: the gate must be row-major bf16 [{tokens}, {self.k}]")
+        for name, t in (("out", out), ("residual", residual), ("addend", addend)):
+            if t is not None and (t.ndim != 2 or tuple(t.shape) != (tokens, self.rows) or t.stride(1) != 1):
+                raise ValueError(f"{self.name}: {name} must be row-major [{tokens}, {self.rows}], got {tuple(t.shape)}")
+        if xn_out is not None and not _row_major(xn_out, tokens, self.k):
+            raise ValueError(f"{self.name}: xn_out must be row-major bf16 [{tokens}, {self.k}]")
         epi = EPI_SWIGLU if self.fused.half is not None else EPI_RESIDUAL if residual is not None else EPI_STORE
         out_f32 = out.dtype == torch.float32
         if out_f32 and epi != EPI_STORE or out.dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"{self.name}: the CUDA GEMV writes bf16 (fp32 only for plain outputs), not {out.dtype}")
-        kernel, grid, threads, _ = self._kernel(norm, epi, addend is not None, xn_out is not None, out_f32, group)
+        kernel, grid, threads, _ = self._kernel(
+            tokens, norm, epi, addend is not None, xn_out is not None, out_f32, group
+        )
+        launch = self.launch.at(tokens)
         kernel.launch(
             grid,
             threads,
@@ -194,20 +219,28 @@ class CudaGemv:
                 self.counter,
                 float(eps),
                 float(self.fused.limit) if self.fused.limit is not None else 0.0,
+                x.stride(0),
+                gate.stride(0) if gate is not None else 0,
+                out.stride(0),
+                residual.stride(0) if residual is not None else 0,
+                addend.stride(0) if addend is not None else 0,
+                xn_out.stride(0) if xn_out is not None else 0,
             ],
-            dependent=self.launch.pdl,
+            dependent=launch.pdl,
         )
-        self.launch.record(self.family, kernel)
+        launch.record(self.family, kernel)
         return out
 
 
 class CudaRouter:
-    """The one-token calls of `fused` (a FusedRouter) on router_decode.cu."""
+    """The calls of `fused` (a FusedRouter) of up to `max_tokens` tokens on router_decode.cu."""
 
     WARPS = 4
     family = "cuda_router"
 
-    def __init__(self, fused: FusedRouter, counter: torch.Tensor) -> None:
+    def __init__(self, fused: FusedRouter, counter: torch.Tensor, max_tokens: int = MAX_TOKENS) -> None:
+        if not 1 <= max_tokens <= MAX_TOKENS:
+            raise ValueError(f"the CUDA router takes 1..{MAX_TOKENS} tokens per call, not {max_tokens}")
         e, h = fused.num_experts, fused.hidden
         if h % 256 or e < 32 or e & (e - 1) or fused.n_group > 32 or e % fused.n_group:
             raise ValueError(
@@ -220,20 +253,23 @@ class CudaRouter:
             raise ValueError("the CUDA router selects at most 32 experts, from the kept groups")
         self.fused = fused
         self.counter = counter
+        self.max_tokens = max_tokens
         self.device = fused.weight.device
-        self._kernel = None
-        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._kernels: dict[int, Any] = {}
+        self._scratch: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def launch(self) -> LaunchPolicy:
         return self.fused.launch
 
-    def kernel(self):
-        if self._kernel is None:
+    def kernel(self, tokens: int = 1):
+        """The kernel for calls of `tokens` tokens (compiled or loaded from the cache on first use)."""
+        if tokens not in self._kernels:
             from solo.kernels.cuda_runtime import CudaKernel
 
             f = self.fused
             defines = {
+                "T": tokens,
                 "H": f.hidden,
                 "E": f.num_experts,
                 "GROUPS": f.n_group,
@@ -243,33 +279,48 @@ class CudaRouter:
                 "WARPS": self.WARPS,
                 "EPW": 1,
             }
-            self._kernel = CudaKernel(ROUTER_SOURCE, "router_decode", defines, self.device)
-            dev = self.device
-            self._scratch = (
-                torch.empty(f.num_experts, dtype=torch.float32, device=dev),
-                torch.zeros(1, dtype=torch.int32, device=dev),
+            self._kernels[tokens] = CudaKernel(ROUTER_SOURCE, "router_decode", defines, self.device)
+            self._scratch[tokens] = (  # per token count: graphs of each point at their own
+                torch.empty((tokens, f.num_experts), dtype=torch.float32, device=self.device),
+                torch.zeros(1, dtype=torch.int32, device=self.device),
             )
-        return self._kernel
+        return self._kernels[tokens]
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """As FusedRouter.__call__; one token runs here, several on the Triton kernels."""
-        if x.shape[0] != 1:
+        """As FusedRouter.__call__; up to `max_tokens` tokens run here, more on the Triton kernels."""
+        tokens = x.shape[0]
+        if not 1 <= tokens <= self.max_tokens:
             return self.fused(x)
         f = self.fused
-        if x.ndim != 2 or x.shape[1] != f.hidden or not x.is_contiguous() or x.dtype != torch.bfloat16:
-            raise ValueError(f"the CUDA router takes a contiguous bf16 [1, {f.hidden}] tensor, got {tuple(x.shape)}")
-        if x.data_ptr() % 16:
+        if not _row_major(x, tokens, f.hidden):
+            raise ValueError(f"the CUDA router takes row-major bf16 [{tokens}, {f.hidden}], got {tuple(x.shape)}")
+        if x.data_ptr() % 16 or x.stride(0) % 8:
             raise ValueError("the CUDA router reads x in 16-byte pieces; it is not aligned")
-        kernel = self.kernel()
-        scores, arrived = self._scratch
-        xn = torch.empty((1, f.hidden), dtype=torch.bfloat16, device=x.device)
-        ids = torch.empty((1, f.top_k), dtype=torch.int32, device=x.device)
-        wts = torch.empty((1, f.top_k), dtype=torch.float32, device=x.device)
+        kernel = self.kernel(tokens)
+        scores, arrived = self._scratch[tokens]
+        xn = torch.empty((tokens, f.hidden), dtype=torch.bfloat16, device=x.device)
+        ids = torch.empty((tokens, f.top_k), dtype=torch.int32, device=x.device)
+        wts = torch.empty((tokens, f.top_k), dtype=torch.float32, device=x.device)
+        launch = self.launch.at(tokens)
         kernel.launch(
             f.num_experts // self.WARPS,
             32 * self.WARPS,
-            [x, f.norm_weight, f.weight, f.bias, xn, scores, arrived, ids, wts, self.counter, f.eps, f.scaling],
-            dependent=self.launch.pdl,
+            [
+                x,
+                f.norm_weight,
+                f.weight,
+                f.bias,
+                xn,
+                scores,
+                arrived,
+                ids,
+                wts,
+                self.counter,
+                f.eps,
+                f.scaling,
+                x.stride(0),
+            ],
+            dependent=launch.pdl,
         )
-        self.launch.record(self.family, kernel)
+        launch.record(self.family, kernel)
         return xn, ids, wts

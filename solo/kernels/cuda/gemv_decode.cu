@@ -1,6 +1,7 @@
-// One-token FP8 GEMV of the decode step, with its neighbours fused in (solo/kernels/cuda_step.py).
+// FP8 GEMV of the decode step (one token) and of NEXTN verification (a few), with its neighbours fused
+// in (solo/kernels/cuda_step.py).
 //
-// out[r] = epilogue(sum_k W[r, k] * prologue(x)[k] * scale) for one token. At batch size 1 a
+// out[t, r] = epilogue(sum_k W[r, k] * prologue(x)[t, k] * scale) for T <= 8 tokens. At batch size 1 a
 // projection is a stream of weight bytes; what costs is everything around the stream. Here:
 //   - each block computes the prologue (norm, gate, rounding) once into shared memory, with every
 //     load of x issued before the first is used (a loop of dependent loads cost 5-10 us);
@@ -12,7 +13,9 @@
 //     K is permuted consistently for W and x (a sum does not care about order): lane (g, t) takes row
 //     g and columns 16t..16t+15 of each 64-column step; the x fragments come from shared memory in
 //     the same order, every B column equal to x; fp32 accumulation; rows g + 8 of the product are
-//     the SwiGLU up rows, or zero. About one instruction per weight byte instead of three;
+//     the SwiGLU up rows, or zero. About one instruction per weight byte instead of three. B column n
+//     is token n's x (n < T; the others repeat the last token and are never read back), so T tokens
+//     cost the same products and weight bytes as one: lane (g, t) ends with tokens 2t and 2t + 1;
 //   - the block scale multiplies each 64-column step's fp32 partial, the row scale the row's sum;
 //   - each warp keeps PF loads in flight, continuing into its next task, and the first task's
 //     weights are loaded before griddepcontrol.wait: under programmatic dependent launch they stream
@@ -20,7 +23,8 @@
 //     kernel launch when it starts its last task.
 // Block 0 bumps the launch counter (start-up checks read it).
 //
-// Defines: K (input width, multiple of 64), ROWS (output rows; SwiGLU: the gate rows, W holds
+// Defines: T (tokens, 1..8; row strides of x, gate, out, residual, addend and xn_out are arguments),
+// K (input width, multiple of 64), ROWS (output rows; SwiGLU: the gate rows, W holds
 // [gate; up]), NORM (0 none, 1 RMSNorm over K, 2 gated per-group RMSNorm of GROUP <= 256), SCALE
 // (1 block 128x128, 2 one per row), EPI (0 store, 1 residual (+ addend if ADD), 2 SwiGLU (+ clamp if
 // HAS_LIMIT)), OUT_F32 (EPI 0: fp32 output), WRITE_XN (block 0 writes the prologue's x as bf16),
@@ -34,7 +38,8 @@
 #define KB ((K + 127) / 128)     // 128-column scale blocks
 #define SWIGLU (EPI == 2)
 #define TASKS ((ROWS + 7) / 8)   // block tasks of 8 rows
-#define PIECES ((K / 8 + THREADS - 1) / THREADS)  // 8-element pieces of x per thread
+#define PIECES ((K / 8 + THREADS - 1) / THREADS)  // 8-element pieces of a token's x per thread
+#define LIVE ((T + 1) / 2)       // lanes t < LIVE hold tokens of the product (2t, 2t + 1)
 
 __device__ __forceinline__ u16 to_bf16(float f) { return (u16)(__float_as_uint(round_bf16(f)) >> 16); }
 
@@ -62,85 +67,95 @@ __device__ __forceinline__ void mma(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u3
 }
 
 struct Shared {
-    u32 xh[K / 2];                   // the prologue's x as f16 pairs
-    float part[2][WARPS][2][8];      // per task parity, warp, gate/up, row: the K slices' sums
-    float red[WARPS];
+    u32 xh[T][K / 2];                // the prologue's x as f16 pairs
+    float part[2][WARPS][2][8][T];   // per task parity, warp, gate/up, row, token: the K slices' sums
+    float red[T][WARPS];
 };
 
-// ---- the prologue: x -> xh (f16 pairs), every load issued before the first is used
-__device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, const u16 *__restrict__ nw,
-                                         const u16 *__restrict__ gate, u16 *__restrict__ xn_out, float eps) {
+// ---- the prologue: x -> xh (f16 pairs), every load of every token issued before the first is used
+__device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, int x_stride,
+                                         const u16 *__restrict__ nw, const u16 *__restrict__ gate, int gate_stride,
+                                         u16 *__restrict__ xn_out, int xn_stride, float eps) {
     const int tid = threadIdx.x;
-    uint4 xv[PIECES];
+    uint4 xv[T][PIECES];
 #if NORM == 1
     uint4 nv[PIECES];
 #elif NORM == 2
-    uint4 gv[PIECES], nv[PIECES];
+    uint4 gv[T][PIECES], nv[PIECES];
 #endif
 #pragma unroll
     for (int p = 0; p < PIECES; ++p) {
         const int i = p * THREADS + tid;
         const bool ok = i < K / 8;
-        xv[p] = ok ? ld_fresh(x + i * 8) : uint4{0u, 0u, 0u, 0u};
+#pragma unroll
+        for (int r = 0; r < T; ++r) {
+            xv[r][p] = ok ? ld_fresh(x + (size_t)r * x_stride + i * 8) : uint4{0u, 0u, 0u, 0u};
+#if NORM == 2
+            gv[r][p] = ok ? ld_fresh(gate + (size_t)r * gate_stride + i * 8) : uint4{0u, 0u, 0u, 0u};
+#endif
+        }
 #if NORM == 1
         nv[p] = ok ? ld_vec(nw + i * 8) : uint4{0u, 0u, 0u, 0u};
 #elif NORM == 2
-        gv[p] = ok ? ld_fresh(gate + i * 8) : uint4{0u, 0u, 0u, 0u};
         nv[p] = ok ? ld_vec(nw + (i * 8) % GROUP) : uint4{0u, 0u, 0u, 0u};
 #endif
     }
 #if NORM == 1
-    const float rstd = block_rstd<PIECES, WARPS>(xv, sm.red, K, eps);
+    float rstd[T];
+    block_rstd<T, PIECES, WARPS>(xv, sm.red, K, eps, rstd);
 #endif
 #pragma unroll
-    for (int p = 0; p < PIECES; ++p) {
-        const int i = p * THREADS + tid;
-        float v[8];
+    for (int r = 0; r < T; ++r) {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            v[2 * q] = bf16_to_float(word(xv[p], q) & 0xFFFFu);
-            v[2 * q + 1] = bf16_to_float(word(xv[p], q) >> 16);
-        }
+        for (int p = 0; p < PIECES; ++p) {
+            const int i = p * THREADS + tid;
+            float v[8];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                v[2 * q] = bf16_to_float(word(xv[r][p], q) & 0xFFFFu);
+                v[2 * q + 1] = bf16_to_float(word(xv[r][p], q) >> 16);
+            }
 #if NORM == 1
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const u32 xq = word(xv[p], q), nq = word(nv[p], q);
-            v[2 * q] = rms_value(xq & 0xFFFFu, rstd, nq & 0xFFFFu);
-            v[2 * q + 1] = rms_value(xq >> 16, rstd, nq >> 16);
-        }
+            for (int q = 0; q < 4; ++q) {
+                const u32 xq = word(xv[r][p], q), nq = word(nv[p], q);
+                v[2 * q] = rms_value(xq & 0xFFFFu, rstd[r], nq & 0xFFFFu);
+                v[2 * q + 1] = rms_value(xq >> 16, rstd[r], nq >> 16);
+            }
 #elif NORM == 2
-        // a group of GROUP columns is GROUP / 8 consecutive pieces: consecutive lanes of one warp
-        float sq = 0.0f;
+            // a group of GROUP columns is GROUP / 8 consecutive pieces: consecutive lanes of one warp
+            float sq = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) sq = fmaf(v[j], v[j], sq);
+            for (int j = 0; j < 8; ++j) sq = fmaf(v[j], v[j], sq);
 #pragma unroll
-        for (int o = 1; o < GROUP / 8; o <<= 1) sq += __shfl_xor_sync(0xFFFFFFFFu, sq, o);
-        const float r = __frcp_rn(__fsqrt_rn(__fdiv_rn(sq, (float)GROUP) + eps));
+            for (int o = 1; o < GROUP / 8; o <<= 1) sq += __shfl_xor_sync(0xFFFFFFFFu, sq, o);
+            const float rs = __frcp_rn(__fsqrt_rn(__fdiv_rn(sq, (float)GROUP) + eps));
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const u32 gq = word(gv[p], q), nq = word(nv[p], q);
+            for (int q = 0; q < 4; ++q) {
+                const u32 gq = word(gv[r][p], q), nq = word(nv[p], q);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float g = bf16_to_float(h ? gq >> 16 : gq & 0xFFFFu);
-                const float wn = bf16_to_float(h ? nq >> 16 : nq & 0xFFFFu);
-                const float sig = 1.0f / (1.0f + __expf(-g));
-                v[2 * q + h] = round_bf16(wn * (v[2 * q + h] * r) * sig);
+                for (int h = 0; h < 2; ++h) {
+                    const float g = bf16_to_float(h ? gq >> 16 : gq & 0xFFFFu);
+                    const float wn = bf16_to_float(h ? nq >> 16 : nq & 0xFFFFu);
+                    const float sig = 1.0f / (1.0f + __expf(-g));
+                    v[2 * q + h] = round_bf16(wn * (v[2 * q + h] * rs) * sig);
+                }
             }
-        }
 #endif
-        if (i < K / 8) {
-            uint4 packed;
-            packed.x = f16x2(v[0], v[1]);
-            packed.y = f16x2(v[2], v[3]);
-            packed.z = f16x2(v[4], v[5]);
-            packed.w = f16x2(v[6], v[7]);
-            *reinterpret_cast<uint4 *>(sm.xh + i * 4) = packed;
+            if (i < K / 8) {
+                uint4 packed;
+                packed.x = f16x2(v[0], v[1]);
+                packed.y = f16x2(v[2], v[3]);
+                packed.z = f16x2(v[4], v[5]);
+                packed.w = f16x2(v[6], v[7]);
+                *reinterpret_cast<uint4 *>(sm.xh[r] + i * 4) = packed;
 #if WRITE_XN
-            if (blockIdx.x == 0) {
-                *reinterpret_cast<uint4 *>(xn_out + i * 8) =
-                    uint4{bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]), bf16_pair(v[4], v[5]), bf16_pair(v[6], v[7])};
-            }
+                if (blockIdx.x == 0) {
+                    *reinterpret_cast<uint4 *>(xn_out + (size_t)r * xn_stride + i * 8) = uint4{
+                        bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]), bf16_pair(v[4], v[5]), bf16_pair(v[6], v[7])};
+                }
 #endif
+            }
         }
     }
     __syncthreads();
@@ -159,21 +174,23 @@ __device__ __forceinline__ void issue(uint4 &gate_v, uint4 &up_v, const unsigned
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-gemv_decode(const u16 *__restrict__ x,            // [K] bf16
+gemv_decode(const u16 *__restrict__ x,            // [T, K] bf16 (rows x_stride apart)
             const u16 *__restrict__ nw,           // norm weight: [K] (NORM 1), [GROUP] (NORM 2)
-            const u16 *__restrict__ gate,         // [K] (NORM 2: the sigmoid gate)
+            const u16 *__restrict__ gate,         // [T, K] (NORM 2: the sigmoid gate)
             const unsigned char *__restrict__ w,  // [ROWS * (1 + SWIGLU), K] e4m3
             const float *__restrict__ s,          // [ceil(rows / 128), KB] (SCALE 1) or [rows] (SCALE 2)
-            void *out,                            // [ROWS] bf16 (fp32 with OUT_F32)
-            const u16 *residual,                  // [ROWS] (EPI 1; may be out itself)
-            const u16 *__restrict__ addend,       // [ROWS] (EPI 1 with ADD)
-            u16 *__restrict__ xn_out,             // [K] (WRITE_XN)
+            void *out,                            // [T, ROWS] bf16 (fp32 with OUT_F32)
+            const u16 *residual,                  // [T, ROWS] (EPI 1; may be out itself)
+            const u16 *__restrict__ addend,       // [T, ROWS] (EPI 1 with ADD)
+            u16 *__restrict__ xn_out,             // [T, K] (WRITE_XN)
             int *__restrict__ count,              // launch counter
-            float eps, float limit) {
+            float eps, float limit, int x_stride, int gate_stride, int out_stride, int residual_stride,
+            int addend_stride, int xn_stride) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared &sm = *reinterpret_cast<Shared *>(smem_raw);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
+    const u32 *xrow = sm.xh[g < T ? g : T - 1];  // this lane's B column: token g
 
     uint4 ring[PF], ring_up[PF];
     int task = blockIdx.x;
@@ -183,12 +200,13 @@ gemv_decode(const u16 *__restrict__ x,            // [K] bf16
     // the weights do not depend on the previous kernel; everything below does
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
-    prologue(sm, x, nw, gate, xn_out, eps);
+    prologue(sm, x, x_stride, nw, gate, gate_stride, xn_out, xn_stride, eps);
 
     for (int parity = 0; task < TASKS; task += gridDim.x, parity ^= 1) {
         const int next = task + gridDim.x;
         if (next >= TASKS) asm volatile("griddepcontrol.launch_dependents;");  // this block's last task
-        float acc = 0.0f, acc_up = 0.0f;
+        // tokens 2t and 2t + 1 of gate row g (acc) and up row g (acc_up)
+        float acc[2] = {0.0f, 0.0f}, acc_up[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int st = 0; st < SPW; ++st) {
             const uint4 v = ring[st % PF];
@@ -201,8 +219,8 @@ gemv_decode(const u16 *__restrict__ x,            // [K] bf16
             else if (next < TASKS)
                 issue(ring[st % PF], ring_up[st % PF], w, next, st + PF - SPW, warp, lane);
             const int col = (warp * SPW + st) * 64 + t * 16;
-            const uint4 xa = *reinterpret_cast<const uint4 *>(sm.xh + col / 2);
-            const uint4 xb = *reinterpret_cast<const uint4 *>(sm.xh + col / 2 + 4);
+            const uint4 xa = *reinterpret_cast<const uint4 *>(xrow + col / 2);
+            const uint4 xb = *reinterpret_cast<const uint4 *>(xrow + col / 2 + 4);
             const u32 xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
             const u32 wv[4] = {v.x, v.y, v.z, v.w};
 #if SWIGLU
@@ -223,57 +241,71 @@ gemv_decode(const u16 *__restrict__ x,            // [K] bf16
             const int row = task * 8 + g;
             const int kb = ((warp * SPW + st) * 64) / 128;
             const float sg = row < ROWS ? __ldg(s + (row / 128) * KB + kb) : 0.0f;
-            acc = fmaf(c[0] + d[0], sg, acc);
+            acc[0] = fmaf(c[0] + d[0], sg, acc[0]);
+            if (T > 1) acc[1] = fmaf(c[1] + d[1], sg, acc[1]);
 #if SWIGLU
             const float su = row < ROWS ? __ldg(s + ((row + ROWS) / 128) * KB + kb) : 0.0f;
-            acc_up = fmaf(c[2] + d[2], su, acc_up);
+            acc_up[0] = fmaf(c[2] + d[2], su, acc_up[0]);
+            if (T > 1) acc_up[1] = fmaf(c[3] + d[3], su, acc_up[1]);
 #endif
 #else
-            acc += c[0] + d[0];
+            acc[0] += c[0] + d[0];
+            if (T > 1) acc[1] += c[1] + d[1];
 #if SWIGLU
-            acc_up += c[2] + d[2];
+            acc_up[0] += c[2] + d[2];
+            if (T > 1) acc_up[1] += c[3] + d[3];
 #endif
 #endif
         }
-        // the K slices of the block's warps, summed in warp order; lanes t == 0 hold rows g
-        if (t == 0) {
-            sm.part[parity][warp][0][g] = acc;
-            sm.part[parity][warp][1][g] = acc_up;
+        // the K slices of the block's warps, summed in warp order; lanes t < LIVE hold rows g
+        if (t < LIVE) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int tok = 2 * t + h;
+                if (tok < T) {
+                    sm.part[parity][warp][0][g][tok] = acc[h];
+                    sm.part[parity][warp][1][g][tok] = acc_up[h];
+                }
+            }
         }
         __syncthreads();
-        if (warp == 0 && lane < 8) {
-            const int row = task * 8 + lane;
-            float y = 0.0f, u = 0.0f;
+        if (warp == 0) {
 #pragma unroll
-            for (int i = 0; i < WARPS; ++i) {
-                y += sm.part[parity][i][0][lane];
-                u += sm.part[parity][i][1][lane];
-            }
-            if (row < ROWS) {
+            for (int tok0 = 0; tok0 < T; tok0 += 4) {
+                const int r8 = lane & 7, tok = tok0 + (lane >> 3);
+                const int row = task * 8 + r8;
+                if (tok >= T || row >= ROWS) continue;
+                float y = 0.0f, u = 0.0f;
+#pragma unroll
+                for (int i = 0; i < WARPS; ++i) {
+                    y += sm.part[parity][i][0][r8][tok];
+                    u += sm.part[parity][i][1][r8][tok];
+                }
 #if SCALE == 2
                 y *= __ldg(s + row);
 #if SWIGLU
                 u *= __ldg(s + row + ROWS);
 #endif
 #endif
+                const size_t o = (size_t)tok * out_stride + row;
 #if SWIGLU
                 float act = y / (1.0f + __expf(-y));
 #if HAS_LIMIT
                 act = fminf(act, limit);
                 u = fminf(fmaxf(u, -limit), limit);
 #endif
-                reinterpret_cast<u16 *>(out)[row] = to_bf16(act * u);
+                reinterpret_cast<u16 *>(out)[o] = to_bf16(act * u);
 #elif EPI == 1
                 // the reference adds in the stream's dtype: the projection's output is rounded first
-                float o = bf16_to_float(ld_fresh_u16(residual + row)) + round_bf16(y);
+                float sum = bf16_to_float(ld_fresh_u16(residual + (size_t)tok * residual_stride + row)) + round_bf16(y);
 #if ADD
-                o += bf16_to_float(ld_fresh_u16(addend + row));
+                sum += bf16_to_float(ld_fresh_u16(addend + (size_t)tok * addend_stride + row));
 #endif
-                reinterpret_cast<u16 *>(out)[row] = to_bf16(o);
+                reinterpret_cast<u16 *>(out)[o] = to_bf16(sum);
 #elif OUT_F32
-                reinterpret_cast<float *>(out)[row] = y;
+                reinterpret_cast<float *>(out)[o] = y;
 #else
-                reinterpret_cast<u16 *>(out)[row] = to_bf16(y);
+                reinterpret_cast<u16 *>(out)[o] = to_bf16(y);
 #endif
             }
         }

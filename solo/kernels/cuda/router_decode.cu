@@ -1,20 +1,22 @@
-// One-token MoE router of the decode step in one launch (solo/kernels/cuda_step.py): RMSNorm,
-// router GEMV, sigmoid, grouped top-k, the semantics of solo/kernels/fused_router.py.
+// MoE router of the decode step (one token) and of NEXTN verification (a few) in one launch
+// (solo/kernels/cuda_step.py): RMSNorm, router GEMV, sigmoid, grouped top-k, the semantics of
+// solo/kernels/fused_router.py.
 //
 // Why CUDA: the router reads 2.6 MB, so its time is latency, and the Triton kernel spent it in a
 // chain of dependent steps (one warp per program looping over K chunks; the selection as about 30
 // arg-max reductions each through Triton's generic reduction). Here every warp loads its expert
 // row(s) in one go before griddepcontrol.wait (the weights do not depend on the previous kernel),
-// each block normalises x once into shared memory (block 0 also writes it for the experts), and
-// the last block to finish selects in one warp with lane-local work and shuffles:
+// each block normalises x once into shared memory (block 0 also writes it for the experts; a warp's
+// row meets every token, so T tokens read the weights once), and the last block to finish selects,
+// one warp per token, with lane-local work and shuffles:
 //   biased = score + bias (for the choice only); groups of E / GROUPS experts ranked by the sum of
 //   their two largest biased scores, the best KEEP kept (ties: lower index first); the TOPK largest
 //   biased scores among them in order (ties: lower index first); weights = their unbiased scores,
 //   renormalised if RENORM, times the routed scaling factor.
 // The arrival counter is reset by the last block, so graph replays need no memset.
 //
-// Defines: H (hidden, multiple of 256), E (experts, 32 <= E, power of two), GROUPS, KEEP, TOPK,
-// RENORM, WARPS (per block), EPW (experts per warp).
+// Defines: T (tokens, 1..8), H (hidden, multiple of 256), E (experts, 32 <= E, power of two), GROUPS,
+// KEEP, TOPK, RENORM, WARPS (per block), EPW (experts per warp).
 
 #include "step_common.cuh"
 
@@ -33,96 +35,9 @@ __device__ __forceinline__ float dot2(u32 w, float a, float b, float acc) {
 // better(a, ia, b, ib): a larger, or equal with a lower index
 __device__ __forceinline__ bool better(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
-router_decode(const u16 *__restrict__ x,       // [H] bf16 residual stream
-              const u16 *__restrict__ nw,      // [H] post-attention norm weight
-              const u16 *__restrict__ w,       // [E, H] bf16 router weight
-              const float *__restrict__ bias,  // [E] expert bias (selection only)
-              u16 *__restrict__ xn,            // [H] normalised x for the experts (written by block 0)
-              float *scores,                   // [E] scratch
-              int *arrived,                    // arrival counter (zero between launches)
-              int *__restrict__ ids,           // [TOPK]
-              float *__restrict__ wts,         // [TOPK]
-              int *__restrict__ count,         // launch counter
-              float eps, float scaling) {
-    __shared__ __align__(16) float xs[H];
-    __shared__ float partial[WARPS];
-    __shared__ int last;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int e0 = (blockIdx.x * WARPS + warp) * EPW;
-
-    uint4 row[EPW][NCH];
-#pragma unroll
-    for (int j = 0; j < EPW; ++j)
-#pragma unroll
-        for (int c = 0; c < NCH; ++c) {
-            const int col = c * 256 + lane * 8;  // bf16 columns
-            row[j][c] = col < H ? ld_stream(w + (size_t)(e0 + j) * H + col) : uint4{0u, 0u, 0u, 0u};
-        }
-    // the weights do not depend on the previous kernel; everything below does
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
-
-    // x and the norm weight, every load issued before the first is used
-    uint4 xv[PIECES], nv[PIECES];
-#pragma unroll
-    for (int p = 0; p < PIECES; ++p) {
-        const int i = p * THREADS + threadIdx.x;
-        xv[p] = i < H / 8 ? ld_fresh(x + i * 8) : uint4{0u, 0u, 0u, 0u};
-        nv[p] = i < H / 8 ? *reinterpret_cast<const uint4 *>(nw + i * 8) : uint4{0u, 0u, 0u, 0u};
-    }
-    const float rstd = block_rstd<PIECES, WARPS>(xv, partial, H, eps);
-#pragma unroll
-    for (int p = 0; p < PIECES; ++p) {
-        const int i = p * THREADS + threadIdx.x;
-        if (i >= H / 8) continue;
-        u32 out[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const u32 xq = word(xv[p], j), nq = word(nv[p], j);
-            const float lo = rms_value(xq & 0xFFFFu, rstd, nq & 0xFFFFu), hi = rms_value(xq >> 16, rstd, nq >> 16);
-            xs[i * 8 + 2 * j] = lo;
-            xs[i * 8 + 2 * j + 1] = hi;
-            out[j] = bf16_pair(lo, hi);
-        }
-        if (blockIdx.x == 0) *reinterpret_cast<uint4 *>(xn + i * 8) = uint4{out[0], out[1], out[2], out[3]};
-    }
-    __syncthreads();
-
-#pragma unroll
-    for (int j = 0; j < EPW; ++j) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int c = 0; c < NCH; ++c) {
-            const int col = c * 256 + lane * 8;
-            if (col < H) {
-                const float4 *xv = reinterpret_cast<const float4 *>(xs + col);
-                const float4 lo = xv[0], hi = xv[1];
-                const uint4 v = row[j][c];
-                acc = dot2(v.x, lo.x, lo.y, acc);
-                acc = dot2(v.y, lo.z, lo.w, acc);
-                acc = dot2(v.z, hi.x, hi.y, acc);
-                acc = dot2(v.w, hi.z, hi.w, acc);
-            }
-        }
-        acc = warp_sum(acc);
-        if (lane == 0) {
-            scores[e0 + j] = 1.0f / (1.0f + __expf(-acc));
-            __threadfence();  // visible to the last block before this one counts itself in
-        }
-    }
-
-    // ---- the last block to arrive selects; the next kernel may launch now
-    asm volatile("griddepcontrol.launch_dependents;");
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(arrived, 1) == (int)gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!last || warp != 0) return;
-    __threadfence();
-
+// One token's selection by one warp: scores [E] (sigmoid), bias [E] -> ids, wts [TOPK].
+__device__ __forceinline__ void select_token(const float *scores, const float *__restrict__ bias,
+                                             int *__restrict__ ids, float *__restrict__ wts, int lane, float scaling) {
     float sc[EPL], bsd[EPL];
 #pragma unroll
     for (int j = 0; j < EPL; ++j) {
@@ -207,5 +122,108 @@ router_decode(const u16 *__restrict__ x,       // [H] bf16 residual stream
         ids[lane] = my_ids;
         wts[lane] = my_wts * scaling;
     }
-    if (lane == 0) atomicExch(arrived, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+router_decode(const u16 *__restrict__ x,       // [T, H] bf16 residual stream (rows x_stride apart)
+              const u16 *__restrict__ nw,      // [H] post-attention norm weight
+              const u16 *__restrict__ w,       // [E, H] bf16 router weight
+              const float *__restrict__ bias,  // [E] expert bias (selection only)
+              u16 *__restrict__ xn,            // [T, H] normalised x for the experts (written by block 0)
+              float *scores,                   // [T, E] scratch
+              int *arrived,                    // arrival counter (zero between launches)
+              int *__restrict__ ids,           // [T, TOPK]
+              float *__restrict__ wts,         // [T, TOPK]
+              int *__restrict__ count,         // launch counter
+              float eps, float scaling, int x_stride) {
+    __shared__ __align__(16) u32 xs[T][H / 2];  // normalised x, bf16 pairs (exact: the reference's values)
+    __shared__ float partial[T][WARPS];
+    __shared__ int last;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e0 = (blockIdx.x * WARPS + warp) * EPW;
+
+    uint4 row[EPW][NCH];
+#pragma unroll
+    for (int j = 0; j < EPW; ++j)
+#pragma unroll
+        for (int c = 0; c < NCH; ++c) {
+            const int col = c * 256 + lane * 8;  // bf16 columns
+            row[j][c] = col < H ? ld_stream(w + (size_t)(e0 + j) * H + col) : uint4{0u, 0u, 0u, 0u};
+        }
+    // the weights do not depend on the previous kernel; everything below does
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
+
+    // x and the norm weight, every load issued before the first is used
+    uint4 xv[T][PIECES], nv[PIECES];
+#pragma unroll
+    for (int p = 0; p < PIECES; ++p) {
+        const int i = p * THREADS + threadIdx.x;
+#pragma unroll
+        for (int r = 0; r < T; ++r)
+            xv[r][p] = i < H / 8 ? ld_fresh(x + (size_t)r * x_stride + i * 8) : uint4{0u, 0u, 0u, 0u};
+        nv[p] = i < H / 8 ? *reinterpret_cast<const uint4 *>(nw + i * 8) : uint4{0u, 0u, 0u, 0u};
+    }
+    float rstd[T];
+    block_rstd<T, PIECES, WARPS>(xv, partial, H, eps, rstd);
+#pragma unroll
+    for (int r = 0; r < T; ++r) {
+#pragma unroll
+        for (int p = 0; p < PIECES; ++p) {
+            const int i = p * THREADS + threadIdx.x;
+            if (i >= H / 8) continue;
+            u32 out[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const u32 xq = word(xv[r][p], j), nq = word(nv[p], j);
+                out[j] = bf16_pair(rms_value(xq & 0xFFFFu, rstd[r], nq & 0xFFFFu), rms_value(xq >> 16, rstd[r], nq >> 16));
+            }
+            const uint4 packed = uint4{out[0], out[1], out[2], out[3]};
+            *reinterpret_cast<uint4 *>(&xs[r][i * 4]) = packed;
+            if (blockIdx.x == 0) *reinterpret_cast<uint4 *>(xn + (size_t)r * H + i * 8) = packed;
+        }
+    }
+    __syncthreads();
+
+#pragma unroll
+    for (int j = 0; j < EPW; ++j) {
+        float acc[T];
+#pragma unroll
+        for (int r = 0; r < T; ++r) acc[r] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < NCH; ++c) {
+            const int col = c * 256 + lane * 8;
+            if (col < H) {
+                const uint4 v = row[j][c];
+#pragma unroll
+                for (int r = 0; r < T; ++r) {
+                    const uint4 xq = *reinterpret_cast<const uint4 *>(&xs[r][col / 2]);
+                    acc[r] = dot2(v.x, bf16_to_float(xq.x & 0xFFFFu), bf16_to_float(xq.x >> 16), acc[r]);
+                    acc[r] = dot2(v.y, bf16_to_float(xq.y & 0xFFFFu), bf16_to_float(xq.y >> 16), acc[r]);
+                    acc[r] = dot2(v.z, bf16_to_float(xq.z & 0xFFFFu), bf16_to_float(xq.z >> 16), acc[r]);
+                    acc[r] = dot2(v.w, bf16_to_float(xq.w & 0xFFFFu), bf16_to_float(xq.w >> 16), acc[r]);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < T; ++r) {
+            const float total = warp_sum(acc[r]);
+            if (lane == 0) scores[r * E + e0 + j] = 1.0f / (1.0f + __expf(-total));
+        }
+        if (lane == 0) __threadfence();  // visible to the last block before this one counts itself in
+    }
+
+    // ---- the last block to arrive selects, warp r for tokens r, r + WARPS, ...; the next kernel may launch now
+    asm volatile("griddepcontrol.launch_dependents;");
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(arrived, 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int tok = warp; tok < T; tok += WARPS) select_token(scores + tok * E, bias, ids + tok * TOPK, wts + tok * TOPK, lane, scaling);
+    __syncthreads();
+    if (threadIdx.x == 0) atomicExch(arrived, 0);
 }

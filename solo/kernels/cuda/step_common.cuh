@@ -45,28 +45,36 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// RMSNorm's 1 / rms over n bf16 values held as 8-element pieces by every thread of the block (zeros
-// past the end): the sum of squares reduced over the warps through `red` [warps].
-template <int NP, int NW>
-__device__ __forceinline__ float block_rstd(const uint4 (&xv)[NP], float *red, int n, float eps) {
-    float ss = 0.0f;
+// RMSNorm's 1 / rms of NT rows of n bf16 values, each held as 8-element pieces by every thread of the
+// block (zeros past the end): the sums of squares reduced over the warps through `red` [NT][NW].
+template <int NT, int NP, int NW>
+__device__ __forceinline__ void block_rstd(const uint4 (&xv)[NT][NP], float (*red)[NW], int n, float eps,
+                                           float (&rstd)[NT]) {
+    float ss[NT];
 #pragma unroll
-    for (int p = 0; p < NP; ++p) {
+    for (int r = 0; r < NT; ++r) {
+        ss[r] = 0.0f;
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const u32 xq = word(xv[p], q);
-            const float lo = bf16_to_float(xq & 0xFFFFu), hi = bf16_to_float(xq >> 16);
-            ss = fmaf(lo, lo, ss);
-            ss = fmaf(hi, hi, ss);
+        for (int p = 0; p < NP; ++p) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const u32 xq = word(xv[r][p], q);
+                const float lo = bf16_to_float(xq & 0xFFFFu), hi = bf16_to_float(xq >> 16);
+                ss[r] = fmaf(lo, lo, ss[r]);
+                ss[r] = fmaf(hi, hi, ss[r]);
+            }
         }
+        ss[r] = warp_sum(ss[r]);
+        if ((threadIdx.x & 31) == 0) red[r][threadIdx.x >> 5] = ss[r];
     }
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
     __syncthreads();
-    ss = 0.0f;
 #pragma unroll
-    for (int i = 0; i < NW; ++i) ss += red[i];
-    return __frcp_rn(__fsqrt_rn(__fdiv_rn(ss, (float)n) + eps));
+    for (int r = 0; r < NT; ++r) {
+        float total = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NW; ++i) total += red[r][i];
+        rstd[r] = __frcp_rn(__fsqrt_rn(__fdiv_rn(total, (float)n) + eps));
+    }
 }
 
 // One normalised value as the reference rounds it: normalise in fp32, round to bf16, times the bf16
