@@ -120,7 +120,7 @@ class CudaGemv:
             f, cfg = self.fused, self.launch_config
             warps = warps_for(self.k, cfg.warps or choose_launch(self.rows).warps)
             defines = {
-                "T": tokens,
+                "NTOK": tokens,
                 "K": self.k,
                 "ROWS": self.rows,
                 "NORM": norm,
@@ -269,7 +269,7 @@ class CudaRouter:
 
             f = self.fused
             defines = {
-                "T": tokens,
+                "NTOK": tokens,
                 "H": f.hidden,
                 "E": f.num_experts,
                 "GROUPS": f.n_group,

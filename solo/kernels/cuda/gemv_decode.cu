@@ -1,7 +1,7 @@
 // FP8 GEMV of the decode step (one token) and of NEXTN verification (a few), with its neighbours fused
 // in (solo/kernels/cuda_step.py).
 //
-// out[t, r] = epilogue(sum_k W[r, k] * prologue(x)[t, k] * scale) for T <= 8 tokens. At batch size 1 a
+// out[t, r] = epilogue(sum_k W[r, k] * prologue(x)[t, k] * scale) for NTOK <= 8 tokens. At batch size 1 a
 // projection is a stream of weight bytes; what costs is everything around the stream. Here:
 //   - each block computes the prologue (norm, gate, rounding) once into shared memory, with every
 //     load of x issued before the first is used (a loop of dependent loads cost 5-10 us);
@@ -14,7 +14,7 @@
 //     g and columns 16t..16t+15 of each 64-column step; the x fragments come from shared memory in
 //     the same order, every B column equal to x; fp32 accumulation; rows g + 8 of the product are
 //     the SwiGLU up rows, or zero. About one instruction per weight byte instead of three. B column n
-//     is token n's x (n < T; the others repeat the last token and are never read back), so T tokens
+//     is token n's x (n < NTOK; the others repeat the last token and are never read back), so NTOK tokens
 //     cost the same products and weight bytes as one: lane (g, t) ends with tokens 2t and 2t + 1;
 //   - the block scale multiplies each 64-column step's fp32 partial, the row scale the row's sum;
 //   - each warp keeps PF loads in flight, continuing into its next task, and the first task's
@@ -23,7 +23,7 @@
 //     kernel launch when it starts its last task.
 // Block 0 bumps the launch counter (start-up checks read it).
 //
-// Defines: T (tokens, 1..8; row strides of x, gate, out, residual, addend and xn_out are arguments),
+// Defines: NTOK (tokens, 1..8; row strides of x, gate, out, residual, addend and xn_out are arguments),
 // K (input width, multiple of 64), ROWS (output rows; SwiGLU: the gate rows, W holds
 // [gate; up]), NORM (0 none, 1 RMSNorm over K, 2 gated per-group RMSNorm of GROUP <= 256), SCALE
 // (1 block 128x128, 2 one per row), EPI (0 store, 1 residual (+ addend if ADD), 2 SwiGLU (+ clamp if
@@ -39,7 +39,7 @@
 #define SWIGLU (EPI == 2)
 #define TASKS ((ROWS + 7) / 8)   // block tasks of 8 rows
 #define PIECES ((K / 8 + THREADS - 1) / THREADS)  // 8-element pieces of a token's x per thread
-#define LIVE ((T + 1) / 2)       // lanes t < LIVE hold tokens of the product (2t, 2t + 1)
+#define LIVE ((NTOK + 1) / 2)       // lanes t < LIVE hold tokens of the product (2t, 2t + 1)
 
 __device__ __forceinline__ u16 to_bf16(float f) { return (u16)(__float_as_uint(round_bf16(f)) >> 16); }
 
@@ -67,9 +67,9 @@ __device__ __forceinline__ void mma(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u3
 }
 
 struct Shared {
-    u32 xh[T][K / 2];                // the prologue's x as f16 pairs
-    float part[2][WARPS][2][8][T];   // per task parity, warp, gate/up, row, token: the K slices' sums
-    float red[T][WARPS];
+    u32 xh[NTOK][K / 2];                // the prologue's x as f16 pairs
+    float part[2][WARPS][2][8][NTOK];   // per task parity, warp, gate/up, row, token: the K slices' sums
+    float red[NTOK][WARPS];
 };
 
 // ---- the prologue: x -> xh (f16 pairs), every load of every token issued before the first is used
@@ -77,18 +77,18 @@ __device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, 
                                          const u16 *__restrict__ nw, const u16 *__restrict__ gate, int gate_stride,
                                          u16 *__restrict__ xn_out, int xn_stride, float eps) {
     const int tid = threadIdx.x;
-    uint4 xv[T][PIECES];
+    uint4 xv[NTOK][PIECES];
 #if NORM == 1
     uint4 nv[PIECES];
 #elif NORM == 2
-    uint4 gv[T][PIECES], nv[PIECES];
+    uint4 gv[NTOK][PIECES], nv[PIECES];
 #endif
 #pragma unroll
     for (int p = 0; p < PIECES; ++p) {
         const int i = p * THREADS + tid;
         const bool ok = i < K / 8;
 #pragma unroll
-        for (int r = 0; r < T; ++r) {
+        for (int r = 0; r < NTOK; ++r) {
             xv[r][p] = ok ? ld_fresh(x + (size_t)r * x_stride + i * 8) : uint4{0u, 0u, 0u, 0u};
 #if NORM == 2
             gv[r][p] = ok ? ld_fresh(gate + (size_t)r * gate_stride + i * 8) : uint4{0u, 0u, 0u, 0u};
@@ -101,11 +101,11 @@ __device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, 
 #endif
     }
 #if NORM == 1
-    float rstd[T];
-    block_rstd<T, PIECES, WARPS>(xv, sm.red, K, eps, rstd);
+    float rstd[NTOK];
+    block_rstd<NTOK, PIECES, WARPS>(xv, sm.red, K, eps, rstd);
 #endif
 #pragma unroll
-    for (int r = 0; r < T; ++r) {
+    for (int r = 0; r < NTOK; ++r) {
 #pragma unroll
         for (int p = 0; p < PIECES; ++p) {
             const int i = p * THREADS + tid;
@@ -174,15 +174,15 @@ __device__ __forceinline__ void issue(uint4 &gate_v, uint4 &up_v, const unsigned
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-gemv_decode(const u16 *__restrict__ x,            // [T, K] bf16 (rows x_stride apart)
+gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stride apart)
             const u16 *__restrict__ nw,           // norm weight: [K] (NORM 1), [GROUP] (NORM 2)
-            const u16 *__restrict__ gate,         // [T, K] (NORM 2: the sigmoid gate)
+            const u16 *__restrict__ gate,         // [NTOK, K] (NORM 2: the sigmoid gate)
             const unsigned char *__restrict__ w,  // [ROWS * (1 + SWIGLU), K] e4m3
             const float *__restrict__ s,          // [ceil(rows / 128), KB] (SCALE 1) or [rows] (SCALE 2)
-            void *out,                            // [T, ROWS] bf16 (fp32 with OUT_F32)
-            const u16 *residual,                  // [T, ROWS] (EPI 1; may be out itself)
-            const u16 *__restrict__ addend,       // [T, ROWS] (EPI 1 with ADD)
-            u16 *__restrict__ xn_out,             // [T, K] (WRITE_XN)
+            void *out,                            // [NTOK, ROWS] bf16 (fp32 with OUT_F32)
+            const u16 *residual,                  // [NTOK, ROWS] (EPI 1; may be out itself)
+            const u16 *__restrict__ addend,       // [NTOK, ROWS] (EPI 1 with ADD)
+            u16 *__restrict__ xn_out,             // [NTOK, K] (WRITE_XN)
             int *__restrict__ count,              // launch counter
             float eps, float limit, int x_stride, int gate_stride, int out_stride, int residual_stride,
             int addend_stride, int xn_stride) {
@@ -190,7 +190,7 @@ gemv_decode(const u16 *__restrict__ x,            // [T, K] bf16 (rows x_stride 
     Shared &sm = *reinterpret_cast<Shared *>(smem_raw);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const u32 *xrow = sm.xh[g < T ? g : T - 1];  // this lane's B column: token g
+    const u32 *xrow = sm.xh[g < NTOK ? g : NTOK - 1];  // this lane's B column: token g
 
     uint4 ring[PF], ring_up[PF];
     int task = blockIdx.x;
@@ -242,18 +242,18 @@ gemv_decode(const u16 *__restrict__ x,            // [T, K] bf16 (rows x_stride 
             const int kb = ((warp * SPW + st) * 64) / 128;
             const float sg = row < ROWS ? __ldg(s + (row / 128) * KB + kb) : 0.0f;
             acc[0] = fmaf(c[0] + d[0], sg, acc[0]);
-            if (T > 1) acc[1] = fmaf(c[1] + d[1], sg, acc[1]);
+            if (NTOK > 1) acc[1] = fmaf(c[1] + d[1], sg, acc[1]);
 #if SWIGLU
             const float su = row < ROWS ? __ldg(s + ((row + ROWS) / 128) * KB + kb) : 0.0f;
             acc_up[0] = fmaf(c[2] + d[2], su, acc_up[0]);
-            if (T > 1) acc_up[1] = fmaf(c[3] + d[3], su, acc_up[1]);
+            if (NTOK > 1) acc_up[1] = fmaf(c[3] + d[3], su, acc_up[1]);
 #endif
 #else
             acc[0] += c[0] + d[0];
-            if (T > 1) acc[1] += c[1] + d[1];
+            if (NTOK > 1) acc[1] += c[1] + d[1];
 #if SWIGLU
             acc_up[0] += c[2] + d[2];
-            if (T > 1) acc_up[1] += c[3] + d[3];
+            if (NTOK > 1) acc_up[1] += c[3] + d[3];
 #endif
 #endif
         }
@@ -262,7 +262,7 @@ gemv_decode(const u16 *__restrict__ x,            // [T, K] bf16 (rows x_stride 
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int tok = 2 * t + h;
-                if (tok < T) {
+                if (tok < NTOK) {
                     sm.part[parity][warp][0][g][tok] = acc[h];
                     sm.part[parity][warp][1][g][tok] = acc_up[h];
                 }
@@ -271,10 +271,10 @@ gemv_decode(const u16 *__restrict__ x,            // [T, K] bf16 (rows x_stride 
         __syncthreads();
         if (warp == 0) {
 #pragma unroll
-            for (int tok0 = 0; tok0 < T; tok0 += 4) {
+            for (int tok0 = 0; tok0 < NTOK; tok0 += 4) {
                 const int r8 = lane & 7, tok = tok0 + (lane >> 3);
                 const int row = task * 8 + r8;
-                if (tok >= T || row >= ROWS) continue;
+                if (tok >= NTOK || row >= ROWS) continue;
                 float y = 0.0f, u = 0.0f;
 #pragma unroll
                 for (int i = 0; i < WARPS; ++i) {

@@ -7,7 +7,7 @@
 // arg-max reductions each through Triton's generic reduction). Here every warp loads its expert
 // row(s) in one go before griddepcontrol.wait (the weights do not depend on the previous kernel),
 // each block normalises x once into shared memory (block 0 also writes it for the experts; a warp's
-// row meets every token, so T tokens read the weights once), and the last block to finish selects,
+// row meets every token, so NTOK tokens read the weights once), and the last block to finish selects,
 // one warp per token, with lane-local work and shuffles:
 //   biased = score + bias (for the choice only); groups of E / GROUPS experts ranked by the sum of
 //   their two largest biased scores, the best KEEP kept (ties: lower index first); the TOPK largest
@@ -15,7 +15,7 @@
 //   renormalised if RENORM, times the routed scaling factor.
 // The arrival counter is reset by the last block, so graph replays need no memset.
 //
-// Defines: T (tokens, 1..8), H (hidden, multiple of 256), E (experts, 32 <= E, power of two), GROUPS,
+// Defines: NTOK (tokens, 1..8), H (hidden, multiple of 256), E (experts, 32 <= E, power of two), GROUPS,
 // KEEP, TOPK, RENORM, WARPS (per block), EPW (experts per warp).
 
 #include "step_common.cuh"
@@ -125,19 +125,19 @@ __device__ __forceinline__ void select_token(const float *scores, const float *_
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-router_decode(const u16 *__restrict__ x,       // [T, H] bf16 residual stream (rows x_stride apart)
+router_decode(const u16 *__restrict__ x,       // [NTOK, H] bf16 residual stream (rows x_stride apart)
               const u16 *__restrict__ nw,      // [H] post-attention norm weight
               const u16 *__restrict__ w,       // [E, H] bf16 router weight
               const float *__restrict__ bias,  // [E] expert bias (selection only)
-              u16 *__restrict__ xn,            // [T, H] normalised x for the experts (written by block 0)
-              float *scores,                   // [T, E] scratch
+              u16 *__restrict__ xn,            // [NTOK, H] normalised x for the experts (written by block 0)
+              float *scores,                   // [NTOK, E] scratch
               int *arrived,                    // arrival counter (zero between launches)
-              int *__restrict__ ids,           // [T, TOPK]
-              float *__restrict__ wts,         // [T, TOPK]
+              int *__restrict__ ids,           // [NTOK, TOPK]
+              float *__restrict__ wts,         // [NTOK, TOPK]
               int *__restrict__ count,         // launch counter
               float eps, float scaling, int x_stride) {
-    __shared__ __align__(16) u32 xs[T][H / 2];  // normalised x, bf16 pairs (exact: the reference's values)
-    __shared__ float partial[T][WARPS];
+    __shared__ __align__(16) u32 xs[NTOK][H / 2];  // normalised x, bf16 pairs (exact: the reference's values)
+    __shared__ float partial[NTOK][WARPS];
     __shared__ int last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int e0 = (blockIdx.x * WARPS + warp) * EPW;
@@ -155,19 +155,19 @@ router_decode(const u16 *__restrict__ x,       // [T, H] bf16 residual stream (r
     if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
 
     // x and the norm weight, every load issued before the first is used
-    uint4 xv[T][PIECES], nv[PIECES];
+    uint4 xv[NTOK][PIECES], nv[PIECES];
 #pragma unroll
     for (int p = 0; p < PIECES; ++p) {
         const int i = p * THREADS + threadIdx.x;
 #pragma unroll
-        for (int r = 0; r < T; ++r)
+        for (int r = 0; r < NTOK; ++r)
             xv[r][p] = i < H / 8 ? ld_fresh(x + (size_t)r * x_stride + i * 8) : uint4{0u, 0u, 0u, 0u};
         nv[p] = i < H / 8 ? *reinterpret_cast<const uint4 *>(nw + i * 8) : uint4{0u, 0u, 0u, 0u};
     }
-    float rstd[T];
-    block_rstd<T, PIECES, WARPS>(xv, partial, H, eps, rstd);
+    float rstd[NTOK];
+    block_rstd<NTOK, PIECES, WARPS>(xv, partial, H, eps, rstd);
 #pragma unroll
-    for (int r = 0; r < T; ++r) {
+    for (int r = 0; r < NTOK; ++r) {
 #pragma unroll
         for (int p = 0; p < PIECES; ++p) {
             const int i = p * THREADS + threadIdx.x;
@@ -187,16 +187,16 @@ router_decode(const u16 *__restrict__ x,       // [T, H] bf16 residual stream (r
 
 #pragma unroll
     for (int j = 0; j < EPW; ++j) {
-        float acc[T];
+        float acc[NTOK];
 #pragma unroll
-        for (int r = 0; r < T; ++r) acc[r] = 0.0f;
+        for (int r = 0; r < NTOK; ++r) acc[r] = 0.0f;
 #pragma unroll
         for (int c = 0; c < NCH; ++c) {
             const int col = c * 256 + lane * 8;
             if (col < H) {
                 const uint4 v = row[j][c];
 #pragma unroll
-                for (int r = 0; r < T; ++r) {
+                for (int r = 0; r < NTOK; ++r) {
                     const uint4 xq = *reinterpret_cast<const uint4 *>(&xs[r][col / 2]);
                     acc[r] = dot2(v.x, bf16_to_float(xq.x & 0xFFFFu), bf16_to_float(xq.x >> 16), acc[r]);
                     acc[r] = dot2(v.y, bf16_to_float(xq.y & 0xFFFFu), bf16_to_float(xq.y >> 16), acc[r]);
@@ -206,7 +206,7 @@ router_decode(const u16 *__restrict__ x,       // [T, H] bf16 residual stream (r
             }
         }
 #pragma unroll
-        for (int r = 0; r < T; ++r) {
+        for (int r = 0; r < NTOK; ++r) {
             const float total = warp_sum(acc[r]);
             if (lane == 0) scores[r * E + e0 + j] = 1.0f / (1.0f + __expf(-total));
         }
@@ -223,7 +223,7 @@ router_decode(const u16 *__restrict__ x,       // [T, H] bf16 residual stream (r
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int tok = warp; tok < T; tok += WARPS) select_token(scores + tok * E, bias, ids + tok * TOPK, wts + tok * TOPK, lane, scaling);
+    for (int tok = warp; tok < NTOK; tok += WARPS) select_token(scores + tok * E, bias, ids + tok * TOPK, wts + tok * TOPK, lane, scaling);
     __syncthreads();
     if (threadIdx.x == 0) atomicExch(arrived, 0);
 }
