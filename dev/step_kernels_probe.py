@@ -11,8 +11,8 @@
 2. A chain like the decode step's projections (qkvfgb, o_proj, shared gate_up, shared down per
    layer, 10 layers, distinct weights): Triton vs CUDA, each with plain launches and with PDL
    (the CUDA kernels load their first weights before waiting on the previous kernel).
-3. 40 one-token routers (512 experts, hidden 2560, 8 groups keep 4, top-8): Triton vs CUDA, same
-   experts chosen, weights within rounding.
+3. 40 routers (512 experts, hidden 2560, 8 groups keep 4, top-8) of one token and of a verification
+   window (--router-tokens): Triton vs CUDA, same experts chosen, weights within rounding.
 Prints a table per part; --json writes everything.
 """
 
@@ -152,13 +152,13 @@ def chain(copy_gbs: float, device: torch.device, layers: int = 10) -> dict:
     return result
 
 
-def routers(copy_gbs: float, device: torch.device, count: int = 40) -> dict:
+def routers(copy_gbs: float, device: torch.device, tokens: int = 1, count: int = 40) -> dict:
     experts, hidden = 512, 2560
     g = torch.Generator(device=device).manual_seed(int(time.time()))
     weights = [torch.randn(experts, hidden, device=device, generator=g).mul(0.02).bfloat16() for _ in range(count)]
     biases = [torch.randn(experts, device=device, generator=g) * 0.01 for _ in range(count)]
     norm = (1 + 0.1 * torch.randn(hidden, device=device, generator=g)).to(torch.bfloat16)
-    xs = [torch.randn(1, hidden, device=device, generator=g).to(torch.bfloat16) for _ in range(count)]
+    xs = [torch.randn(tokens, hidden, device=device, generator=g).to(torch.bfloat16) for _ in range(count)]
     counters = torch.zeros(3, dtype=torch.int32, device=device)
     out: dict = {}
     picks = {}
@@ -177,10 +177,10 @@ def routers(copy_gbs: float, device: torch.device, count: int = 40) -> dict:
                 results[i] = made[i](xs[i])
 
             secs = graph_seconds([lambda i=i: call(i) for i in range(count)])
-            key = f"{impl}{'+pdl' if pdl else ''}"
+            key = f"T={tokens} {impl}{'+pdl' if pdl else ''}"
             picks[key] = results
             out[key] = {"us": secs * 1e6}
-    ref = picks["triton"]
+    ref = picks[f"T={tokens} triton"]
     for key, results in picks.items():
         same_ids = all(torch.equal(a[1], b[1]) for a, b in zip(results, ref, strict=True))
         wts_err = max(rel(a[2], b[2]) for a, b in zip(results, ref, strict=True))
@@ -199,15 +199,20 @@ def main() -> int:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="three CUDA configurations per shape")
+    p.add_argument("--router-tokens", default="1,4", help="token counts of the router part")
+    p.add_argument("--only-routers", action="store_true")
     args = p.parse_args()
     device = torch.device("cuda")
     copy_gbs = copy_bandwidth(device) / 1e9
     print(f"device-to-device copy bandwidth: {copy_gbs:.0f} GB/s ({torch.cuda.get_device_name()})", flush=True)
     report: dict = {"device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs, "torch": torch.__version__}
-    report["routers"] = routers(copy_gbs, device)
-    report["chain"] = chain(copy_gbs, device)
+    report["routers"] = {t: routers(copy_gbs, device, int(t)) for t in args.router_tokens.split(",")}
+    if args.only_routers:
+        args.shapes = ""
+    else:
+        report["chain"] = chain(copy_gbs, device)
     report["shapes"] = []
-    for name in args.shapes.split(","):
+    for name in filter(None, args.shapes.split(",")):
         report["shapes"].append(shape_rows(name, copy_gbs, device, args.quick))
         torch.cuda.empty_cache()
     if args.json:

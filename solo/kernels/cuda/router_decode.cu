@@ -223,7 +223,11 @@ router_decode(const u16 *__restrict__ x,       // [NTOK, H] bf16 residual stream
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int tok = warp; tok < NTOK; tok += WARPS) select_token(scores + tok * E, bias, ids + tok * TOPK, wts + tok * TOPK, lane, scaling);
+#pragma unroll
+    for (int k = 0; k < (NTOK + WARPS - 1) / WARPS; ++k) {
+        const int tok = warp + k * WARPS;
+        if (tok < NTOK) select_token(scores + tok * E, bias, ids + tok * TOPK, wts + tok * TOPK, lane, scaling);
+    }
     __syncthreads();
     if (threadIdx.x == 0) atomicExch(arrived, 0);
 }
