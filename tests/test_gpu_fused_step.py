@@ -189,6 +189,9 @@ def test_pdl_launches_compute_exactly_what_plain_launches_do_and_are_proven_at_s
     options = FastPathOptions(moe_backend="cuda", lm_head="fp8", block_fp8="on", decode_step="fused", pdl=True)
     with_pdl = accelerate(load_random_model(config, "cuda", torch.bfloat16, seed), options)
     assert with_pdl.decode_step.launch.pdl and not fused.decode_step.launch.pdl
+    if with_pdl.decode_step.kernels == "cuda":  # the CUDA kernels serve verification: it launches under PDL too
+        assert not with_pdl.decode_step.launch.one_token_only
+        assert with_pdl.decode_step.describe()["pdl_verify"]
     tok = Tokenizer(synthetic_tokenizer(VOCAB))
     engines = {}
     for name, model in (("plain", fused), ("pdl", with_pdl)):

@@ -45,8 +45,9 @@ COMPONENTS = (  # kernel name patterns -> component (first match wins)
 
 
 STEPS = ("fused", "reference", "auto")
-# modifiers of the fused step, joined with '+': pdl (its one-token kernels under PDL), pdlall (verification's
-# too), triton / cuda / cuda1 (the step kernels; cuda1: CUDA for one-token calls only, verification on Triton)
+# modifiers of the fused step, joined with '+': pdl (its kernels under PDL: one-token calls, and verification's
+# where the CUDA kernels serve it), pdlall (verification's always), triton / cuda / cuda1 (the step kernels;
+# cuda1: CUDA for one-token calls only, verification on Triton)
 STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1")
 
 
@@ -192,7 +193,7 @@ def load(args: argparse.Namespace, config: Config):
         pdl=config.pdl,
         step_kernels=config.step_kernels,
         step_kernel_tokens=config.step_kernel_tokens,
-        pdl_verify="pdlall" in config.modifiers,
+        pdl_verify=True if "pdlall" in config.modifiers else None,
         verify_tokens=args.verify_tokens,
     )
     t0 = time.perf_counter()

@@ -52,8 +52,9 @@ class FastPathOptions:
     # the largest call (tokens) the CUDA step kernels take: 8 covers decode and verification windows up
     # to 8; 1 keeps verification on Triton (the A/B of `solo bench decode`'s fused+cuda1)
     step_kernel_tokens: int = 8
-    # PDL for verification's kernels too (measured slower with the Triton kernels; an A/B knob)
-    pdl_verify: bool = False
+    # PDL for verification's kernels too: None (auto) where the CUDA step kernels serve the whole window
+    # (measured faster), not with the Triton ones (measured slower); True / False force it
+    pdl_verify: bool | None = None
 
     def __post_init__(self) -> None:
         if self.decode_step not in DECODE_STEPS:

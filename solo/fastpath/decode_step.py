@@ -268,7 +268,8 @@ class FusedDecodeStep:
     """Decode and verification forwards (a few tokens) of `model` on the fused kernels; see the module
     docstring. `token_counts`: the token counts it serves (others go to the reference layers). `pdl`:
     launch its one-token calls' kernels with programmatic dependent launch (solo.kernels.pdl; sm_90+),
-    and verification's too with `pdl_verify`. `kernels`: "cuda" runs the projections and routers of
+    and verification's too with `pdl_verify` (None: where the CUDA step kernels serve the whole
+    verification window, which measured faster under PDL; the Triton ones measured slower). `kernels`: "cuda" runs the projections and routers of
     calls of up to `cuda_tokens` tokens on solo.kernels.cuda_step's CUDA kernels (larger calls on
     Triton), "triton" all on Triton, "auto" CUDA where every one of them can run (Hopper, NVRTC, FP8
     projections), else Triton with the reason in `kernels_note`."""
@@ -280,14 +281,14 @@ class FusedDecodeStep:
         pdl: bool = False,
         kernels: str = "triton",
         cuda_tokens: int = 8,
-        pdl_verify: bool = False,
+        pdl_verify: bool | None = None,
     ) -> None:
         _check_model(model)
         if kernels not in STEP_KERNELS:
             raise ValueError(f"unknown step kernels {kernels!r}; choose one of {', '.join(STEP_KERNELS)}")
         if pdl and (reason := pdl_unavailable(model.device)) is not None:
             raise PDLUnavailable(f"--pdl on: {reason}. Use --pdl off.")
-        self.launch = LaunchPolicy(pdl, one_token_only=not pdl_verify)
+        self.launch = LaunchPolicy(pdl, one_token_only=pdl_verify is not True)
         self.cuda_tokens = cuda_tokens
         self.model = model
         self.config = model.config
@@ -311,6 +312,9 @@ class FusedDecodeStep:
             if reason is not None and kernels == "cuda":
                 raise StepKernelsUnavailable(f"--step-kernels cuda: {reason}.")
             self.kernels_note = reason or ""
+        if pdl_verify is None:  # settled once the kernels are: their objects share this policy
+            whole = self.kernels == "cuda" and not self.kernels_note and self.cuda_tokens >= max(self.token_counts)
+            self.launch.one_token_only = not whole
 
     def _slots(self) -> list[tuple[Any, str]]:
         """(owner, attribute) of every one-token projection and router of the step."""
