@@ -271,8 +271,9 @@ class FusedDecodeStep:
     and verification's too with `pdl_verify` (None: where the CUDA step kernels serve the whole
     verification window, which measured faster under PDL; the Triton ones measured slower).
     `kernels`: "cuda" runs the projections and routers of calls of up to `cuda_tokens` tokens on
-    solo.kernels.cuda_step's CUDA kernels (larger calls on Triton), "triton" all on Triton, "auto" CUDA where every one of them can run (Hopper, NVRTC, FP8
-    projections), else Triton with the reason in `kernels_note`."""
+    solo.kernels.cuda_step's CUDA kernels (larger calls on Triton), "triton" all on Triton, "auto"
+    CUDA where every one of them can run (Hopper, NVRTC, FP8 projections), else Triton with the
+    reason in `kernels_note`."""
 
     def __init__(
         self,
