@@ -58,6 +58,13 @@ FAMILIES = (
 )
 
 
+# The CUDA router takes calls of up to 8 tokens, but inside the whole verification step (4 tokens, full
+# Ling-3.0-flash shape, H200) the Triton router measured faster: 4.906 ms against 5.159 per verification
+# (dev/verify_kernels_ab.py, docs/performance.md), though alone in a chain of routers it is the faster
+# (14.4 us against 18.9: dev/step_kernels_probe.py). So the step's routers run on CUDA for one token only.
+ROUTER_CUDA_TOKENS = 1
+
+
 def _fuse_rows(linears: list[Linear], name: str) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
     """Concatenate the weights of Linears that read the same input into one [sum N, K] matrix (and
     their block scales), re-pointing each Linear at its rows. Returns (weight, scales, row offsets).
@@ -347,7 +354,8 @@ class FusedDecodeStep:
             kernel = getattr(owner, attr)
             try:
                 if isinstance(kernel, FusedRouter):
-                    swaps.append((owner, attr, CudaRouter(kernel, self.counter("cuda_router"), self.cuda_tokens)))
+                    router_tokens = min(self.cuda_tokens, ROUTER_CUDA_TOKENS)
+                    swaps.append((owner, attr, CudaRouter(kernel, self.counter("cuda_router"), router_tokens)))
                 else:
                     cuda = CudaGemv(kernel, self.counter("cuda_gemv"), max_tokens=self.cuda_tokens)
                     swaps.append((owner, attr, cuda))
