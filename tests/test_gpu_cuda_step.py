@@ -37,8 +37,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def gemv(rows: int, k: int, scale_kind: str = "block", half: int | None = None, limit: float | None = None, **launch):
-    """(CudaGemv, the dequantized fp32 weight on the CPU) with fresh random FP8 weights (launch may carry
-    max_tokens and policy, a LaunchPolicy, besides GemvLaunch's fields)."""
+    """(CudaGemv, the dequantized fp32 weight on the CPU) with fresh random FP8 weights."""
     from solo.kernels.cuda_step import CudaGemv, GemvLaunch
     from solo.kernels.fused_gemv import FusedGemv
     from solo.quantization import formats
@@ -50,12 +49,7 @@ def gemv(rows: int, k: int, scale_kind: str = "block", half: int | None = None, 
     else:
         w8, scale = formats.quantize_fp8_rowwise(w)
         wf = w8.float() * scale.float()[:, None]
-    from solo.kernels.pdl import PLAIN
-
-    policy = launch.pop("policy", PLAIN)
-    fused = FusedGemv(
-        w8.to(DEVICE), scale.to(DEVICE), scale_kind, swiglu_half=half, swiglu_limit=limit, name="t", launch=policy
-    )
+    fused = FusedGemv(w8.to(DEVICE), scale.to(DEVICE), scale_kind, swiglu_half=half, swiglu_limit=limit, name="t")
     counter = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     max_tokens = launch.pop("max_tokens", 8)
     return CudaGemv(fused, counter, GemvLaunch(**launch) if launch else None, max_tokens=max_tokens), wf
@@ -153,45 +147,6 @@ def test_calls_past_max_tokens_go_to_the_triton_kernel():
     x = torch.randn(9, 2560).to(torch.bfloat16)  # wider than the kernel's 8 columns
     assert rows_rel(g8(x.to(DEVICE)).cpu(), project(x, wf8)) < 1e-2
     assert g8.counter.item() == 0
-
-
-@pytest.mark.parametrize("tokens", [1, 4])
-def test_a_call_overlapping_the_previous_kernel_under_pdl_reads_and_leaves_what_plain_launches_do(tokens):
-    """The shared expert's pattern: A writes a; B reads a (slow: many rows); C reads a too and overlaps B
-    (overlap_previous: no wait before its work, one at its end); D reads B's and C's outputs. Inside a
-    CUDA graph under PDL, replayed with fresh inputs, D's result equals the same kernels launched one
-    after another every time: C saw A's output complete, and D saw B's (were C not to wait for B at
-    its end, D would read B's output unfinished)."""
-    from solo.kernels.pdl import LaunchPolicy
-
-    pdl = LaunchPolicy(True)
-    k, wide = 2560, 12288
-    a, _ = gemv(k, k, policy=pdl)
-    b, _ = gemv(wide, k, policy=pdl)
-    c, _ = gemv(k, k, policy=pdl)
-    d, _ = gemv(k, wide, policy=pdl)
-    x = torch.randn(tokens, k, device=DEVICE).to(torch.bfloat16)
-    norm = (1 + 0.2 * torch.randn(k, device=DEVICE)).to(torch.bfloat16)
-
-    def chain(overlap: bool) -> torch.Tensor:
-        ya = a(x, norm_weight=norm)
-        yb = b(ya)
-        yc = c(ya, norm_weight=norm, overlap_previous=overlap)
-        return d(yb, residual=yc)
-
-    with torch.inference_mode():
-        chain(True)  # compile outside the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = chain(True)
-        for _ in range(8):
-            x.copy_(torch.randn(tokens, k, device=DEVICE))
-            graph.replay()
-            got = out.clone()
-            assert torch.equal(got, chain(False))
-    assert pdl.families_with_pdl() == {"cuda_gemv": True}
-    assert any(key[-1] for key in c._kernels)  # the WAIT_LATE kernel was built and launched
 
 
 @pytest.mark.parametrize("tokens", [1, 4])

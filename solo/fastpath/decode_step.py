@@ -6,8 +6,8 @@ T = the verification window for NEXTN):
 
   KDA attention   norm + [q|k|v|f|g|b] GEMV (1) -> KDA recurrence (1) -> gated norm + o_proj + residual (1)
   MLA attention   norm + [q|kv_a|g] GEMV (1) -> prep (1) -> split attention (1) -> combine (1) -> dense + residual (1)
-  MoE             norm + router + top-k (1) -> norm + shared gate_up + SwiGLU (1; under PDL alongside
-                  the router) -> routed experts (the backend's 1-2) -> shared down + routed + residual (1)
+  MoE             norm + router + top-k (1) -> shared gate_up + SwiGLU (1) -> routed experts (the
+                  backend's 1-2) -> shared down + routed + residual (1)
   dense MLP       norm + gate_up + SwiGLU (1) -> down + residual (1)
 
 plus the embedding lookup and the final norm: about 7 launches per layer instead of about 100. The
@@ -210,20 +210,17 @@ class _MoE:
             step.counter("router_select"),  # verification only: the tokens' selections in parallel
             step.launch,
         )
-        self.norm, self.eps = norm, eps
         self.shared_gate_up = self.shared_down = None
         if moe.shared_experts is not None:
             self.shared_gate_up, self.shared_down = _swiglu_pair(moe.shared_experts, step, f"layer {index} shared")
 
     def __call__(self, x: torch.Tensor) -> None:
         xn, ids, weights = self.router(x)
-        if self.shared_gate_up is None:
-            x.add_(self.experts(xn, ids, weights))
-            return
-        # the shared expert's gate_up normalises x itself instead of reading the router's xn: it needs
-        # nothing of the router, so under PDL it runs alongside it (overlap_previous)
-        act = self.shared_gate_up(x, norm_weight=self.norm, eps=self.eps, overlap_previous=True)
         routed = self.experts(xn, ids, weights)
+        if self.shared_gate_up is None:
+            x.add_(routed)
+            return
+        act = self.shared_gate_up(xn)
         self.shared_down(act, out=x, residual=x, addend=routed)
 
 

@@ -112,10 +112,8 @@ class CudaGemv:
     def launch(self) -> LaunchPolicy:
         return self.fused.launch
 
-    def _kernel(
-        self, tokens: int, norm: int, epi: int, add: bool, write_xn: bool, out_f32: bool, group: int, late: bool
-    ):
-        key = (tokens, norm, epi, add, write_xn, out_f32, group, late)
+    def _kernel(self, tokens: int, norm: int, epi: int, add: bool, write_xn: bool, out_f32: bool, group: int):
+        key = (tokens, norm, epi, add, write_xn, out_f32, group)
         if key not in self._kernels:
             from solo.kernels.cuda_runtime import CudaKernel
 
@@ -135,7 +133,6 @@ class CudaGemv:
                 "WRITE_XN": int(write_xn),
                 "WARPS": warps,
                 "PF": in_flight(self.k // 64 // warps, cfg.max_in_flight),
-                "WAIT_LATE": int(late),
             }
             kernel = CudaKernel(GEMV_SOURCE, "gemv_decode", defines, self.device)
             # gemv_decode.cu's struct Shared: xh [T][K/2] u32, part [2][WARPS][2][8][T], red [T][WARPS] fp32
@@ -162,12 +159,8 @@ class CudaGemv:
         addend: torch.Tensor | None = None,
         xn_out: torch.Tensor | None = None,
         out_dtype: torch.dtype = torch.bfloat16,
-        overlap_previous: bool = False,
     ) -> torch.Tensor:
-        """As FusedGemv.__call__; up to `max_tokens` tokens run here, more on the Triton kernel.
-        `overlap_previous`: every input comes from kernels before the previous one (which must let this
-        one launch only after its own wait, as every kernel of the step does); under PDL the kernel then
-        runs alongside the previous one and waits for it at its end (gemv_decode.cu's WAIT_LATE)."""
+        """As FusedGemv.__call__; up to `max_tokens` tokens run here, more on the Triton kernel."""
         tokens = x.shape[0]
         if not 1 <= tokens <= self.max_tokens:
             return self.fused(
@@ -206,11 +199,10 @@ class CudaGemv:
         out_f32 = out.dtype == torch.float32
         if out_f32 and epi != EPI_STORE or out.dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"{self.name}: the CUDA GEMV writes bf16 (fp32 only for plain outputs), not {out.dtype}")
-        launch = self.launch.at(tokens)
-        late = overlap_previous and launch.pdl
         kernel, grid, threads, _ = self._kernel(
-            tokens, norm, epi, addend is not None, xn_out is not None, out_f32, group, late
+            tokens, norm, epi, addend is not None, xn_out is not None, out_f32, group
         )
+        launch = self.launch.at(tokens)
         kernel.launch(
             grid,
             threads,

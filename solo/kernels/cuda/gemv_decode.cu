@@ -21,12 +21,6 @@
 //     weights are loaded before griddepcontrol.wait: under programmatic dependent launch they stream
 //     while the previous kernel finishes (weights do not depend on it; x does). A block lets the next
 //     kernel launch when it starts its last task.
-// WAIT_LATE (a call whose inputs all come from kernels before the previous one, e.g. the shared
-// expert's gate_up after the router, both reading the post-attention residual): under PDL this kernel
-// runs alongside the previous one instead of after it. Its inputs are complete once it has launched
-// (the previous kernel lets it launch only after its own griddepcontrol.wait, so the kernel before
-// that one has finished), and it waits for the previous kernel at its end instead, so that the kernel
-// after it, which waits for this one, may still rely on that one's outputs.
 // Block 0 bumps the launch counter (start-up checks read it).
 //
 // Defines: NTOK (tokens, 1..8; row strides of x, gate, out, residual, addend and xn_out are arguments),
@@ -34,13 +28,10 @@
 // [gate; up]), NORM (0 none, 1 RMSNorm over K, 2 gated per-group RMSNorm of GROUP <= 256), SCALE
 // (1 block 128x128, 2 one per row), EPI (0 store, 1 residual (+ addend if ADD), 2 SwiGLU (+ clamp if
 // HAS_LIMIT)), OUT_F32 (EPI 0: fp32 output), WRITE_XN (block 0 writes the prologue's x as bf16),
-// WARPS (per block; divides K / 64), PF (loads in flight per lane; divides K / 64 / WARPS), WAIT_LATE.
+// WARPS (per block; divides K / 64), PF (loads in flight per lane; divides K / 64 / WARPS).
 
 #include "step_common.cuh"
 
-#ifndef WAIT_LATE
-#define WAIT_LATE 0
-#endif
 #define THREADS (WARPS * 32)
 #define NSTEP (K / 64)           // 64-column steps
 #define SPW (NSTEP / WARPS)      // steps per warp
@@ -206,10 +197,8 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
 #pragma unroll
     for (int s0 = 0; s0 < PF; ++s0)
         if (task < TASKS) issue(ring[s0], ring_up[s0], w, task, s0, warp, lane);
-#if !WAIT_LATE
     // the weights do not depend on the previous kernel; everything below does
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
     if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
     prologue(sm, x, x_stride, nw, gate, gate_stride, xn_out, xn_stride, eps);
 
@@ -321,7 +310,4 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
             }
         }
     }
-#if WAIT_LATE
-    asm volatile("griddepcontrol.wait;" ::: "memory");  // finish only after the previous kernel (see header)
-#endif
 }
