@@ -67,6 +67,16 @@ def rows_rel(a: torch.Tensor, b: torch.Tensor) -> float:
 TOKENS = [1, 4, 8]
 
 
+def assert_same_rounding(got: torch.Tensor, want: torch.Tensor) -> None:
+    """bf16 values of a normalisation computed as the reference does, whose fp32 sum of squares adds in
+    another order: 1 / rms can differ in its last bit, which moves a value sitting on a bf16 rounding
+    boundary by one bf16 step. So: every value within one step, and almost all of them exact."""
+    step = want.float().abs().clamp_min(1e-30) * 2.0**-7  # one bf16 step (8 significant bits) or more
+    diff = (got.float() - want.float()).abs()
+    assert bool((diff <= step).all()), float((diff / step).max())
+    assert int((diff > 0).sum()) <= max(2, want.numel() // 1000), int((diff > 0).sum())
+
+
 @pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("launch", list(LAUNCHES))
 @pytest.mark.parametrize(("rows", "k"), [(20512, 2560), (1001, 768), (2560, 6144)])
@@ -82,7 +92,7 @@ def test_norm_projection_and_residual(launch, rows, k, tokens):
     xn = torch.empty(tokens, k, dtype=torch.bfloat16, device=DEVICE)
     got = g(x.to(DEVICE), norm_weight=norm.weight.data.to(DEVICE), eps=1e-6, xn_out=xn).cpu()
     assert rows_rel(got, project(norm(x), wf)) < 1e-2
-    assert torch.equal(xn.cpu(), norm(x))
+    assert_same_rounding(xn.cpu(), norm(x))
     residual = torch.randn(tokens, rows).to(torch.bfloat16)
     addend = torch.randn(tokens, rows).to(torch.bfloat16)
     got = g(x.to(DEVICE), residual=residual.to(DEVICE), addend=addend.to(DEVICE)).cpu()
