@@ -1,0 +1,106 @@
+"""CUDA GEMV launch configurations A/B inside the whole decode step at full shape, in one process (lent GPU).
+
+    python3 dev/decode_launch_ab.py [--context 4096] [--json OUT.json]
+
+`dev/step_kernels_probe.py` chose each projection's launch (warps, blocks per SM) alone. Inside the
+step under PDL a kernel's successor can only become resident early, and stream its weights while
+this one finishes, where this one leaves room on the SM: a grid that fills every SM's registers
+hides nothing. This loads the full Ling-3.0-flash shape with random weights once (the default
+configuration: fused step, CUDA step kernels, PDL), captures the decode step (and the verification
+step) once per variant of every CUDA GEMV's `GemvLaunch`, and times the graphs interleaved
+(A B C ... A B C ...): the variants share one load, one clock history and one L2 state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from solo.bench.decode import Config, copy_bandwidth, load, time_graph  # noqa: E402
+from solo.engine.graphs import EagerStep, GraphCapture  # noqa: E402
+from solo.kernels.cuda_step import CudaGemv, GemvLaunch  # noqa: E402
+from solo.model.cache import HybridCache  # noqa: E402
+
+VARIANTS = {  # name -> (GemvLaunch fields applied to every CUDA GEMV; empty: the product's)
+    "product": {},
+    "at most 2 blocks/SM": {"blocks_per_sm": 2},
+    "at most 1 block/SM": {"blocks_per_sm": 1},
+    "8 warps": {"warps": 8},
+    "8 warps, 1 block/SM": {"warps": 8, "blocks_per_sm": 1},
+}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    ns = argparse.Namespace(
+        device="cuda",
+        block_fp8="on",
+        verify_tokens=4,
+        random_weights="ling-3.0-flash",
+        num_layers=None,
+        num_experts=None,
+        vocab_size=None,
+        seed=0,
+        model=None,
+    )
+    model, times = load(ns, Config("cuda", "fp8", "fused+cuda+pdl"))
+    step = model.decode_step
+    device = model.device
+    gemvs = [k for k in (getattr(o, a) for o, a in step._slots()) if isinstance(k, CudaGemv)]
+    print(f"loaded in {times}; {len(gemvs)} CUDA GEMVs", flush=True)
+    cache = HybridCache(model.config, args.context + 16, device, model.dtype, with_nextn=True)
+    history = cache.new_history(4)
+    ids1 = torch.randint(0, model.config.vocab_size, (1,), device=device)
+    pos1 = torch.full((1,), args.context - 2, device=device)
+    ids4 = torch.randint(0, model.config.vocab_size, (4,), device=device)
+    pos4 = torch.arange(args.context - 5, args.context - 1, device=device)
+    eager = EagerStep(model)
+    graphs = GraphCapture()
+    captured = {}
+    for name in args.variants.split(","):
+        for g in gemvs:
+            g.launch_config = dataclasses.replace(GemvLaunch(), **VARIANTS[name])
+            g._kernels.clear()
+        captured[name] = (
+            graphs.capture(lambda: eager(ids1, pos1, cache))[0],
+            graphs.capture(lambda: eager(ids4, pos4, cache, history))[0],
+        )
+    decode: dict[str, list[float]] = {name: [] for name in captured}
+    verify: dict[str, list[float]] = {name: [] for name in captured}
+    for _ in range(args.rounds):
+        for name, (one, four) in captured.items():
+            decode[name].append(time_graph(one, replays=50, rounds=1) * 1e3)
+            verify[name].append(time_graph(four, replays=30, rounds=1) * 1e3)
+    report = {
+        "copy_gbs": copy_bandwidth(device) / 1e9,
+        "context": args.context,
+        "decode_ms": {n: statistics.median(v) for n, v in decode.items()},
+        "verify_ms": {n: statistics.median(v) for n, v in verify.items()},
+        "all": {"decode": decode, "verify": verify},
+    }
+    for name in captured:
+        print(
+            f"@ {args.context}: {name:22s} decode {report['decode_ms'][name]:.3f} ms, "
+            f"verify 4 {report['verify_ms'][name]:.3f} ms",
+            flush=True,
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
