@@ -92,9 +92,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         choices=("auto", "off", "on"),
         default="auto",
         action=OnceOnly,
-        help="programmatic dependent launch between the fused decode step's one-token kernels (Hopper or "
-        "later): each kernel is launched while the previous one finishes and loads its weights before "
-        "waiting for it; on needs the fused step; auto (default): on with the CUDA step kernels on Hopper "
+        help="programmatic dependent launch between the fused decode step's kernels (Hopper or later): each "
+        "kernel is launched while the previous one finishes and loads its weights before waiting for it; "
+        "one-token calls, and NEXTN verification where the CUDA GEMV serves it; on needs the fused step; "
+        "auto (default): on with the CUDA step kernels on Hopper "
         "(compare with `solo bench decode --configs cuda:fp8:fused+cuda,cuda:fp8:fused+cuda+pdl`)",
     )
     p.add_argument(
@@ -102,8 +103,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         choices=("auto", "triton", "cuda"),
         default="auto",
         action=OnceOnly,
-        help="the fused decode step's one-token projections and routers: cuda (CUDA kernels compiled by NVRTC "
-        "for the exact shapes; Hopper), triton, or auto (default: cuda where every one can run, else triton)",
+        help="the fused decode step's projections (decode and NEXTN verification) and one-token routers: cuda "
+        "(CUDA kernels compiled by NVRTC for the exact shapes; Hopper), triton, or auto (default: cuda where "
+        "every one can run, else triton)",
     )
     add_graph_options(p)
     p.add_argument(

@@ -46,7 +46,7 @@ class FastPathOptions:
     # each launches while the previous one finishes. True needs the fused step and is refused where it
     # cannot run; None (auto): on where it measured faster, with the CUDA step kernels on a Hopper GPU
     pdl: bool | None = None
-    # the fused step's one-token projections and routers: "cuda" (solo.kernels.cuda_step; Hopper, NVRTC),
+    # the fused step's projections and one-token routers: "cuda" (solo.kernels.cuda_step; Hopper, NVRTC),
     # "triton", or "auto" (CUDA where it can run, else Triton, with the reason)
     step_kernels: str = "auto"
     # the largest call (tokens) the CUDA step kernels take: 8 covers decode and verification windows up

@@ -53,7 +53,7 @@ FAMILIES = (
     "router",
     "router_select",
     "rmsnorm",
-    "cuda_gemv",  # one-token projections on solo/kernels/cuda_step.py (step kernels "cuda")
+    "cuda_gemv",  # projections (decode, verification) on solo/kernels/cuda_step.py (step kernels "cuda")
     "cuda_router",
 )
 
@@ -341,9 +341,10 @@ class FusedDecodeStep:
         return slots
 
     def _use_cuda_kernels(self, strict: bool) -> str | None:
-        """Put the one-token projections and routers on the CUDA kernels. Returns None when all went, else
-        what stayed on Triton and why: with `strict` nothing is changed then; otherwise the ones that can
-        run go, and the note names the rest (the launch counters show both families)."""
+        """Put the projections and routers on the CUDA kernels (routers for one token: ROUTER_CUDA_TOKENS).
+        Returns None when all went, else what stayed on Triton and why: with `strict` nothing is changed
+        then; otherwise the ones that can run go, and the note names the rest (the launch counters show
+        both families)."""
         from solo.kernels.cuda_step import CudaGemv, CudaRouter, cuda_step_unavailable
 
         reason = cuda_step_unavailable(self.model.device)

@@ -343,7 +343,7 @@ def check_decode_step(engine: Engine, requested: str) -> Check:
     expected = step.families_per_step()
     evidence: dict[str, Any] = {"tokens": len(result.token_ids), **{f"{k}_launches": v for k, v in ran.items()}}
     evidence["token_counts"] = sorted(step.token_counts)
-    evidence["step_kernels"] = step.kernels  # the one-token projections' and routers' kernels (CUDA or Triton)
+    evidence["step_kernels"] = step.kernels  # the projections' and routers' kernels (CUDA or Triton)
     if step.kernels_note:
         evidence["step_kernels_note"] = step.kernels_note
     idle = [family for family in expected if ran.get(family, 0) == 0]
