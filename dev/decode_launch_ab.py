@@ -23,8 +23,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from solo.bench.decode import Config, copy_bandwidth, load, time_graph  # noqa: E402
+from verify_kernels_ab import load_full_shape  # noqa: E402
+
+from solo.bench.decode import copy_bandwidth, time_graph  # noqa: E402
 from solo.engine.graphs import EagerStep, GraphCapture  # noqa: E402
 from solo.kernels.cuda_step import CudaGemv, GemvLaunch  # noqa: E402
 from solo.model.cache import HybridCache  # noqa: E402
@@ -45,18 +48,7 @@ def main() -> int:
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    ns = argparse.Namespace(
-        device="cuda",
-        block_fp8="on",
-        verify_tokens=4,
-        random_weights="ling-3.0-flash",
-        num_layers=None,
-        num_experts=None,
-        vocab_size=None,
-        seed=0,
-        model=None,
-    )
-    model, times = load(ns, Config("cuda", "fp8", "fused+cuda+pdl"))
+    model, times = load_full_shape("fused+cuda+pdl", 4)
     step = model.decode_step
     device = model.device
     gemvs = [k for k in (getattr(o, a) for o, a in step._slots()) if isinstance(k, CudaGemv)]

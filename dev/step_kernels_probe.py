@@ -207,12 +207,11 @@ def main() -> int:
     print(f"device-to-device copy bandwidth: {copy_gbs:.0f} GB/s ({torch.cuda.get_device_name()})", flush=True)
     report: dict = {"device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs, "torch": torch.__version__}
     report["routers"] = {t: routers(copy_gbs, device, int(t)) for t in args.router_tokens.split(",")}
-    if args.only_routers:
-        args.shapes = ""
-    else:
+    shapes = [] if args.only_routers else args.shapes.split(",")
+    if shapes:
         report["chain"] = chain(copy_gbs, device)
     report["shapes"] = []
-    for name in filter(None, args.shapes.split(",")):
+    for name in shapes:
         report["shapes"].append(shape_rows(name, copy_gbs, device, args.quick))
         torch.cuda.empty_cache()
     if args.json:

@@ -24,10 +24,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from solo.bench.decode import Config, copy_bandwidth, load, time_graph  # noqa: E402
+from solo.bench.decode import Config, add_arguments, copy_bandwidth, load, time_graph  # noqa: E402
 from solo.engine.graphs import EagerStep, GraphCapture  # noqa: E402
 from solo.kernels.cuda_step import CudaGemv, CudaRouter  # noqa: E402
 from solo.model.cache import HybridCache  # noqa: E402
+
+
+def load_full_shape(step: str, verify_tokens: int):
+    """(model, load times) of `solo bench decode --random-weights ling-3.0-flash` (the bench's own
+    defaults and loader), MoE cuda, FP8 head, the fused step with modifiers `step`."""
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--random-weights", "ling-3.0-flash", "--verify-tokens", str(verify_tokens)])
+    return load(args, Config("cuda", "fp8", step))
 
 
 def main() -> int:
@@ -37,18 +46,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    ns = argparse.Namespace(
-        device="cuda",
-        block_fp8="on",
-        verify_tokens=args.tokens,
-        random_weights="ling-3.0-flash",
-        num_layers=None,
-        num_experts=None,
-        vocab_size=None,
-        seed=0,
-        model=None,
-    )
-    model, times = load(ns, Config("cuda", "fp8", "fused+cuda+pdlall"))
+    model, times = load_full_shape("fused+cuda+pdlall", args.tokens)
     step = model.decode_step
     device = model.device
     kernels = [getattr(o, a) for o, a in step._slots()]

@@ -76,8 +76,8 @@ class Config:
 
     @property
     def step_kernels(self) -> str:
-        kernels = [m.rstrip("1") for m in self.modifiers if m in ("triton", "cuda", "cuda1")]
-        return kernels[0] if kernels else "auto"
+        kernels = [m for m in self.modifiers if m in ("triton", "cuda", "cuda1")]
+        return {"cuda1": "cuda"}.get(kernels[0], kernels[0]) if kernels else "auto"
 
     @property
     def step_kernel_tokens(self) -> int:

@@ -296,7 +296,7 @@ class FusedDecodeStep:
             raise ValueError(f"unknown step kernels {kernels!r}; choose one of {', '.join(STEP_KERNELS)}")
         if pdl and (reason := pdl_unavailable(model.device)) is not None:
             raise PDLUnavailable(f"--pdl on: {reason}. Use --pdl off.")
-        self.launch = LaunchPolicy(pdl, one_token_only=pdl_verify is not True)
+        self.launch = LaunchPolicy(pdl, one_token_only=True)  # verification's PDL: set below, once the kernels are
         self.cuda_tokens = cuda_tokens
         self.model = model
         self.config = model.config
@@ -320,9 +320,9 @@ class FusedDecodeStep:
             if reason is not None and kernels == "cuda":
                 raise StepKernelsUnavailable(f"--step-kernels cuda: {reason}.")
             self.kernels_note = reason or ""
-        if pdl_verify is None:  # settled once the kernels are: their objects share this policy
-            whole = self.kernels == "cuda" and not self.kernels_note and self.cuda_tokens >= max(self.token_counts)
-            self.launch.one_token_only = not whole
+        if pdl_verify is None:  # where the CUDA GEMV serves the whole window (the kernels share this policy)
+            pdl_verify = self.kernels == "cuda" and not self.kernels_note and self.cuda_tokens >= max(self.token_counts)
+        self.launch.one_token_only = not pdl_verify
 
     def _slots(self) -> list[tuple[Any, str]]:
         """(owner, attribute) of every one-token projection and router of the step."""

@@ -135,7 +135,7 @@ class CudaGemv:
                 "PF": in_flight(self.k // 64 // warps, cfg.max_in_flight),
             }
             kernel = CudaKernel(GEMV_SOURCE, "gemv_decode", defines, self.device)
-            # gemv_decode.cu's struct Shared: xh [T][K/2] u32, part [2][WARPS][2][8][T], red [T][WARPS] fp32
+            # gemv_decode.cu's struct Shared: xh [NTOK][K/2] u32, part [2][WARPS][2][8][NTOK], red [NTOK][WARPS] fp32
             shared = -(-(tokens * (2 * self.k + 128 * warps + 4 * warps)) // 16) * 16
             kernel.set_shared_bytes(shared)
             threads = 32 * warps
