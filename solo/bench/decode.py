@@ -7,7 +7,8 @@ graph keeps its memory pool alive, and a full-size model fills most of the GPU),
     back, draft), each replayed from a CUDA graph;
   - the bytes a decode step reads (solo.engine.traffic) and the device's copy bandwidth measured in
     the same process: the roofline time, and the fraction of it the step reaches;
-  - kernels per decode step and time by component, from the profiler over one graph replay;
+  - kernels per decode step and time by component, from the profiler over one graph replay (each
+    kernel's own duration, and its share of the critical path, which stays meaningful under PDL);
   - prefill times for the prompt lengths asked for;
   - the engine's real loop (greedy `generate` with the tokens streamed) against the graph timing at
     the same positions;
@@ -143,7 +144,10 @@ def time_graph(graph: torch.cuda.CUDAGraph, replays: int = 50, rounds: int = 5) 
 
 
 def profile_graph(graph: torch.cuda.CUDAGraph) -> dict[str, Any]:
-    """Kernels launched by one replay, and their time by component (from the profiler's kernel events)."""
+    """Kernels launched by one replay and their time by component, from the profiler's kernel events:
+    `us` sums each kernel's own duration (under PDL a kernel starts early and waits, so these overlap),
+    `critical_us` what each kernel adds to the replay's end (see `critical_path`), which sums to the
+    replay's span whatever the launch mode."""
     from torch.profiler import ProfilerActivity, profile
 
     graph.replay()
@@ -153,18 +157,46 @@ def profile_graph(graph: torch.cuda.CUDAGraph) -> dict[str, Any]:
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     kernels.sort(key=lambda e: e.time_range.start)
+    timed = [(e.name, float(e.time_range.start), float(e.time_range.start) + _device_us(e)) for e in kernels]
+    return summarize_kernels(timed)
+
+
+def critical_path(kernels: list[tuple[str, float, float]]) -> list[float]:
+    """What each kernel (name, start us, end us; in launch order) adds to the end of the work: the
+    time by which its end passes the latest end before it (0 when it ends earlier). An idle gap before
+    a kernel counts as its own (its launch). The values sum to the span from the first start to the
+    last end, so under programmatic dependent launch, where each kernel starts while its predecessor
+    runs and its own duration includes the wait, they still split the step's time without overlap."""
+    added, frontier = [], kernels[0][1] if kernels else 0.0
+    for _, _, end in kernels:
+        added.append(max(0.0, end - frontier))
+        frontier = max(frontier, end)
+    return added
+
+
+def summarize_kernels(kernels: list[tuple[str, float, float]]) -> dict[str, Any]:
+    """Kernel count, time by component (own durations and critical-path shares), and every kernel's
+    (name, own us, added us) in launch order, from (name, start us, end us) in launch order."""
+    added = critical_path(kernels)
     by_component: dict[str, dict[str, float]] = {}
-    for event in kernels:
-        component = component_of(event.name)
-        entry = by_component.setdefault(component, {"kernels": 0, "us": 0.0})
+    for (name, start, end), extra in zip(kernels, added, strict=True):
+        entry = by_component.setdefault(component_of(name), {"kernels": 0, "us": 0.0, "critical_us": 0.0})
         entry["kernels"] += 1
-        entry["us"] += _device_us(event)
-    first = [(e.name[:40], round(_device_us(e), 1)) for e in kernels[:40]]  # launch order: the first layers
+        entry["us"] += end - start
+        entry["critical_us"] += extra
     return {
-        "first_kernels": first,
+        "first_kernels": [(name[:40], round(end - start, 1)) for name, start, end in kernels[:40]],
         "kernels": len(kernels),
         "kernel_us": round(sum(v["us"] for v in by_component.values()), 1),
-        "by_component": {k: {"kernels": int(v["kernels"]), "us": round(v["us"], 1)} for k, v in by_component.items()},
+        "span_us": round(kernels[-1][2] - kernels[0][1], 1) if kernels else 0.0,
+        "by_component": {
+            k: {"kernels": int(v["kernels"]), "us": round(v["us"], 1), "critical_us": round(v["critical_us"], 1)}
+            for k, v in by_component.items()
+        },
+        "timeline": [
+            (name[:40], round(end - start, 2), round(extra, 2))
+            for (name, start, end), extra in zip(kernels, added, strict=True)
+        ],
     }
 
 
@@ -361,6 +393,12 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 f" {e.get('round_ms', 0):.3f} | {e.get('round_over_decode', 0):.2f} | {nextn} |"
                 f" {e['profile']['kernels']} |"
             )
+    lines += ["", "Decode step by component, us on the critical path (own kernel time in brackets):", ""]
+    for r in results:
+        for context, e in r.get("contexts", {}).items():
+            parts = sorted(e["profile"]["by_component"].items(), key=lambda kv: -kv[1].get("critical_us", 0.0))
+            shares = ", ".join(f"{k} {v.get('critical_us', 0.0):.0f} ({v['us']:.0f})" for k, v in parts)
+            lines.append(f"- {r['config']} @ {context}: {shares}")
     return "\n".join(lines)
 
 

@@ -62,11 +62,8 @@ def _kda_decode(
     HISTORY: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    after_previous_kernel(PDL)
     h = tl.program_id(0)
     j = tl.program_id(1)
-    if h == 0 and j == 0:
-        tl.atomic_add(count_ptr, 1)
     D: tl.constexpr = H * DK
     BV: tl.constexpr = DK // NV
     WIN: tl.constexpr = 3 + T  # history window columns: the 3 older inputs, then the T new ones
@@ -97,6 +94,16 @@ def _kda_decode(
     v0 = tl.load(conv_ptr + vch * 3 + 0)
     v1 = tl.load(conv_ptr + vch * 3 + 1)
     v2 = tl.load(conv_ptr + vch * 3 + 2)
+    rate = tl.exp(tl.load(alog_ptr + h))
+    dtb = tl.load(dtb_ptr + h * DK + c)
+    s_offs = (h * DK + c)[:, None] * DK + cv[None, :]  # state [H, DK, DV] with DV == DK
+    S = tl.load(state_ptr + s_offs)
+    # Everything above (weights, this layer's conv windows and state, which only this layer's KDA
+    # writes, hundreds of kernels apart) is independent of the previous kernel: under PDL it is read
+    # while the projections that feed this kernel still run. Everything below is not.
+    after_previous_kernel(PDL)
+    if h == 0 and j == 0:
+        tl.atomic_add(count_ptr, 1)
     owner = j == NV - 1  # this program rewrites the head's q and k windows, once the others have read them
     if NV > 1:  # noqa: SIM102 (constexpr branch)
         if j < NV - 1:
@@ -113,10 +120,6 @@ def _kda_decode(
         tl.store(hist_win_ptr + vch * WIN + 1, v1)
         tl.store(hist_win_ptr + vch * WIN + 2, v2)
 
-    rate = tl.exp(tl.load(alog_ptr + h))
-    dtb = tl.load(dtb_ptr + h * DK + c)
-    s_offs = (h * DK + c)[:, None] * DK + cv[None, :]  # state [H, DK, DV] with DV == DK
-    S = tl.load(state_ptr + s_offs)
 
     for t in tl.static_range(T):
         row = proj_ptr + t * stride_p
