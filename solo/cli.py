@@ -107,6 +107,15 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "(CUDA kernels compiled by NVRTC for the exact shapes; Hopper), triton, or auto (default: cuda where "
         "every one can run, else triton)",
     )
+    p.add_argument(
+        "--moe-router",
+        choices=("auto", "fused", "separate"),
+        default="auto",
+        action=OnceOnly,
+        help="one token's MoE router in the fused decode step: fused (inside the persistent MoE kernel of "
+        "--moe-backend cuda, with the CUDA step kernels: no router launch), separate (its own kernel), or auto "
+        "(default: fused where it can run)",
+    )
     add_graph_options(p)
     p.add_argument(
         "--speculative-algorithm",
@@ -247,6 +256,7 @@ def load_options(args: argparse.Namespace) -> dict:
         decode_step=args.decode_step,
         pdl={"on": True, "off": False}.get(args.pdl),
         step_kernels=args.step_kernels,
+        moe_router={"fused": True, "separate": False}.get(args.moe_router),
         verify_tokens=args.speculative_num_draft_tokens,
         speculative=speculative_config(args),
     )

@@ -184,3 +184,100 @@ def test_gpu_only_one_token_calls_take_the_persistent_kernel(experts):
     from solo.kernels.cuda_moe import persistent_compile_report
 
     assert persistent_compile_report()["kernels"] >= 1
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize(
+    "num_experts,groups,keep", [(512, 8, 4), (64, 8, 4), (64, 1, 1), (256, 4, 2)]
+)  # Ling's router; groups inside a warp; no group limit; groups of two warps each
+def test_gpu_router_inside_the_kernel_chooses_as_the_reference(num_experts, groups, keep):
+    """One launch: RMSNorm of the residual stream, router scores, grouped top-k in every block, then the
+    experts it chose. Against the model's Router in fp32 on the CPU (the same experts where the draw is
+    clear of ties, weights within fp32 rounding), the reference RMSNorm (bf16 values as it rounds them),
+    and the same kernel given the chosen routing (exactly: the routing is all that differs)."""
+    from solo.checkpoint.synthetic import synthetic_config
+    from solo.kernels.cuda_moe import PersistentDecodeMoE
+    from solo.kernels.fused_router import FusedRouter
+    from solo.model.layers import RMSNorm
+    from solo.model.moe import Router
+    from solo.testing.routing import routing_margin
+
+    experts = random_mxfp4_experts(num_experts, H, I, scales=(116, 126))
+    moe = PersistentDecodeMoE(experts, swiglu_limit=7.0)
+    config = synthetic_config(num_layers=1, num_experts=num_experts)
+    ref = Router(config)
+    ref.n_group, ref.topk_group = groups, keep
+    count = torch.zeros(1, dtype=torch.int32, device="cuda")
+    checked = 0
+    for _ in range(20):  # fresh weights and inputs each draw; the launch tags advance
+        ref.weight.data = (torch.randn(num_experts, H) * 0.02).to(torch.bfloat16).float()
+        ref.expert_bias.data = torch.randn(num_experts) * 0.01
+        norm = RMSNorm(H, 1e-6)
+        norm.weight.data = (1 + 0.1 * torch.randn(H)).to(torch.bfloat16)
+        x = (3 * torch.randn(1, H)).to(torch.bfloat16)
+        xn_ref = norm(x)
+        if routing_margin(ref, xn_ref) < 1e-5:
+            continue
+        router = FusedRouter(
+            ref.weight.data.to(torch.bfloat16).cuda(),
+            ref.expert_bias.data.cuda(),
+            norm.weight.data.cuda(),
+            1e-6,
+            8,
+            groups,
+            keep,
+            True,
+            config.routed_scaling_factor,
+            torch.zeros(1, dtype=torch.int32, device="cuda"),
+        )
+        assert moe.routed_unsupported(router) is None
+        out, xn, ids, wts = moe.routed_forward(x.cuda(), router, count)
+        want_w, want_ids = ref(xn_ref)
+        # the sum of squares adds in another order than the reference's: a value on a bf16 rounding
+        # boundary may move by one step, rarely
+        step = xn_ref.float().abs().clamp_min(1e-30) * 2.0**-7
+        diff = (xn.cpu().float() - xn_ref.float()).abs()
+        assert bool((diff <= step).all()) and int((diff > 0).sum()) <= max(2, H // 1000)
+        assert torch.equal(ids.cpu().long(), want_ids)
+        assert rel_err(wts.cpu(), want_w) < 1e-5
+        given = moe.forward(xn, ids, wts)  # the kernel without its router, on the routing it chose
+        torch.cuda.synchronize()
+        assert torch.equal(out, given)
+        assert rel_err(out, moe_reference_fp32(experts, xn, ids.long(), wts, 7.0)) <= 1e-2
+        checked += 1
+        if checked == 3:
+            break
+    assert checked == 3
+    assert int(count) == 3
+    # captured in a graph, replayed across the launch counter's wrap: the same result every time
+    graph_out = torch.empty_like(out)
+    moe._launches.fill_(moe.blocks * 65536 - 2 * moe.blocks)
+    graph = torch.cuda.CUDAGraph()
+    xc = x.cuda()
+    with torch.cuda.graph(graph):
+        o, _, _, _ = moe.routed_forward(xc, router, count)
+        graph_out.copy_(o)
+    for _ in range(4):
+        graph_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(graph_out, out)
+    assert int(count) == 3 + 4  # once per launch (the capture itself runs nothing)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_router_inside_the_kernel_refuses_what_it_cannot_run():
+    from solo.kernels.cuda_moe import PersistentDecodeMoE
+    from solo.kernels.fused_router import FusedRouter
+
+    experts = random_mxfp4_experts(64, H, I)
+    moe = PersistentDecodeMoE(experts)
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    weight = torch.randn(64, H, device="cuda").to(torch.bfloat16)
+    bias, norm = torch.zeros(64, device="cuda"), torch.ones(H, device="cuda", dtype=torch.bfloat16)
+    wide = FusedRouter(weight, bias, norm, 1e-6, 8, 64, 32, True, 1.0, counter)  # groups of one expert
+    assert "groups" in moe.routed_unsupported(wide)
+    other = FusedRouter(weight[:32].contiguous(), bias[:32], norm, 1e-6, 8, 1, 1, True, 1.0, counter)
+    assert "differ" in moe.routed_unsupported(other)

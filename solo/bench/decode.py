@@ -48,8 +48,9 @@ COMPONENTS = (  # kernel name patterns -> component (first match wins)
 STEPS = ("fused", "reference", "auto")
 # modifiers of the fused step, joined with '+': pdl (its kernels under PDL: one-token calls, and verification's
 # where the CUDA kernels serve it), pdlall (verification's always), triton / cuda / cuda1 (the step kernels;
-# cuda1: CUDA for one-token calls only, verification on Triton)
-STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1")
+# cuda1: CUDA for one-token calls only, verification on Triton), seprouter (one token's MoE router in its own
+# kernel, not inside the persistent MoE kernel)
+STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1", "seprouter")
 
 
 @dataclass
@@ -83,6 +84,10 @@ class Config:
     @property
     def step_kernel_tokens(self) -> int:
         return 1 if "cuda1" in self.modifiers else 8
+
+    @property
+    def moe_router(self) -> bool | None:
+        return False if "seprouter" in self.modifiers else None
 
 
 def parse_configs(text: str) -> list[Config]:
@@ -226,6 +231,7 @@ def load(args: argparse.Namespace, config: Config):
         step_kernels=config.step_kernels,
         step_kernel_tokens=config.step_kernel_tokens,
         pdl_verify=True if "pdlall" in config.modifiers else None,
+        moe_router=config.moe_router,
         verify_tokens=args.verify_tokens,
     )
     t0 = time.perf_counter()
@@ -260,6 +266,7 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
         result["step_kernels"] = model.decode_step.kernels
         if model.decode_step.kernels_note:
             result["step_kernels_note"] = model.decode_step.kernels_note
+        result["routers_in_experts"] = model.decode_step.describe()["routers_in_experts"]
     if model.decode_step is None and getattr(model, "decode_step_note", ""):
         result["decode_step_note"] = model.decode_step_note
     result["copy_bandwidth_gbs"] = round(copy_bandwidth(device) / 1e9, 1)

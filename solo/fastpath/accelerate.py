@@ -55,6 +55,10 @@ class FastPathOptions:
     # PDL for verification's kernels too: None (auto) where the CUDA step kernels serve the whole window
     # (measured faster), not with the Triton ones (measured slower); True / False force it
     pdl_verify: bool | None = None
+    # one token's MoE router inside the persistent MoE kernel (--moe-backend cuda with the CUDA step
+    # kernels): no router launch and no kernel boundary before the experts. None (auto): where it can
+    # run; True: required (an error where it cannot); False: the router's own kernel
+    moe_router: bool | None = None
 
     def __post_init__(self) -> None:
         if self.decode_step not in DECODE_STEPS:
@@ -96,6 +100,11 @@ def _install_decode_step(model: LingForCausalLM, options: FastPathOptions) -> No
                 "--step-kernels cuda runs kernels of the fused decode step; drop --decode-step reference or "
                 "--step-kernels cuda"
             )
+        if options.moe_router:
+            raise DecodeStepUnavailable(
+                "--moe-router fused runs inside the fused decode step; drop --decode-step reference or "
+                "--moe-router fused"
+            )
         return
     from solo.fastpath.availability import fused_step_unavailable
 
@@ -112,6 +121,7 @@ def _install_decode_step(model: LingForCausalLM, options: FastPathOptions) -> No
                 kernels=options.step_kernels,
                 cuda_tokens=options.step_kernel_tokens,
                 pdl_verify=options.pdl_verify,
+                moe_router=options.moe_router,
             )
             model.decode_step.warmup()
             model.decode_step_note = ""
@@ -125,6 +135,10 @@ def _install_decode_step(model: LingForCausalLM, options: FastPathOptions) -> No
     if options.step_kernels == "cuda":
         raise DecodeStepUnavailable(
             f"--step-kernels cuda needs the fused decode step, which cannot run: {reason}. Use --step-kernels auto."
+        )
+    if options.moe_router:
+        raise DecodeStepUnavailable(
+            f"--moe-router fused needs the fused decode step, which cannot run: {reason}. Use --moe-router auto."
         )
     if options.decode_step == "fused":
         raise DecodeStepUnavailable(f"--decode-step fused: {reason}. Use --decode-step reference.")

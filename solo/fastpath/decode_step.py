@@ -55,6 +55,7 @@ FAMILIES = (
     "rmsnorm",
     "cuda_gemv",  # projections (decode, verification) on solo/kernels/cuda_step.py (step kernels "cuda")
     "cuda_router",
+    "moe_router",  # one token's router inside the persistent MoE kernel (--moe-backend cuda, step kernels cuda)
 )
 
 
@@ -213,10 +214,19 @@ class _MoE:
         self.shared_gate_up = self.shared_down = None
         if moe.shared_experts is not None:
             self.shared_gate_up, self.shared_down = _swiglu_pair(moe.shared_experts, step, f"layer {index} shared")
+        # set by FusedDecodeStep where the persistent MoE kernel also runs one token's router (no router launch)
+        self.routed_in_experts: FusedRouter | None = None
+        self.moe_router_counter = step.counter("moe_router")
+        self.launch = step.launch
 
     def __call__(self, x: torch.Tensor) -> None:
-        xn, ids, weights = self.router(x)
-        routed = self.experts(xn, ids, weights)
+        if self.routed_in_experts is not None and x.shape[0] == 1:
+            routed, xn, _, _ = self.experts.routed_forward(
+                x, self.routed_in_experts, self.moe_router_counter, self.launch
+            )
+        else:
+            xn, ids, weights = self.router(x)
+            routed = self.experts(xn, ids, weights)
         if self.shared_gate_up is None:
             x.add_(routed)
             return
@@ -290,6 +300,7 @@ class FusedDecodeStep:
         kernels: str = "triton",
         cuda_tokens: int = 8,
         pdl_verify: bool | None = None,
+        moe_router: bool | None = None,
     ) -> None:
         _check_model(model)
         if kernels not in STEP_KERNELS:
@@ -315,11 +326,21 @@ class FusedDecodeStep:
             self.eh_proj = _gemv(nextn.eh_proj, self, "NEXTN eh_proj")
             self.nextn_module: NextNLayer = nextn
         self.kernels, self.kernels_note = "triton", "step kernels triton requested" if kernels == "triton" else ""
+        self.moe_router = moe_router
+        if moe_router and kernels == "triton":
+            raise StepKernelsUnavailable(
+                "the router inside the MoE kernel runs with the CUDA step kernels; use --step-kernels auto or cuda"
+            )
         if kernels != "triton":
             reason = self._use_cuda_kernels(strict=kernels == "cuda")
             if reason is not None and kernels == "cuda":
                 raise StepKernelsUnavailable(f"--step-kernels cuda: {reason}.")
             self.kernels_note = reason or ""
+        if moe_router and not self.routers_in_experts():
+            raise StepKernelsUnavailable(
+                f"--moe-router fused runs with the CUDA step kernels, which cannot run here: {self.kernels_note}. "
+                "Use --moe-router auto."
+            )
         if pdl_verify is None:  # where the CUDA GEMV serves the whole window (the kernels share this policy)
             pdl_verify = self.kernels == "cuda" and not self.kernels_note and self.cuda_tokens >= max(self.token_counts)
         self.launch.one_token_only = not pdl_verify
@@ -351,8 +372,11 @@ class FusedDecodeStep:
         if reason is not None:
             return f"{reason}. Use --step-kernels triton" if strict else reason
         swaps, refused = [], []
+        fused_routers = self._routers_in_experts()
         for owner, attr in self._slots():
             kernel = getattr(owner, attr)
+            if owner in fused_routers:
+                continue  # one token's router runs inside the MoE kernel; verification's stays on Triton
             try:
                 if isinstance(kernel, FusedRouter):
                     router_tokens = min(self.cuda_tokens, ROUTER_CUDA_TOKENS)
@@ -367,11 +391,41 @@ class FusedDecodeStep:
             return f"{refused[0]}{more}. Load with --block-fp8 on, or use --step-kernels auto or triton"
         for owner, attr, kernel in swaps:
             setattr(owner, attr, kernel)
-        if swaps:
+        for owner in fused_routers:
+            owner.routed_in_experts = owner.router
+        if swaps or fused_routers:
             self.kernels = "cuda"
         if refused:
             return f"{len(refused)} of {len(refused) + len(swaps)} one-token kernels stay on Triton: {refused[0]}"
         return None
+
+    def routers_in_experts(self) -> list[_MoE]:
+        """The MoE layers whose one-token router runs inside the persistent MoE kernel."""
+        return [owner for owner, attr in self._slots() if attr == "router" and owner.routed_in_experts is not None]
+
+    def _routers_in_experts(self) -> list[_MoE]:
+        """The MoE layers whose one-token router will run inside the persistent MoE kernel
+        (--moe-backend cuda): all that can unless `moe_router` is False; with True, all or an error."""
+        if self.moe_router is False:
+            return []
+        from solo.kernels.cuda_moe import PersistentDecodeMoE
+
+        layers = self.layers + ([self.nextn] if self.nextn is not None else [])
+        moes = [layer.mlp for layer in layers if isinstance(layer.mlp, _MoE)]
+        fused, refused = [], []
+        for moe in moes:
+            experts = moe.experts
+            if not isinstance(experts, PersistentDecodeMoE):
+                refused.append(f"the MoE backend is {getattr(experts, 'name', type(experts).__name__)}, not cuda")
+            elif (reason := experts.routed_unsupported(moe.router)) is not None:
+                refused.append(reason)
+            else:
+                fused.append(moe)
+        if refused and self.moe_router:
+            raise StepKernelsUnavailable(
+                f"--moe-router fused: {refused[0]}. Use --moe-backend cuda, or --moe-router separate."
+            )
+        return fused
 
     def counter(self, family: str, n: int = 1) -> torch.Tensor:
         """The device counter of a kernel family (a view into `launch_counts`; n consecutive ones)."""
@@ -384,7 +438,10 @@ class FusedDecodeStep:
 
     def families_per_step(self) -> set[str]:
         """The kernel families one decode step launches (the start-up check expects each to run)."""
-        families = {"rmsnorm"} | {getattr(owner, attr).family for owner, attr in self._slots()}
+        families = {"rmsnorm"}
+        for owner, attr in self._slots():
+            fused_router = attr == "router" and getattr(owner, "routed_in_experts", None) is not None
+            families.add("moe_router" if fused_router else getattr(owner, attr).family)
         for layer in self.layers:
             kda = isinstance(layer.attention, _KDAAttention)
             families |= {"kda"} if kda else {"mla_prep", "mla_attend", "mla_combine"}
@@ -441,6 +498,7 @@ class FusedDecodeStep:
             "pdl_verify": self.launch.pdl and not self.launch.one_token_only,
             "step_kernels": self.kernels,
             "cuda_tokens": self.cuda_tokens if self.kernels == "cuda" else 0,
+            "routers_in_experts": len(self.routers_in_experts()),
             **({"step_kernels_note": self.kernels_note} if self.kernels_note else {}),
         }
 

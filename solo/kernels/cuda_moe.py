@@ -18,6 +18,7 @@ pair by slot pair (other orders: decode_schedule).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +46,63 @@ SHARED_MEMORY_SLACK = 128
 MAX_ACT_COPIES = 16
 
 
-def _shared_bytes(sched: DecodeSchedule, hidden: int, inter: int, top_k: int) -> int:
+def _router_scratch_bytes(hidden: int, router: RouterSpec | None) -> int:
+    """moe_decode.cu's Smem::rt (ROUTER): norm and score partials, group tops, the warps' sorted lists."""
+    if router is None:
+        return 0
+    gu_warps = hidden // 128
+    per_block = -(-router.experts // router.blocks)
+    pieces = -(-per_block * (hidden // 256) // gu_warps)
+    group_size = router.experts // router.groups
+    return 4 * (gu_warps + gu_warps * pieces + 2 * router.groups * -(-group_size // 32)) + 12 * 8 * router.experts // 32
+
+
+def _shared_bytes(sched: DecodeSchedule, hidden: int, inter: int, top_k: int, router: RouterSpec | None = None) -> int:
     """Dynamic shared memory of one block: the Smem struct of moe_decode.cu (rounded up), then the tiles."""
     gu_warps, dn_warps = hidden // 128, inter // 128
     bars = sched.max_gate_up + top_k // 2
-    partials = sched.max_gate_up * gu_warps * 16 * 4 + sched.max_down * dn_warps * 8 * 4
+    gate_up_or_router = max(sched.max_gate_up * gu_warps * 16 * 4, _router_scratch_bytes(hidden, router))
+    partials = gate_up_or_router + sched.max_down * dn_warps * 8 * 4
     staged_act = top_k * inter * 2
-    header = bars * 8 + 8 * 8 + 16 + 2 * hidden + staged_act + partials  # (+ launch number and padding, x)
+    # bars, experts, launch number (+ padding), x, activations, the selected weights, partials
+    header = bars * 8 + 8 * 8 + 16 + 2 * hidden + staged_act + 8 * 4 + partials
     return (header + 127) // 128 * 128 + sched.most_bytes + SHARED_MEMORY_SLACK
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """The router a one-token launch also runs (moe_decode.cu ROUTER): the fused decode step's, so its
+    MoE layers need no router launch. Semantics of solo.kernels.fused_router (grouped top-k)."""
+
+    experts: int
+    groups: int  # 1: no group limit
+    keep: int  # groups kept
+    renormalize: bool
+    blocks: int  # the kernel's grid (experts are spread over its blocks)
+
+    def defines(self) -> dict[str, int]:
+        return {
+            "ROUTER": 1,
+            "E": self.experts,
+            "GROUPS": self.groups,
+            "KEEP": self.keep,
+            "RENORM": int(self.renormalize),
+        }
+
+
+def router_unsupported(hidden: int, top_k: int, spec: RouterSpec) -> str | None:
+    """Why the persistent kernel cannot also run this router (None: it can)."""
+    e, groups = spec.experts, spec.groups
+    if e % 32 or e > 1024 or e // 32 > hidden // 128:
+        return f"the fused router takes E a multiple of 32, at most min(1024, H / 4) experts; got E={e}, H={hidden}"
+    if groups > 32 or e % groups:
+        return f"the fused router takes at most 32 groups that divide E; got {groups} groups of E={e}"
+    size = e // groups
+    if spec.keep < groups and (size & (size - 1) if size < 32 else size % 32):
+        return f"the fused router takes groups of a power of two below 32 experts or a multiple of 32; got {size}"
+    if spec.keep < groups and spec.keep * size < top_k:
+        return f"the kept groups ({spec.keep} x {size} experts) hold fewer than top-k ({top_k}) experts"
+    return None
 
 
 class PersistentDecodeMoE(TritonMoE):
@@ -84,10 +134,13 @@ class PersistentDecodeMoE(TritonMoE):
                 "the persistent decode kernel multiplies in fp16, exact only for E8M0 scales <= 128; this "
                 "checkpoint has larger ones. Use --moe-backend triton."
             )
-        self._kernels: dict[int, tuple[Any, DecodeSchedule, torch.Tensor, int]] = {}
+        self._kernels: dict[tuple, tuple[Any, DecodeSchedule, torch.Tensor, int]] = {}
         # activations exchanged between blocks, tagged with the launch number (0xFFFF: none yet)
         self._act = torch.full((MAX_ACT_COPIES * 8 * self.inter,), -1, dtype=torch.int32, device=self.device)
         self._launches = torch.zeros(1, dtype=torch.int32, device=self.device)
+        # ROUTER: the scores exchanged between blocks, tag << 32 | fp32 (tag 0xFFFFFFFF: none yet)
+        self._scores = torch.full((max(self.num_experts, 32),), -1, dtype=torch.int64, device=self.device)
+        self._unused = torch.zeros(16, dtype=torch.int32, device=self.device)  # the ROUTER pointers otherwise
         self.blocks = torch.cuda.get_device_properties(self.device).multi_processor_count
         # per-block globaltimer stamps of the last two launches (DecodeKernelConfig.trace; moe_decode.cu T_*)
         self.trace = torch.zeros((2, self.blocks, 64), dtype=torch.int64, device=self.device)
@@ -111,9 +164,12 @@ class PersistentDecodeMoE(TritonMoE):
         self.kernel_config = kernel_config
         self._kernels.clear()
 
-    def kernel_for(self, top_k: int, id64: bool) -> tuple[Any, DecodeSchedule, torch.Tensor, int]:
-        """Compile (or load from <solo cache>/cuda) and set up the kernel for top_k experts."""
-        key = top_k * 2 + int(id64)
+    def kernel_for(
+        self, top_k: int, id64: bool, router: RouterSpec | None = None
+    ) -> tuple[Any, DecodeSchedule, torch.Tensor, int]:
+        """Compile (or load from <solo cache>/cuda) and set up the kernel for top_k experts (that also
+        runs `router`, where given)."""
+        key = (top_k, id64, router)
         if key in self._kernels:
             return self._kernels[key]
         from solo.kernels.cuda_runtime import CudaKernel
@@ -141,9 +197,14 @@ class PersistentDecodeMoE(TritonMoE):
             "REFRESH_PENDING": int(kc.refresh_pending),
             "UNROLL_PAIRS": int(kc.unroll_pairs),
         }
+        if router is not None:
+            reason = router_unsupported(self.hidden, top_k, router)
+            if reason is not None or router.blocks != self.blocks or id64:
+                raise RuntimeError(reason or "the fused router's grid is the kernel's, with int32 expert ids")
+            defines.update(router.defines())
         kernel = CudaKernel(SOURCE, "moe_decode", defines, self.device)
         _BUILT.append({"seconds": kernel.compile.seconds, "cached": kernel.compile.cached, "path": kernel.compile.path})
-        shared = _shared_bytes(sched, self.hidden, self.inter, top_k)
+        shared = _shared_bytes(sched, self.hidden, self.inter, top_k, router)
         limit = torch.cuda.get_device_properties(self.device).shared_memory_per_block_optin
         if shared > limit:
             raise RuntimeError(
@@ -199,10 +260,83 @@ class PersistentDecodeMoE(TritonMoE):
                 table,
                 limit,
                 self.trace,
+                *[self._unused] * 8,
+                0.0,
+                0.0,
             ],
             dependent=kc.dependent_launch,
             cooperative=kc.cooperative,
         )
+
+    def router_spec(self, router: Any) -> RouterSpec:
+        """The RouterSpec of a solo.kernels.fused_router.FusedRouter."""
+        return RouterSpec(router.num_experts, router.n_group, router.topk_group, bool(router.renormalize), self.blocks)
+
+    def routed_unsupported(self, router: Any) -> str | None:
+        """Why one launch cannot run `router` (a FusedRouter) and these experts (None: it can)."""
+        if router.num_experts != self.num_experts or router.hidden != self.hidden:
+            return "the router's experts or width differ from the experts'"
+        if router.weight.dtype != torch.bfloat16 or not router.weight.is_contiguous():
+            return "the fused router reads a contiguous bf16 router weight"
+        if router.norm_weight.dtype != torch.bfloat16 or router.norm_weight.data_ptr() % 16:
+            return "the fused router reads a 16-byte aligned bf16 norm weight"
+        if router.top_k % 2 or router.top_k > 8:
+            return f"the persistent decode kernel needs an even top-k <= 8, got {router.top_k}"
+        return router_unsupported(self.hidden, router.top_k, self.router_spec(router))
+
+    def routed_forward(
+        self, x: torch.Tensor, router: Any, count: torch.Tensor, launch: Any = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One token's router (post-attention RMSNorm, scores, grouped top-k: `router`, a FusedRouter)
+        and routed experts in one launch. x: the residual stream [1, H] bf16. Returns (the routed
+        sum [1, H], the normalised x [1, H], ids [1, top_k] int32, weights [1, top_k] fp32); `count`
+        (int32) is bumped once per launch on the device; `launch` (a solo.kernels.pdl.LaunchPolicy)
+        records the launch as family "moe_router"."""
+        if x.shape != (1, self.hidden) or x.dtype != torch.bfloat16 or x.stride(1) != 1 or x.data_ptr() % 16:
+            raise ValueError(f"the fused router takes one 16-byte aligned bf16 row [1, {self.hidden}]")
+        top_k = router.top_k
+        kernel, _, table, threads = self.kernel_for(top_k, False, self.router_spec(router))
+        out = torch.empty((1, self.hidden), dtype=torch.bfloat16, device=self.device)
+        xn = torch.empty_like(out)
+        ids = torch.empty((1, top_k), dtype=torch.int32, device=self.device)
+        wts = torch.empty((1, top_k), dtype=torch.float32, device=self.device)
+        limit = float(self.swiglu_limit) if self.swiglu_limit is not None else 0.0
+        kc = self.kernel_config
+        self.path_calls["persistent"] += 1
+        kernel.launch(
+            self.blocks,
+            threads,
+            [
+                x,
+                self._unused,
+                self._unused,
+                self.gate_up_words,
+                self.gate_up_scale,
+                self.down_words,
+                self.down_scale,
+                out,
+                self._act,
+                self._launches,
+                table,
+                limit,
+                self.trace,
+                router.norm_weight,
+                router.weight,
+                router.bias,
+                self._scores,
+                xn,
+                ids,
+                wts,
+                count,
+                float(router.eps),
+                float(router.scaling),
+            ],
+            dependent=kc.dependent_launch,
+            cooperative=kc.cooperative,
+        )
+        if launch is not None:
+            launch.record("moe_router", kernel)
+        return out, xn, ids, wts
 
     def warmup(self, top_k: int = 8, max_tokens: int = 4) -> dict[str, Any]:
         record = super().warmup(top_k=top_k, max_tokens=max_tokens)

@@ -120,7 +120,6 @@ def _kda_decode(
         tl.store(hist_win_ptr + vch * WIN + 1, v1)
         tl.store(hist_win_ptr + vch * WIN + 2, v2)
 
-
     for t in tl.static_range(T):
         row = proj_ptr + t * stride_p
         xq = tl.load(row + qch).to(tl.float32)

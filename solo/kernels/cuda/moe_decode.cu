@@ -21,6 +21,17 @@
 // x and the launch number are read once per block, by the publisher (every warp reading them was
 // an L2 hot spot at the start).
 //
+// ROUTER (the fused decode step's MoE layers): the kernel is also the layer's router, so the step
+// has no router launch and no kernel boundary between the routing and the experts. x is then the
+// residual stream: the gate_up warps normalise it (post-attention RMSNorm, block 0 also writes the
+// normalised row for the shared expert), each block scores its EPB experts (their router rows are
+// loaded before griddepcontrol.wait: they do not depend on the previous kernel) and publishes the
+// sigmoid scores tagged with the launch number (one 64-bit word each: tag and value arrive together,
+// no fence); then every block selects from all E scores itself (the same grouped top-k as
+// router_decode.cu: groups by the sum of their two best biased scores, ties to the lower index; the
+// top-k by warp-wide max and ballot, per warp then over the warps' sorted lists), and the producer
+// issues the copies of the experts it chose.
+//
 // Products on the tensor cores (mma.m16n8k16, fp16 in, fp32 sums): the packed E2M1 words
 // (pack_e2m1_words) unpack to fp16 pairs equal to value * 2^-14, times the group's factor
 // 2^(s-113) they are the weights (exact for E8M0 scales s in [104, 128]). Shared-memory reads
@@ -81,6 +92,22 @@
 #endif
 #define BAR_DOWN 5                      // down partials ready
 #define BAR_INPUTS 6                    // x and the launch number are in shared memory
+#define BAR_ROUTER 4                    // ROUTER: the gate_up warps' steps (norm, scores, selection)
+#define BAR_ROUTED 7                    // ROUTER: the selected experts and weights are in shared memory
+#define BAR_SELECT 3                    // ROUTER: the selection warps' steps
+#ifndef ROUTER
+#define ROUTER 0
+#endif
+#if ROUTER
+#define EPB ((E + NBLOCKS - 1) / NBLOCKS)        // experts each block scores
+#define WCH (H / 256)                            // 256-column warp chunks of a router row
+#define RCH ((EPB * WCH + GU_WARPS - 1) / GU_WARPS)  // router-row pieces per gate_up lane
+#define SEL_WARPS (E / 32)                       // selection warps: one expert per lane
+#define GSIZE (E / GROUPS)
+#if E % 32 || SEL_WARPS > GU_WARPS || SEL_WARPS > 32 || H / 8 > GU_WARPS * 32
+#error "ROUTER needs E a multiple of 32, E / 32 <= H / 128 gate_up warps, E <= 1024"
+#endif
+#endif
 #define INPUT_THREADS ((GU_WARPS + DN_WARPS + 1) * 32)  // the compute warps and the publisher
 #ifndef UNROLL_PAIRS
 #define UNROLL_PAIRS 1
@@ -104,7 +131,21 @@ struct __align__(16) Smem {
     u32 launch;                 // the launch number (read once per block: every warp reading it was an L2 hot spot)
     uint4 x[H / 8];             // the token's activations, bf16 (read once per block, not once per warp)
     uint4 act_h[TOPK * I / 8];  // all slots' activations in fp16, 16-byte units swizzled (act_unit)
-    float gu_part[MAX_GU][GU_WARPS][16];
+    float wts[8];               // ROUTER: the selected experts' weights
+    union {
+        float gu_part[MAX_GU][GU_WARPS][16];
+#if ROUTER
+        // used before the producer issues the first copy, so before any gate_up partial exists
+        struct {
+            float red[GU_WARPS];                 // RMSNorm: sums of squares per warp
+            float part[GU_WARPS * RCH];          // router scores: warp chunk partial dot products
+            float gtop[2][GROUPS][(GSIZE + 31) / 32];  // groups: their two best biased scores, per warp
+            u32 key[SEL_WARPS][8];               // each selection warp's best, in order: biased key
+            int idx[SEL_WARPS][8];               //   ... expert index
+            float score[SEL_WARPS][8];           //   ... unbiased score
+        } rt;
+#endif
+    };
     float dn_part[MAX_DN][DN_WARPS][8];
 };
 #define TILES_OFFSET ((sizeof(Smem) + 127) / 128 * 128)
@@ -295,6 +336,67 @@ __device__ __forceinline__ void load_b_fragments(u32 *xb, const uint4 *act_h, in
     }
 }
 
+#if ROUTER
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float rt_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    return v;
+}
+
+// fp32 -> nearest bf16 (ties to even), kept in fp32: the reference's rounding
+__device__ __forceinline__ float rt_round_bf16(float f) {
+    u32 b = __float_as_uint(f);
+    b = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
+    return __uint_as_float(b);
+}
+
+// a normalised value as the reference rounds it (router_decode.cu's rms_value)
+__device__ __forceinline__ u32 rt_rms_bits(u32 x_bits, float rstd, u32 w_bits) {
+    const float v = rt_round_bf16(rt_round_bf16(__uint_as_float(x_bits << 16) * rstd) * __uint_as_float(w_bits << 16));
+    return __float_as_uint(v) >> 16;
+}
+
+__device__ __forceinline__ float rt_dot2(u32 w, u32 xq, float acc) {
+    acc = fmaf(__uint_as_float(w << 16), __uint_as_float(xq << 16), acc);
+    return fmaf(__uint_as_float(w & 0xFFFF0000u), __uint_as_float(xq & 0xFFFF0000u), acc);
+}
+
+// A float as an unsigned key of the same order (-0 made +0 first, so equal values have equal keys);
+// 0 is below every key of a number, and stands for an expert out of the running.
+__device__ __forceinline__ u32 rt_key(float f) {
+    const u32 u = __float_as_uint(f + 0.0f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ u32 rt_redux_max(u32 v) {
+    u32 r;
+    asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
+    return r;
+}
+
+__device__ __forceinline__ u32 rt_redux_min(u32 v) {
+    u32 r;
+    asm volatile("redux.sync.min.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
+    return r;
+}
+
+__device__ __forceinline__ uint4 rt_ld_stream(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ unsigned long long rt_ld_relaxed(const unsigned long long *p) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(NWARPS * 32, 1)
 moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
            const expert_id_t *__restrict__ ids,             // [TOPK]
@@ -308,7 +410,17 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
            u32 *launches,                            // launch counter, wraps at NBLOCKS * 65536
            const int *__restrict__ schedule,         // [NBLOCKS, ROW_WORDS]
            float limit,
-           u64 *trace)                               // [2, NBLOCKS, TRACE_SLOTS] globaltimer stamps (TRACE only)
+           u64 *trace,                               // [2, NBLOCKS, TRACE_SLOTS] globaltimer stamps (TRACE only)
+           // ROUTER only (x is then the residual stream, ids and wts unused):
+           const unsigned short *__restrict__ norm_w,   // [H] post-attention norm weight, bf16
+           const unsigned short *__restrict__ router_w, // [E, H] router weight, bf16
+           const float *__restrict__ bias,           // [E] expert bias (selection only)
+           u64 *scores,                              // [E] exchange: launch tag << 32 | fp32 score
+           unsigned short *__restrict__ xn_out,      // [H] normalised x for the shared expert (block 0)
+           int *__restrict__ ids_out,                // [TOPK] the selection (block 0)
+           float *__restrict__ wts_out,              // [TOPK]
+           int *__restrict__ count,                  // launch counter (the start-up check)
+           float eps, float scaling)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Smem &sm = *reinterpret_cast<Smem *>(smem_raw);
@@ -334,9 +446,29 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
     }
     asm volatile("griddepcontrol.launch_dependents;");
     __syncthreads();
+#if ROUTER
+    // the block's router rows (piece k of gate_up lane: warp chunk k * GU_WARPS + warp) and the norm
+    // weight: independent of the previous kernel, so loaded while it runs
+    const int e0 = blockIdx.x * EPB;
+    uint4 rrow[RCH];
+    uint4 rnw = make_uint4(0u, 0u, 0u, 0u);
+    if (warp < GU_WARPS) {
+#pragma unroll
+        for (int k = 0; k < RCH; ++k) {
+            const int sidx = k * GU_WARPS + warp, e = sidx / WCH, c = sidx % WCH;
+            rrow[k] = sidx < EPB * WCH && e0 + e < E
+                          ? rt_ld_stream(router_w + (size_t)(e0 + e) * H + c * 256 + lane * 8)
+                          : make_uint4(0u, 0u, 0u, 0u);
+        }
+        if (threadIdx.x < H / 8) rnw = rt_ld_stream(norm_w + threadIdx.x * 8);
+    }
+#endif
     // Everything above is independent of the previous kernel; the routing, x and the
     // activation buffer are not.
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#if ROUTER
+    if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
+#endif
 #if TRACE
     u64 *trow = trace + ((__shfl_sync(0xFFFFFFFFu, lane == 0 ? __ldcg(launches) : 0u, 0) / NBLOCKS & 1) * NBLOCKS +
                          blockIdx.x) * TRACE_SLOTS;
@@ -344,8 +476,12 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif
 
     if (warp == PRODUCER) {
+#if ROUTER
+        asm volatile("bar.sync %0, %1;" ::"r"(BAR_ROUTED), "r"(96) : "memory");  // the block's own selection
+#else
         if (lane < TOPK) sm.experts[lane] = __ldcg(ids + lane);
         __syncwarp();
+#endif
 #if TRACE
         if (lane == 0) trow[T_IDS] = globaltimer();
 #endif
@@ -420,10 +556,17 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
     } else if (warp == PUBLISHER) {
         // the block's inputs, once: x and the launch number (read before any block bumps it twice)
         const u32 launch = __shfl_sync(0xFFFFFFFFu, lane == 0 ? __ldcg(launches) / NBLOCKS : 0u, 0);
+#if ROUTER
+        if (lane == 0) sm.launch = launch;  // (the gate_up warps normalise x)
+        asm volatile("bar.arrive %0, %1;" ::"r"(BAR_INPUTS), "r"(INPUT_THREADS) : "memory");
+        asm volatile("bar.sync %0, %1;" ::"r"(BAR_ROUTED), "r"(96) : "memory");
+        const float my_wt = lane < TOPK ? sm.wts[lane] : 0.f;
+#else
         const float my_wt = lane < TOPK ? __ldcg(wts + lane) : 0.f;  // no global load inside the tile loop
         for (int k = lane; k < H / 8; k += 32) sm.x[k] = __ldcg(reinterpret_cast<const uint4 *>(x) + k);
         if (lane == 0) sm.launch = launch;
         asm volatile("bar.arrive %0, %1;" ::"r"(BAR_INPUTS), "r"(INPUT_THREADS) : "memory");
+#endif
         const u32 tag = launch << 16;
         for (int i = 0; i < n_gu; ++i) {
             asm volatile("bar.sync %0, %1;" ::"r"(BAR_FULL0 + i), "r"((GU_WARPS + 1) * 32) : "memory");
@@ -457,6 +600,166 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif
     } else {  // compute warps
         asm volatile("bar.sync %0, %1;" ::"r"(BAR_INPUTS), "r"(INPUT_THREADS) : "memory");
+#if ROUTER
+        if (warp < GU_WARPS) {
+            // ---- RMSNorm of x: one 8-element piece per thread, sums of squares over the warps in order
+            const int tid = threadIdx.x;
+            uint4 xv = make_uint4(0u, 0u, 0u, 0u);
+            if (tid < H / 8) xv = ld_cg4(reinterpret_cast<const u32 *>(x) + 4 * tid);
+            const u32 xw[4] = {xv.x, xv.y, xv.z, xv.w}, nw4[4] = {rnw.x, rnw.y, rnw.z, rnw.w};
+            float ss = 0.f;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const float lo = __uint_as_float(xw[q] << 16), hi = __uint_as_float(xw[q] & 0xFFFF0000u);
+                ss = fmaf(lo, lo, ss);
+                ss = fmaf(hi, hi, ss);
+            }
+            ss = rt_warp_sum(ss);
+            if (lane == 0) sm.rt.red[warp] = ss;
+            asm volatile("bar.sync %0, %1;" ::"r"(BAR_ROUTER), "r"(GU_WARPS * 32) : "memory");
+            float total = 0.f;
+#pragma unroll
+            for (int w = 0; w < GU_WARPS; ++w) total += sm.rt.red[w];
+            const float rstd = __frcp_rn(__fsqrt_rn(__fdiv_rn(total, (float)H) + eps));
+            if (tid < H / 8) {
+                u32 o[4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+                    o[q] = rt_rms_bits(xw[q] & 0xFFFFu, rstd, nw4[q] & 0xFFFFu) |
+                           (rt_rms_bits(xw[q] >> 16, rstd, nw4[q] >> 16) << 16);
+                const uint4 packed = make_uint4(o[0], o[1], o[2], o[3]);
+                sm.x[tid] = packed;
+                if (blockIdx.x == 0) reinterpret_cast<uint4 *>(xn_out)[tid] = packed;
+            }
+            asm volatile("bar.sync %0, %1;" ::"r"(BAR_ROUTER), "r"(GU_WARPS * 32) : "memory");
+            // ---- this block's router scores: warp chunk partials, then per expert in chunk order
+#pragma unroll
+            for (int k = 0; k < RCH; ++k) {
+                const int sidx = k * GU_WARPS + warp;
+                if (sidx < EPB * WCH) {
+                    const uint4 xq = sm.x[(sidx % WCH) * 32 + lane];
+                    float acc = 0.f;
+                    acc = rt_dot2(rrow[k].x, xq.x, acc);
+                    acc = rt_dot2(rrow[k].y, xq.y, acc);
+                    acc = rt_dot2(rrow[k].z, xq.z, acc);
+                    acc = rt_dot2(rrow[k].w, xq.w, acc);
+                    acc = rt_warp_sum(acc);
+                    if (lane == 0) sm.rt.part[sidx] = acc;
+                }
+            }
+            asm volatile("bar.sync %0, %1;" ::"r"(BAR_ROUTER), "r"(GU_WARPS * 32) : "memory");
+            const u32 rtag = sm.launch;
+            if (warp == 0 && lane < EPB && e0 + lane < E) {
+                float dot = 0.f;
+#pragma unroll
+                for (int c = 0; c < WCH; ++c) dot += sm.rt.part[lane * WCH + c];
+                const float sc = 1.0f / (1.0f + __expf(-dot));
+                const u64 word = (u64)rtag << 32 | __float_as_uint(sc);
+                asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(scores + e0 + lane), "l"(word) : "memory");
+            }
+            // ---- selection, in every block: one expert per lane of the first E / 32 warps
+            if (warp < SEL_WARPS) {
+                const int me = warp * 32 + lane;
+                u64 v = rt_ld_relaxed(scores + me);
+                while ((u32)(v >> 32) != rtag) {
+                    __nanosleep(POLL_NS);
+                    v = rt_ld_relaxed(scores + me);
+                }
+                const float sc = __uint_as_float((u32)v);
+                const float biased = sc + __ldg(bias + me);
+                u32 key = rt_key(biased);
+#if KEEP < GROUPS
+                {
+                    // the two largest biased scores of my group's lanes in this warp, then of its warps
+#define WPG (GSIZE >= 32 ? GSIZE / 32 : 1)
+                    float m1 = biased, m2 = NEG_INF;
+#pragma unroll
+                    for (int o = 1; o < (GSIZE < 32 ? GSIZE : 32); o <<= 1) {
+                        const float o1 = __shfl_xor_sync(0xFFFFFFFFu, m1, o), o2 = __shfl_xor_sync(0xFFFFFFFFu, m2, o);
+                        const float hi = fmaxf(m1, o1), lo = fmaxf(fminf(m1, o1), fmaxf(m2, o2));
+                        m1 = hi;
+                        m2 = lo;
+                    }
+                    const int group = me / GSIZE;
+                    if (me % (GSIZE < 32 ? GSIZE : 32) == 0) {
+                        const int part = GSIZE >= 32 ? warp % WPG : 0;
+                        sm.rt.gtop[0][group][part] = m1;
+                        sm.rt.gtop[1][group][part] = m2;
+                    }
+                    asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
+                    float gs = NEG_INF;
+                    if (lane < GROUPS) {
+                        float a1 = sm.rt.gtop[0][lane][0], a2 = sm.rt.gtop[1][lane][0];
+#pragma unroll
+                        for (int w = 1; w < WPG; ++w) {
+                            const float o1 = sm.rt.gtop[0][lane][w], o2 = sm.rt.gtop[1][lane][w];
+                            const float hi = fmaxf(a1, o1), lo = fmaxf(fminf(a1, o1), fmaxf(a2, o2));
+                            a1 = hi;
+                            a2 = lo;
+                        }
+                        gs = a1 + a2;
+                    }
+                    const float mine = __shfl_sync(0xFFFFFFFFu, gs, group);
+                    int rank = 0;
+#pragma unroll
+                    for (int g = 0; g < GROUPS; ++g) {
+                        const float other = __shfl_sync(0xFFFFFFFFu, gs, g);
+                        rank += (other > mine || (other == mine && g < group)) ? 1 : 0;
+                    }
+                    if (rank >= KEEP) key = 0u;
+#undef WPG
+                }
+#endif
+                // this warp's best TOPK in order (ties: the lower lane, which is the lower index)
+#pragma unroll 1
+                for (int r = 0; r < TOPK; ++r) {
+                    const u32 m = rt_redux_max(key);
+                    const int win = __ffs(__ballot_sync(0xFFFFFFFFu, key == m)) - 1;
+                    const float wsc = __shfl_sync(0xFFFFFFFFu, sc, win);
+                    if (lane == win) key = 0u;
+                    if (lane == 0) {
+                        sm.rt.key[warp][r] = m;
+                        sm.rt.idx[warp][r] = warp * 32 + win;
+                        sm.rt.score[warp][r] = wsc;
+                    }
+                }
+                asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
+                if (warp == 0) {
+                    // merge the warps' sorted lists: lane l holds the head of warp l's
+                    int pos = 0, my_id = 0;
+                    float my_w = 0.f, wsum = 0.f;
+#pragma unroll 1
+                    for (int r = 0; r < TOPK; ++r) {
+                        const u32 hk = lane < SEL_WARPS ? sm.rt.key[lane][pos] : 0u;
+                        const u32 hidx = lane < SEL_WARPS ? (u32)sm.rt.idx[lane][pos] : 0xFFFFFFFFu;
+                        const u32 m = rt_redux_max(hk);
+                        const u32 wi = rt_redux_min(hk == m ? hidx : 0xFFFFFFFFu);
+                        const bool won = lane < SEL_WARPS && hk == m && hidx == wi;
+                        const int wl = __ffs(__ballot_sync(0xFFFFFFFFu, won)) - 1;
+                        const float s = __shfl_sync(0xFFFFFFFFu, lane < SEL_WARPS ? sm.rt.score[lane][pos] : 0.f, wl);
+                        if (won) ++pos;
+                        wsum += s;
+                        if (lane == r) {
+                            my_id = (int)wi;
+                            my_w = s;
+                        }
+                    }
+#if RENORM
+                    my_w = my_w / (wsum + 1e-20f);
+#endif
+                    if (lane < TOPK) {
+                        sm.experts[lane] = my_id;
+                        sm.wts[lane] = my_w * scaling;
+                        if (blockIdx.x == 0) {
+                            ids_out[lane] = my_id;
+                            wts_out[lane] = my_w * scaling;
+                        }
+                    }
+                    asm volatile("bar.arrive %0, %1;" ::"r"(BAR_ROUTED), "r"(96) : "memory");
+                }
+            }
+        }
+#endif
         if (warp < GU_WARPS) {
             // ---- gate_up: this warp's K slice, rows of even MMA index on chunks c..c+3, odd on c+4..c+7
             const int c = 8 * (warp >> 1) + t + 4 * ((g ^ warp) & 1);
