@@ -375,7 +375,7 @@ class FusedDecodeStep:
         fused_routers = self._routers_in_experts()
         for owner, attr in self._slots():
             kernel = getattr(owner, attr)
-            if owner in fused_routers:
+            if attr == "router" and owner in fused_routers:
                 continue  # one token's router runs inside the MoE kernel; verification's stays on Triton
             try:
                 if isinstance(kernel, FusedRouter):

@@ -67,6 +67,10 @@
 #define T_DOWN_DONE 11
 #define T_SMID 12
 #define T_WAITED 13
+#define T_NORMED 14                     // ROUTER: x normalised (gate_up warp 0)
+#define T_SCORED 15                     // ROUTER: this block's scores published
+#define T_SEEN 28                       // ROUTER: every score seen (selection warps)
+#define T_SELECTED 29                   // ROUTER: the selection in shared memory
 #define T_GROUP0 16                     // 16.. : copy group q (issue order) complete
 #define C_PAIR0 32                      // 32 + 4 * p + s: clock64 of warp 0 in pair p's down step s: 0 enter,
                                         // 1 staged, 2 its down rows there, 3 products done
@@ -632,6 +636,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 if (blockIdx.x == 0) reinterpret_cast<uint4 *>(xn_out)[tid] = packed;
             }
             asm volatile("bar.sync %0, %1;" ::"r"(BAR_ROUTER), "r"(GU_WARPS * 32) : "memory");
+#if TRACE
+            if (threadIdx.x == 0) trow[T_NORMED] = globaltimer();
+#endif
             // ---- this block's router scores: warp chunk partials, then per expert in chunk order
 #pragma unroll
             for (int k = 0; k < RCH; ++k) {
@@ -657,6 +664,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 const u64 word = (u64)rtag << 32 | __float_as_uint(sc);
                 asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(scores + e0 + lane), "l"(word) : "memory");
             }
+#if TRACE
+            if (threadIdx.x == 0) trow[T_SCORED] = globaltimer();
+#endif
             // ---- selection, in every block: one expert per lane of the first E / 32 warps
             if (warp < SEL_WARPS) {
                 const int me = warp * 32 + lane;
@@ -710,6 +720,10 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #undef WPG
                 }
 #endif
+#if TRACE
+                asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
+                if (threadIdx.x == 0) trow[T_SEEN] = globaltimer();
+#endif
                 // this warp's best TOPK in order (ties: the lower lane, which is the lower index)
 #pragma unroll 1
                 for (int r = 0; r < TOPK; ++r) {
@@ -755,6 +769,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                             wts_out[lane] = my_w * scaling;
                         }
                     }
+#if TRACE
+                    if (lane == 0) trow[T_SELECTED] = globaltimer();
+#endif
                     asm volatile("bar.arrive %0, %1;" ::"r"(BAR_ROUTED), "r"(96) : "memory");
                 }
             }

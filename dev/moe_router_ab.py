@@ -1,0 +1,125 @@
+"""A/B of one token's MoE router: its own kernel (router_decode.cu) then the persistent MoE kernel,
+against the router inside the persistent MoE kernel (moe_decode.cu ROUTER), at Ling-3.0-flash shapes
+(512 experts in 8 groups keep 4, top-8, H 2560, I 768), with a per-block trace of the fused one.
+
+    python3 dev/moe_router_ab.py [--rounds 3] [--calls 16]
+
+Each side: `--calls` different tokens, router then experts, captured in one CUDA graph (every call
+chooses its experts from its own x, so most are not in the L2), median replay / calls; rounds
+alternate the sides. The choices are checked: the same experts, the same weights within fp32
+rounding, the same routed output (the fused kernel's own routing given to the plain kernel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from solo.bench.kernels import Timer  # noqa: E402
+from solo.kernels.cuda_moe import PersistentDecodeMoE  # noqa: E402
+from solo.kernels.cuda_moe_plan import DecodeKernelConfig  # noqa: E402
+from solo.kernels.cuda_step import CudaRouter  # noqa: E402
+from solo.kernels.fused_router import FusedRouter  # noqa: E402
+from solo.testing.moe import random_mxfp4_experts  # noqa: E402
+
+H, I, E, TOPK = 2560, 768, 512, 8
+TRACE_ROWS = [  # (slot, what it stamps), moe_decode.cu T_*
+    (0, "block start"),
+    (13, "previous launch complete (griddepcontrol.wait)"),
+    (14, "x normalised"),
+    (15, "this block's scores published"),
+    (28, "every score seen"),
+    (29, "selection done"),
+    (9, "producer has the experts"),
+    (2, "first gate_up tile landed"),
+    (10, "last gate_up tile landed"),
+    (3, "last gate_up tile published"),
+    (11, "down products done"),
+    (1, "block end"),
+]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--calls", type=int, default=16)
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    experts = random_mxfp4_experts(E, H, I, scales=(116, 126))
+    moe = PersistentDecodeMoE(experts, swiglu_limit=7.0)
+    counters = torch.zeros(4, dtype=torch.int32, device=dev)
+    fused = FusedRouter(
+        (torch.randn(E, H, device=dev) * 0.02).to(torch.bfloat16),
+        torch.randn(E, device=dev) * 0.01,
+        (1 + 0.1 * torch.randn(H, device=dev)).to(torch.bfloat16),
+        1e-6,
+        TOPK,
+        8,
+        4,
+        True,
+        2.5,
+        counters[0:1],
+    )
+    separate = CudaRouter(fused, counters[1:2], max_tokens=1)
+    xs = [(3 * torch.randn(1, H, device=dev)).to(torch.bfloat16) for _ in range(args.calls)]
+
+    def plain(x):
+        xn, ids, wts = separate(x)
+        return moe.forward(xn, ids, wts)
+
+    def inside(x):
+        return moe.routed_forward(x, fused, counters[2:3])
+
+    same = 0
+    for x in xs:
+        out, xn, ids, wts = inside(x)
+        xn_s, ids_s, wts_s = separate(x)
+        if torch.equal(ids, ids_s):
+            same += 1
+            assert float((wts - wts_s).abs().max()) < 1e-5
+        assert torch.equal(out, moe.forward(xn, ids, wts)), "the fused routing's experts differ from the plain kernel's"
+    print(f"checks: the same experts in {same} of {len(xs)} calls (others: ties within fp32 rounding of the scores)")
+
+    timer = Timer(dev)
+    results: dict[str, list[float]] = {"router kernel + MoE kernel": [], "router inside the MoE kernel": []}
+    for r in range(args.rounds):
+        results["router kernel + MoE kernel"].append(timer([lambda x=x: plain(x) for x in xs]))
+        results["router inside the MoE kernel"].append(timer([lambda x=x: inside(x) for x in xs]))
+        print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in results.items()))
+    print(f"\none token, us per router + MoE (median of replays / {args.calls}; rounds):")
+    for k, v in results.items():
+        print(f"  {k:32s} {statistics.median(v):7.2f}   {[round(t, 2) for t in v]}")
+
+    moe.set_kernel_config(DecodeKernelConfig(trace=True))
+    inside(xs[0])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for x in xs:
+            inside(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    tr = moe.trace.cpu()
+    last = int(tr[1, :, 1].max() > tr[0, :, 1].max())
+    cur = tr[last]
+    start = cur[:, 0].min()
+    rel_t = (cur - start).double() / 1000.0
+    print("\ntrace of the last fused call (us from the first block's start: min, median, max over blocks)")
+    print(f"  previous call's last block ended {(tr[1 - last][:, 1].max() - start) / 1000.0:+.2f} us from it")
+    for col, name in TRACE_ROWS:
+        c = rel_t[:, col]
+        if bool((cur[:, col] == 0).all()):
+            continue
+        c = c[cur[:, col] > 0]
+        print(f"  {name:48s}: {c.min():6.2f} {c.median():6.2f} {c.max():6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
