@@ -51,7 +51,6 @@ STEPS = ("fused", "reference", "auto")
 # cuda1: CUDA for one-token calls only, verification on Triton), seprouter (one token's MoE router in its own
 # kernel, not inside the persistent MoE kernel)
 STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1", "seprouter")
-PREFETCH_MODIFIER = re.compile(r"pf(\d+)$")  # pfN: N MB of the next projection into the L2 from each MoE kernel
 
 
 @dataclass
@@ -87,11 +86,6 @@ class Config:
         return 1 if "cuda1" in self.modifiers else 8
 
     @property
-    def prefetch_mb(self) -> float:
-        sizes = [int(m.group(1)) for m in map(PREFETCH_MODIFIER.match, self.modifiers) if m]
-        return float(sizes[0]) if sizes else 0.0
-
-    @property
     def moe_router(self) -> bool | None:
         return False if "seprouter" in self.modifiers else None
 
@@ -107,11 +101,10 @@ def parse_configs(text: str) -> list[Config]:
         mods = config.modifiers
         if config.step not in STEPS:
             raise ValueError(f"--configs item '{item}': the decode step is one of {', '.join(STEPS)}")
-        unknown = [m for m in mods if m not in STEP_MODIFIERS and not PREFETCH_MODIFIER.match(m)]
-        if mods and config.step != "fused" or unknown or len(set(mods)) < len(mods):
+        if mods and config.step != "fused" or any(m not in STEP_MODIFIERS for m in mods) or len(set(mods)) < len(mods):
             raise ValueError(
                 f"--configs item '{item}': only the fused step takes modifiers, each once, joined by '+': "
-                f"{', '.join(STEP_MODIFIERS)}, pfN (e.g. fused+cuda+pdl)"
+                f"{', '.join(STEP_MODIFIERS)} (e.g. fused+cuda+pdl)"
             )
         if sum(m in ("triton", "cuda", "cuda1") for m in mods) > 1:
             raise ValueError(f"--configs item '{item}': the step kernels are one of triton, cuda, cuda1")
@@ -239,7 +232,6 @@ def load(args: argparse.Namespace, config: Config):
         step_kernel_tokens=config.step_kernel_tokens,
         pdl_verify=True if "pdlall" in config.modifiers else None,
         moe_router=config.moe_router,
-        prefetch_mb=config.prefetch_mb,
         verify_tokens=args.verify_tokens,
     )
     t0 = time.perf_counter()

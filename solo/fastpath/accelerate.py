@@ -59,9 +59,6 @@ class FastPathOptions:
     # kernels): no router launch and no kernel boundary before the experts. None (auto): where it can
     # run; True: required (an error where it cannot); False: the router's own kernel
     moe_router: bool | None = None
-    # MB of the next layer's input projection each MoE layer with the router inside asks into the L2
-    # while its routing runs (the memory is idle then)
-    prefetch_mb: float = 0.0
 
     def __post_init__(self) -> None:
         if self.decode_step not in DECODE_STEPS:
@@ -125,7 +122,6 @@ def _install_decode_step(model: LingForCausalLM, options: FastPathOptions) -> No
                 cuda_tokens=options.step_kernel_tokens,
                 pdl_verify=options.pdl_verify,
                 moe_router=options.moe_router,
-                prefetch_mb=options.prefetch_mb,
             )
             model.decode_step.warmup()
             model.decode_step_note = ""

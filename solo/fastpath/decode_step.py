@@ -218,13 +218,11 @@ class _MoE:
         self.routed_in_experts: FusedRouter | None = None
         self.moe_router_counter = step.counter("moe_router")
         self.launch = step.launch
-        self.prefetch: tuple[torch.Tensor, int] | None = None  # (weight, bytes) of a later kernel, into the L2
 
     def __call__(self, x: torch.Tensor) -> None:
         if self.routed_in_experts is not None and x.shape[0] == 1:
-            weight, nbytes = self.prefetch or (None, 0)
             routed, xn, _, _ = self.experts.routed_forward(
-                x, self.routed_in_experts, self.moe_router_counter, self.launch, weight, nbytes
+                x, self.routed_in_experts, self.moe_router_counter, self.launch
             )
         else:
             xn, ids, weights = self.router(x)
@@ -303,7 +301,6 @@ class FusedDecodeStep:
         cuda_tokens: int = 8,
         pdl_verify: bool | None = None,
         moe_router: bool | None = None,
-        prefetch_mb: float = 0.0,
     ) -> None:
         _check_model(model)
         if kernels not in STEP_KERNELS:
@@ -344,8 +341,6 @@ class FusedDecodeStep:
                 f"--moe-router fused runs with the CUDA step kernels, which cannot run here: {self.kernels_note}. "
                 "Use --moe-router auto."
             )
-        self.prefetch_mb = prefetch_mb
-        self._plan_prefetches(int(prefetch_mb * 2**20))
         if pdl_verify is None:  # where the CUDA GEMV serves the whole window (the kernels share this policy)
             pdl_verify = self.kernels == "cuda" and not self.kernels_note and self.cuda_tokens >= max(self.token_counts)
         self.launch.one_token_only = not pdl_verify
@@ -403,16 +398,6 @@ class FusedDecodeStep:
         if refused:
             return f"{len(refused)} of {len(refused) + len(swaps)} one-token kernels stay on Triton: {refused[0]}"
         return None
-
-    def _plan_prefetches(self, nbytes: int) -> None:
-        """Each MoE layer whose router runs inside the MoE kernel asks the L2 for the first `nbytes` of the
-        next layer's fused input projection (the largest weight of a layer) while its routing runs."""
-        for layer, after in zip(self.layers, self.layers[1:], strict=False):
-            moe = layer.mlp
-            if isinstance(moe, _MoE):
-                proj = after.attention.proj
-                weight = getattr(proj, "fused", proj).weight  # (a CudaGemv keeps the FusedGemv's weight)
-                moe.prefetch = (weight, nbytes) if nbytes > 0 and moe.routed_in_experts is not None else None
 
     def routers_in_experts(self) -> list[_MoE]:
         """The MoE layers whose one-token router runs inside the persistent MoE kernel."""
@@ -514,7 +499,6 @@ class FusedDecodeStep:
             "step_kernels": self.kernels,
             "cuda_tokens": self.cuda_tokens if self.kernels == "cuda" else 0,
             "routers_in_experts": len(self.routers_in_experts()),
-            "prefetch_mb": self.prefetch_mb,
             **({"step_kernels_note": self.kernels_note} if self.kernels_note else {}),
         }
 

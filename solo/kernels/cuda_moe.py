@@ -90,15 +90,6 @@ class RouterSpec:
         }
 
 
-def _prefetch_units(tensor: torch.Tensor | None, nbytes: int) -> int:
-    """16-byte units of the first `nbytes` of `tensor` (whole units inside it; 0: nothing)."""
-    if tensor is None or nbytes <= 0:
-        return 0
-    if tensor.data_ptr() % 16 or not tensor.is_contiguous():
-        raise ValueError("the L2 prefetch takes a contiguous, 16-byte aligned tensor")
-    return min(nbytes, tensor.numel() * tensor.element_size()) // 16
-
-
 def router_unsupported(hidden: int, top_k: int, spec: RouterSpec) -> str | None:
     """Why the persistent kernel cannot also run this router (None: it can)."""
     e, groups = spec.experts, spec.groups
@@ -272,8 +263,6 @@ class PersistentDecodeMoE(TritonMoE):
                 *[self._unused] * 8,
                 0.0,
                 0.0,
-                self._unused,
-                0,
             ],
             dependent=kc.dependent_launch,
             cooperative=kc.cooperative,
@@ -296,20 +285,13 @@ class PersistentDecodeMoE(TritonMoE):
         return router_unsupported(self.hidden, router.top_k, self.router_spec(router))
 
     def routed_forward(
-        self,
-        x: torch.Tensor,
-        router: Any,
-        count: torch.Tensor,
-        launch: Any = None,
-        prefetch: torch.Tensor | None = None,
-        prefetch_bytes: int = 0,
+        self, x: torch.Tensor, router: Any, count: torch.Tensor, launch: Any = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One token's router (post-attention RMSNorm, scores, grouped top-k: `router`, a FusedRouter)
         and routed experts in one launch. x: the residual stream [1, H] bf16. Returns (the routed
         sum [1, H], the normalised x [1, H], ids [1, top_k] int32, weights [1, top_k] fp32); `count`
         (int32) is bumped once per launch on the device; `launch` (a solo.kernels.pdl.LaunchPolicy)
-        records the launch as family "moe_router". `prefetch`: the first `prefetch_bytes` of a tensor a
-        later kernel reads (a weight) are asked into the L2 while the routing runs (memory is idle then)."""
+        records the launch as family "moe_router"."""
         if x.shape != (1, self.hidden) or x.dtype != torch.bfloat16 or x.stride(1) != 1 or x.data_ptr() % 16:
             raise ValueError(f"the fused router takes one 16-byte aligned bf16 row [1, {self.hidden}]")
         top_k = router.top_k
@@ -348,8 +330,6 @@ class PersistentDecodeMoE(TritonMoE):
                 count,
                 float(router.eps),
                 float(router.scaling),
-                prefetch if prefetch is not None else self._unused,
-                _prefetch_units(prefetch, prefetch_bytes),
             ],
             dependent=kc.dependent_launch,
             cooperative=kc.cooperative,

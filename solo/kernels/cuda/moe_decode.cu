@@ -424,9 +424,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
            int *__restrict__ ids_out,                // [TOPK] the selection (block 0)
            float *__restrict__ wts_out,              // [TOPK]
            int *__restrict__ count,                  // launch counter (the start-up check)
-           float eps, float scaling,
-           const unsigned char *prefetch,            // a later kernel's weights: asked into the L2 while
-           int prefetch_units)                       // this one waits on its routing (16-byte units; 0: none)
+           float eps, float scaling)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Smem &sm = *reinterpret_cast<Smem *>(smem_raw);
@@ -469,23 +467,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         if (threadIdx.x < H / 8) rnw = rt_ld_stream(norm_w + threadIdx.x * 8);
     }
 #endif
-    if (warp == PRODUCER && prefetch_units > 0) {
-        // The memory is idle from here until the experts are known (the routing is a chain of
-        // latencies): fetch the block's share of `prefetch` into the L2, a fire-and-forget hint.
-        const long long per_block = ((long long)prefetch_units + NBLOCKS - 1) / NBLOCKS;
-        const long long first = per_block * blockIdx.x;
-        const long long mine = min(per_block, (long long)prefetch_units - first);
-        const long long per_lane = (mine + 31) / 32;
-        long long at = first + lane * per_lane;
-        long long left = min(per_lane, mine - lane * per_lane);
-        while (left > 0) {
-            const long long piece = min(left, 4096LL);  // 64 KB per request
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(prefetch + at * 16), "r"((u32)(piece * 16))
-                         : "memory");
-            at += piece;
-            left -= piece;
-        }
-    }
     // Everything above is independent of the previous kernel; the routing, x and the
     // activation buffer are not.
     asm volatile("griddepcontrol.wait;" ::: "memory");
