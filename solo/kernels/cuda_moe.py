@@ -43,6 +43,7 @@ def persistent_compile_report() -> dict[str, Any]:
 
 
 SHARED_MEMORY_SLACK = 128
+SCORE_COPIES = 8  # copies of the router scores the blocks exchange (moe_decode.cu ROUTER)
 MAX_ACT_COPIES = 16
 
 
@@ -54,7 +55,8 @@ def _router_scratch_bytes(hidden: int, router: RouterSpec | None) -> int:
     per_block = -(-router.experts // router.blocks)
     pieces = -(-per_block * (hidden // 256) // gu_warps)
     group_size = router.experts // router.groups
-    return 4 * (gu_warps + gu_warps * pieces + 2 * router.groups * -(-group_size // 32)) + 12 * 8 * router.experts // 32
+    lists = 12 * 8 * router.experts // 32 + 8 * 8  # the warps' best (key, index, score) and the block's top-k
+    return 4 * (gu_warps + gu_warps * pieces + 2 * router.groups * -(-group_size // 32)) + lists
 
 
 def _shared_bytes(sched: DecodeSchedule, hidden: int, inter: int, top_k: int, router: RouterSpec | None = None) -> int:
@@ -87,6 +89,7 @@ class RouterSpec:
             "GROUPS": self.groups,
             "KEEP": self.keep,
             "RENORM": int(self.renormalize),
+            "SCORE_COPIES": SCORE_COPIES,
         }
 
 
@@ -139,7 +142,7 @@ class PersistentDecodeMoE(TritonMoE):
         self._act = torch.full((MAX_ACT_COPIES * 8 * self.inter,), -1, dtype=torch.int32, device=self.device)
         self._launches = torch.zeros(1, dtype=torch.int32, device=self.device)
         # ROUTER: the scores exchanged between blocks, tag << 32 | fp32 (tag 0xFFFFFFFF: none yet)
-        self._scores = torch.full((max(self.num_experts, 32),), -1, dtype=torch.int64, device=self.device)
+        self._scores = torch.full((SCORE_COPIES * self.num_experts,), -1, dtype=torch.int64, device=self.device)
         self._unused = torch.zeros(16, dtype=torch.int32, device=self.device)  # the ROUTER pointers otherwise
         self.blocks = torch.cuda.get_device_properties(self.device).multi_processor_count
         # per-block globaltimer stamps of the last two launches (DecodeKernelConfig.trace; moe_decode.cu T_*)

@@ -29,7 +29,7 @@
 // sigmoid scores tagged with the launch number (one 64-bit word each: tag and value arrive together,
 // no fence); then every block selects from all E scores itself (the same grouped top-k as
 // router_decode.cu: groups by the sum of their two best biased scores, ties to the lower index; the
-// top-k by warp-wide max and ballot, per warp then over the warps' sorted lists), and the producer
+// top-k by rank counting, in each warp, then over the warps' best), and the producer
 // issues the copies of the experts it chose.
 //
 // Products on the tensor cores (mma.m16n8k16, fp16 in, fp32 sums): the packed E2M1 words
@@ -107,6 +107,12 @@
 #define WCH (H / 256)                            // 256-column warp chunks of a router row
 #define RCH ((EPB * WCH + GU_WARPS - 1) / GU_WARPS)  // router-row pieces per gate_up lane
 #define SEL_WARPS (E / 32)                       // selection warps: one expert per lane
+#ifndef SCORE_COPIES
+#define SCORE_COPIES 8                           // copies of the exchanged scores (block b polls copy b % 8)
+#endif
+#if SEL_WARPS * TOPK > SEL_WARPS * 32
+#error "top-k above 32"
+#endif
 #define GSIZE (E / GROUPS)
 #if E % 32 || SEL_WARPS > GU_WARPS || SEL_WARPS > 32 || H / 8 > GU_WARPS * 32
 #error "ROUTER needs E a multiple of 32, E / 32 <= H / 128 gate_up warps, E <= 1024"
@@ -147,6 +153,8 @@ struct __align__(16) Smem {
             u32 key[SEL_WARPS][8];               // each selection warp's best, in order: biased key
             int idx[SEL_WARPS][8];               //   ... expert index
             float score[SEL_WARPS][8];           //   ... unbiased score
+            int sel_idx[8];                      // the block's top-k in order: expert index
+            float sel_score[8];                  //   ... unbiased score
         } rt;
 #endif
     };
@@ -419,7 +427,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
            const unsigned short *__restrict__ norm_w,   // [H] post-attention norm weight, bf16
            const unsigned short *__restrict__ router_w, // [E, H] router weight, bf16
            const float *__restrict__ bias,           // [E] expert bias (selection only)
-           u64 *scores,                              // [E] exchange: launch tag << 32 | fp32 score
+           u64 *scores,                              // [SCORE_COPIES, E] exchange: launch tag << 32 | fp32 score
            unsigned short *__restrict__ xn_out,      // [H] normalised x for the shared expert (block 0)
            int *__restrict__ ids_out,                // [TOPK] the selection (block 0)
            float *__restrict__ wts_out,              // [TOPK]
@@ -662,7 +670,10 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 for (int c = 0; c < WCH; ++c) dot += sm.rt.part[lane * WCH + c];
                 const float sc = 1.0f / (1.0f + __expf(-dot));
                 const u64 word = (u64)rtag << 32 | __float_as_uint(sc);
-                asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(scores + e0 + lane), "l"(word) : "memory");
+#pragma unroll
+                for (int c = 0; c < SCORE_COPIES; ++c)  // copies: the blocks' polls spread over more L2 slices
+                    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(scores + c * E + e0 + lane), "l"(word)
+                                 : "memory");
             }
 #if TRACE
             if (threadIdx.x == 0) trow[T_SCORED] = globaltimer();
@@ -670,10 +681,11 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             // ---- selection, in every block: one expert per lane of the first E / 32 warps
             if (warp < SEL_WARPS) {
                 const int me = warp * 32 + lane;
-                u64 v = rt_ld_relaxed(scores + me);
+                const u64 *mine = scores + (blockIdx.x % SCORE_COPIES) * E + me;
+                u64 v = rt_ld_relaxed(mine);
                 while ((u32)(v >> 32) != rtag) {
                     __nanosleep(POLL_NS);
-                    v = rt_ld_relaxed(scores + me);
+                    v = rt_ld_relaxed(mine);
                 }
                 const float sc = __uint_as_float((u32)v);
                 const float biased = sc + __ldg(bias + me);
@@ -724,40 +736,50 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
                 if (threadIdx.x == 0) trow[T_SEEN] = globaltimer();
 #endif
-                // this warp's best TOPK in order (ties: the lower lane, which is the lower index)
-#pragma unroll 1
-                for (int r = 0; r < TOPK; ++r) {
-                    const u32 m = rt_redux_max(key);
-                    const int win = __ffs(__ballot_sync(0xFFFFFFFFu, key == m)) - 1;
-                    const float wsc = __shfl_sync(0xFFFFFFFFu, sc, win);
-                    if (lane == win) key = 0u;
-                    if (lane == 0) {
-                        sm.rt.key[warp][r] = m;
-                        sm.rt.idx[warp][r] = warp * 32 + win;
-                        sm.rt.score[warp][r] = wsc;
+                // this warp's best TOPK, in order: each lane's rank among the warp's 32 (ties: the lower
+                // lane, which is the lower index), and the first TOPK write themselves down
+                int wrank = 0;
+#pragma unroll
+                for (int j = 0; j < 32; ++j) {
+                    const u32 kj = __shfl_sync(0xFFFFFFFFu, key, j);
+                    wrank += (kj > key || (kj == key && j < lane)) ? 1 : 0;
+                }
+                if (wrank < TOPK) {
+                    sm.rt.key[warp][wrank] = key;
+                    sm.rt.idx[warp][wrank] = me;
+                    sm.rt.score[warp][wrank] = sc;
+                }
+                asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
+                // every warp's best are candidates; each one's rank over all of them is its place in the
+                // block's top-k (the lists are sorted, so its own list ranks it by its position)
+                const int cand = warp * 32 + lane;
+                if (cand < SEL_WARPS * TOPK) {
+                    const int cw = cand / TOPK, cr = cand % TOPK;
+                    const u32 ck = sm.rt.key[cw][cr];
+                    const int ci = sm.rt.idx[cw][cr];
+                    int grank = cr;
+#pragma unroll 4
+                    for (int w = 0; w < SEL_WARPS; ++w) {
+                        if (w == cw) continue;
+#pragma unroll
+                        for (int j = 0; j < TOPK; ++j) {
+                            const u32 kj = sm.rt.key[w][j];
+                            grank += (kj > ck || (kj == ck && sm.rt.idx[w][j] < ci)) ? 1 : 0;
+                        }
+                    }
+                    if (grank < TOPK) {
+                        sm.rt.sel_idx[grank] = ci;
+                        sm.rt.sel_score[grank] = sm.rt.score[cw][cr];
                     }
                 }
                 asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
                 if (warp == 0) {
-                    // merge the warps' sorted lists: lane l holds the head of warp l's
-                    int pos = 0, my_id = 0;
-                    float my_w = 0.f, wsum = 0.f;
-#pragma unroll 1
-                    for (int r = 0; r < TOPK; ++r) {
-                        const u32 hk = lane < SEL_WARPS ? sm.rt.key[lane][pos] : 0u;
-                        const u32 hidx = lane < SEL_WARPS ? (u32)sm.rt.idx[lane][pos] : 0xFFFFFFFFu;
-                        const u32 m = rt_redux_max(hk);
-                        const u32 wi = rt_redux_min(hk == m ? hidx : 0xFFFFFFFFu);
-                        const bool won = lane < SEL_WARPS && hk == m && hidx == wi;
-                        const int wl = __ffs(__ballot_sync(0xFFFFFFFFu, won)) - 1;
-                        const float s = __shfl_sync(0xFFFFFFFFu, lane < SEL_WARPS ? sm.rt.score[lane][pos] : 0.f, wl);
-                        if (won) ++pos;
-                        wsum += s;
-                        if (lane == r) {
-                            my_id = (int)wi;
-                            my_w = s;
-                        }
-                    }
+                    // weights: the unbiased scores, summed in rank order as router_decode.cu does
+                    float wsum = 0.f;
+#pragma unroll
+                    for (int r = 0; r < TOPK; ++r) wsum += sm.rt.sel_score[r];
+                    const int my_id = lane < TOPK ? sm.rt.sel_idx[lane] : 0;
+                    float my_w = lane < TOPK ? sm.rt.sel_score[lane] : 0.f;
 #if RENORM
                     my_w = my_w / (wsum + 1e-20f);
 #endif
