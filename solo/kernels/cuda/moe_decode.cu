@@ -150,8 +150,7 @@ struct __align__(16) Smem {
             float red[GU_WARPS];                 // RMSNorm: sums of squares per warp
             float part[GU_WARPS * RCH];          // router scores: warp chunk partial dot products
             float gtop[2][GROUPS][(GSIZE + 31) / 32];  // groups: their two best biased scores, per warp
-            u32 key[SEL_WARPS][8];               // each selection warp's best, in order: biased key
-            int idx[SEL_WARPS][8];               //   ... expert index
+            u64 key[SEL_WARPS][8];               // each selection warp's best, in order: key << 32 | ~index
             float score[SEL_WARPS][8];           //   ... unbiased score
             int sel_idx[8];                      // the block's top-k in order: expert index
             float sel_score[8];                  //   ... unbiased score
@@ -737,39 +736,34 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 if (threadIdx.x == 0) trow[T_SEEN] = globaltimer();
 #endif
                 // this warp's best TOPK, in order: each lane's rank among the warp's 32 (ties: the lower
-                // lane, which is the lower index), and the first TOPK write themselves down
+                // lane, which is the lower index), and the first TOPK write themselves down. Ranks
+                // compare (key, ~index) as one 64-bit value: unique, so no branch for ties.
                 int wrank = 0;
 #pragma unroll
                 for (int j = 0; j < 32; ++j) {
                     const u32 kj = __shfl_sync(0xFFFFFFFFu, key, j);
-                    wrank += (kj > key || (kj == key && j < lane)) ? 1 : 0;
+                    wrank += (int)((kj > key) | ((kj == key) & (j < lane)));
                 }
+                const u64 mykey = (u64)key << 32 | (u32)~me;
                 if (wrank < TOPK) {
-                    sm.rt.key[warp][wrank] = key;
-                    sm.rt.idx[warp][wrank] = me;
+                    sm.rt.key[warp][wrank] = mykey;
                     sm.rt.score[warp][wrank] = sc;
                 }
                 asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
                 // every warp's best are candidates; each one's rank over all of them is its place in the
-                // block's top-k (the lists are sorted, so its own list ranks it by its position)
+                // block's top-k
                 const int cand = warp * 32 + lane;
                 if (cand < SEL_WARPS * TOPK) {
-                    const int cw = cand / TOPK, cr = cand % TOPK;
-                    const u32 ck = sm.rt.key[cw][cr];
-                    const int ci = sm.rt.idx[cw][cr];
-                    int grank = cr;
-#pragma unroll 4
-                    for (int w = 0; w < SEL_WARPS; ++w) {
-                        if (w == cw) continue;
+                    const u64 ck = sm.rt.key[cand / TOPK][cand % TOPK];
+                    int grank = 0;
 #pragma unroll
-                        for (int j = 0; j < TOPK; ++j) {
-                            const u32 kj = sm.rt.key[w][j];
-                            grank += (kj > ck || (kj == ck && sm.rt.idx[w][j] < ci)) ? 1 : 0;
-                        }
+                    for (int w = 0; w < SEL_WARPS; ++w) {
+#pragma unroll
+                        for (int j = 0; j < TOPK; ++j) grank += (int)(sm.rt.key[w][j] > ck);
                     }
                     if (grank < TOPK) {
-                        sm.rt.sel_idx[grank] = ci;
-                        sm.rt.sel_score[grank] = sm.rt.score[cw][cr];
+                        sm.rt.sel_idx[grank] = (int)~(u32)ck;
+                        sm.rt.sel_score[grank] = sm.rt.score[cand / TOPK][cand % TOPK];
                     }
                 }
                 asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
