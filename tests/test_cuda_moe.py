@@ -281,3 +281,23 @@ def test_gpu_router_inside_the_kernel_refuses_what_it_cannot_run():
     assert "groups" in moe.routed_unsupported(wide)
     other = FusedRouter(weight[:32].contiguous(), bias[:32], norm, 1e-6, 8, 1, 1, True, 1.0, counter)
     assert "differ" in moe.routed_unsupported(other)
+
+
+def test_the_router_inside_the_kernel_states_what_it_runs():
+    """CPU: which routers the persistent kernel takes (Ling's: 512 experts, 8 groups keep 4, top-8) and
+    that its shared memory, router scratch included, fits an H200 block at Ling shapes."""
+    from solo.kernels.cuda_moe import RouterSpec, _shared_bytes, router_unsupported
+
+    ling = RouterSpec(512, 8, 4, True, 132)
+    assert router_unsupported(2560, 8, ling) is None
+    assert router_unsupported(2560, 8, RouterSpec(64, 8, 4, True, 132)) is None  # groups inside a warp
+    assert router_unsupported(2560, 8, RouterSpec(64, 1, 1, False, 132)) is None  # no group limit
+    assert "multiple of 32" in router_unsupported(2560, 8, RouterSpec(48, 1, 1, True, 132))
+    assert "at most 32 groups" in router_unsupported(2560, 8, RouterSpec(512, 64, 8, True, 132))
+    assert "power of two" in router_unsupported(2560, 8, RouterSpec(384, 16, 4, True, 132))  # groups of 24
+    assert "fewer than top-k" in router_unsupported(2560, 8, RouterSpec(64, 16, 1, True, 132))  # 1 x 4 < 8
+    assert "H / 4" in router_unsupported(256, 8, RouterSpec(128, 1, 1, True, 132))  # 4 warps select, 2 exist
+    sched = decode_schedule(132, 2560, 768, 8)
+    with_router = _shared_bytes(sched, 2560, 768, 8, ling)
+    assert with_router == _shared_bytes(sched, 2560, 768, 8)  # its scratch shares the gate_up partials' space
+    assert with_router <= 232448  # an H200 block's opt-in shared memory

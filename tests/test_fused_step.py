@@ -185,3 +185,23 @@ def test_the_router_selects_several_tokens_as_it_selects_each_alone():
         got = apart(x[i : i + 1])
         assert torch.equal(got[0], xn1) and torch.equal(got[1], ids1) and torch.equal(got[2], wts1)
     assert counters.tolist() == [1 + 2 * tokens, 1 + tokens]
+
+
+def test_the_router_inside_the_moe_kernel_is_refused_where_it_cannot_run_naming_the_fix(models):
+    """--moe-router fused needs the persistent MoE kernel (--moe-backend cuda) with the CUDA step kernels:
+    where they cannot run (here: no GPU) it is an error naming the fix; auto keeps each MoE layer's own
+    router kernel and the step says so (no router counted as inside the experts)."""
+    from solo.fastpath.availability import DecodeStepUnavailable
+
+    config, _, fast = models
+    described = fast.decode_step.describe()
+    assert described["routers_in_experts"] == 0 and "moe_router" not in fast.decode_step.families_per_step()
+    model = load_random_model(config, "cpu", torch.bfloat16, int(torch.randint(0, 10_000, ())))
+    with pytest.raises(DecodeStepUnavailable, match=r"^--moe-router fused runs with the CUDA step kernels.*auto\.$"):
+        accelerate(model, FastPathOptions(block_fp8="on", decode_step="fused", moe_router=True))
+    with pytest.raises(DecodeStepUnavailable, match="the router inside the MoE kernel runs with the CUDA step"):
+        accelerate(model, FastPathOptions(block_fp8="on", decode_step="fused", moe_router=True, step_kernels="triton"))
+    with pytest.raises(DecodeStepUnavailable, match="drop --decode-step reference or --moe-router fused"):
+        accelerate(model, FastPathOptions(decode_step="reference", moe_router=True))
+    separate = accelerate(model, FastPathOptions(block_fp8="on", decode_step="fused", moe_router=False))
+    assert separate.decode_step.describe()["routers_in_experts"] == 0

@@ -56,7 +56,9 @@ def test_bench_configs_name_the_launch_mode():
     one, all_pdl = parse_configs("cuda:fp8:fused+cuda1+pdl,cuda:fp8:fused+cuda+pdlall")
     assert (one.step_kernels, one.step_kernel_tokens, one.pdl) == ("cuda", 1, True)
     assert (all_pdl.step_kernels, all_pdl.pdl, "pdlall" in all_pdl.modifiers) == ("cuda", True, True)
-    bad_ones = ("fused+pdl+pdl", "fused+fast", "reference+pdl", "fused+cuda+triton")
+    fused, separate = parse_configs("cuda:fp8:fused+cuda+pdl,cuda:fp8:fused+cuda+pdl+seprouter")
+    assert (fused.moe_router, separate.moe_router, separate.pdl, separate.step_kernels) == (None, False, True, "cuda")
+    bad_ones = ("fused+pdl+pdl", "fused+fast", "reference+pdl", "fused+cuda+triton", "reference+seprouter")
     bad_ones += ("fused+cuda+cuda1", "fused+pdl+pdlall")
     for bad in bad_ones:
         with pytest.raises(ValueError, match="modifiers|one of triton, cuda, cuda1|pdlall includes pdl"):
@@ -129,3 +131,11 @@ def test_cuda_sources_inline_the_headers_beside_them(tmp_path):
     (tmp_path / "k.cu").write_text('#include "missing.cuh"\n')
     with pytest.raises(RuntimeError, match="missing.cuh"):
         expand_includes(Path(tmp_path / "k.cu"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal on a machine without a GPU")
+def test_the_cli_refuses_a_router_inside_the_moe_kernel_it_cannot_run(capsys):
+    args = ["generate", "hello", "--max-tokens", "2", "--moe-router", "fused"]
+    assert main(args) != 0
+    err = capsys.readouterr().err
+    assert re.search("--moe-router fused needs the fused decode step, which cannot run: .*Use --moe-router auto", err)
