@@ -7,7 +7,9 @@ T = the verification window for NEXTN):
   KDA attention   norm + [q|k|v|f|g|b] GEMV (1) -> KDA recurrence (1) -> gated norm + o_proj + residual (1)
   MLA attention   norm + [q|kv_a|g] GEMV (1) -> prep (1) -> split attention (1) -> combine (1) -> dense + residual (1)
   MoE             norm + router + top-k (1) -> shared gate_up + SwiGLU (1) -> routed experts (the
-                  backend's 1-2) -> shared down + routed + residual (1)
+                  backend's 1-2) -> shared down + routed + residual (1); for one token with
+                  --moe-backend cuda and the CUDA step kernels, norm + router + top-k + routed experts
+                  are one launch (the persistent MoE kernel built with its router: --moe-router)
   dense MLP       norm + gate_up + SwiGLU (1) -> down + residual (1)
 
 plus the embedding lookup and the final norm: about 7 launches per layer instead of about 100. The
