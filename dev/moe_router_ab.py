@@ -2,7 +2,7 @@
 against the router inside the persistent MoE kernel (moe_decode.cu ROUTER), at Ling-3.0-flash shapes
 (512 experts in 8 groups keep 4, top-8, H 2560, I 768), with a per-block trace of the fused one.
 
-    python3 dev/moe_router_ab.py [--rounds 3] [--calls 16]
+    python3 dev/moe_router_ab.py [--rounds 3] [--calls 16] [--score-poll-ns 64,0,200]
 
 Each side: `--calls` different tokens, router then experts, captured in one CUDA graph (every call
 chooses its experts from its own x, so most are not in the L2), median replay / calls; rounds
@@ -49,6 +49,11 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--calls", type=int, default=16)
+    p.add_argument(
+        "--score-poll-ns",
+        default="64",
+        help="comma-separated back-offs between polls of the exchanged scores, each timed as a variant",
+    )
     args = p.parse_args()
     dev = torch.device("cuda")
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}")
@@ -88,16 +93,23 @@ def main() -> int:
     print(f"checks: the same experts in {same} of {len(xs)} calls (others: ties within fp32 rounding of the scores)")
 
     timer = Timer(dev)
-    results: dict[str, list[float]] = {"router kernel + MoE kernel": [], "router inside the MoE kernel": []}
+    polls = [int(v) for v in args.score_poll_ns.split(",")]
+    variants = {
+        f"router inside the MoE kernel{'' if i == 0 else f' [score_poll_ns={v}]'}": v for i, v in enumerate(polls)
+    }
+    results: dict[str, list[float]] = {"router kernel + MoE kernel": [], **{name: [] for name in variants}}
     for r in range(args.rounds):
+        moe.set_kernel_config(DecodeKernelConfig(score_poll_ns=polls[0]))
         results["router kernel + MoE kernel"].append(timer([lambda x=x: plain(x) for x in xs]))
-        results["router inside the MoE kernel"].append(timer([lambda x=x: inside(x) for x in xs]))
+        for name, poll in variants.items():
+            moe.set_kernel_config(DecodeKernelConfig(score_poll_ns=poll))
+            results[name].append(timer([lambda x=x: inside(x) for x in xs]))
         print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in results.items()))
     print(f"\none token, us per router + MoE (median of replays / {args.calls}; rounds):")
     for k, v in results.items():
-        print(f"  {k:32s} {statistics.median(v):7.2f}   {[round(t, 2) for t in v]}")
+        print(f"  {k:52s} {statistics.median(v):7.2f}   {[round(t, 2) for t in v]}")
 
-    moe.set_kernel_config(DecodeKernelConfig(trace=True))
+    moe.set_kernel_config(DecodeKernelConfig(trace=True, score_poll_ns=polls[0]))
     inside(xs[0])
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

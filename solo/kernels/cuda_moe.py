@@ -202,6 +202,7 @@ class PersistentDecodeMoE(TritonMoE):
             "EVICT_FIRST": int(kc.evict_first),
             "TRACE": int(kc.trace),
             "POLL_NS": kc.poll_ns,
+            "SCORE_POLL_NS": kc.score_poll_ns,
             "ACT_COPIES": kc.act_copies,
             "PROBE": kc.probe_code,
             "REFRESH_PENDING": int(kc.refresh_pending),

@@ -22,6 +22,7 @@ class DecodeKernelConfig:
     order: str = "gate_up_first"  # or "need" (see decode_schedule)
     evict_first: bool = True  # L2 evict-first hint on the weight copies
     poll_ns: int = 64  # back-off between polls of the activations
+    score_poll_ns: int = 64  # with the router inside: back-off between polls of the exchanged scores
     dependent_launch: bool = True  # programmatic dependent launch
     cooperative: bool = True  # ask the driver to guarantee all blocks resident
     trace: bool = False  # per-block globaltimer stamps (diagnostics)

@@ -107,6 +107,9 @@
 #define WCH (H / 256)                            // 256-column warp chunks of a router row
 #define RCH ((EPB * WCH + GU_WARPS - 1) / GU_WARPS)  // router-row pieces per gate_up lane
 #define SEL_WARPS (E / 32)                       // selection warps: one expert per lane
+#ifndef SCORE_POLL_NS
+#define SCORE_POLL_NS 64                         // back-off between polls of the scores (0: none)
+#endif
 #ifndef SCORE_COPIES
 #define SCORE_COPIES 8                           // copies of the exchanged scores (block b polls copy b % 8)
 #endif
@@ -683,7 +686,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 const u64 *mine = scores + (blockIdx.x % SCORE_COPIES) * E + me;
                 u64 v = rt_ld_relaxed(mine);
                 while ((u32)(v >> 32) != rtag) {
-                    __nanosleep(POLL_NS);
+                    if (SCORE_POLL_NS) __nanosleep(SCORE_POLL_NS);
                     v = rt_ld_relaxed(mine);
                 }
                 const float sc = __uint_as_float((u32)v);
