@@ -374,7 +374,7 @@ class FusedDecodeStep:
         if reason is not None:
             return f"{reason}. Use --step-kernels triton" if strict else reason
         swaps, refused = [], []
-        fused_routers = self._routers_in_experts()
+        fused_routers = self._moes_that_route_inside()
         for owner, attr in self._slots():
             kernel = getattr(owner, attr)
             if attr == "router" and owner in fused_routers:
@@ -405,7 +405,7 @@ class FusedDecodeStep:
         """The MoE layers whose one-token router runs inside the persistent MoE kernel."""
         return [owner for owner, attr in self._slots() if attr == "router" and owner.routed_in_experts is not None]
 
-    def _routers_in_experts(self) -> list[_MoE]:
+    def _moes_that_route_inside(self) -> list[_MoE]:
         """The MoE layers whose one-token router will run inside the persistent MoE kernel
         (--moe-backend cuda): all that can unless `moe_router` is False; with True, all or an error."""
         if self.moe_router is False:
