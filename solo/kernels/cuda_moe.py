@@ -150,7 +150,6 @@ class PersistentDecodeMoE(TritonMoE):
         self._launches = torch.zeros(1, dtype=torch.int32, device=self.device)
         # ROUTER: the scores exchanged between blocks, tag << 32 | fp32 (tag 0xFFFFFFFF: none yet)
         self._scores = torch.full((SCORE_COPIES * self.num_experts,), -1, dtype=torch.int64, device=self.device)
-        self._unused = torch.zeros(16, dtype=torch.int32, device=self.device)  # the ROUTER pointers otherwise
         self.blocks = torch.cuda.get_device_properties(self.device).multi_processor_count
         # per-block globaltimer stamps of the last two launches (DecodeKernelConfig.trace; moe_decode.cu T_*)
         self.trace = torch.zeros((2, self.blocks, 64), dtype=torch.int64, device=self.device)
@@ -252,15 +251,20 @@ class PersistentDecodeMoE(TritonMoE):
 
     def launch_persistent(self, xb: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, out: torch.Tensor) -> None:
         kernel, _, table, threads = self.kernel_for(ids.numel(), ids.dtype == torch.int64)
+        self._launch(kernel, table, threads, [xb, ids, wts], out, [None] * 8 + [0.0, 0.0])
+
+    def _launch(
+        self, kernel: Any, table: torch.Tensor, threads: int, inputs: list, out: torch.Tensor, router: list
+    ) -> None:
+        """One launch of moe_decode: `inputs` x, ids, weights; `router` its ROUTER arguments (null
+        pointers and zeros without it)."""
         limit = float(self.swiglu_limit) if self.swiglu_limit is not None else 0.0
         kc = self.kernel_config
         kernel.launch(
             self.blocks,
             threads,
             [
-                xb,
-                ids,
-                wts,
+                *inputs,
                 self.gate_up_words,
                 self.gate_up_scale,
                 self.down_words,
@@ -271,9 +275,7 @@ class PersistentDecodeMoE(TritonMoE):
                 table,
                 limit,
                 self.trace,
-                *[self._unused] * 8,
-                0.0,
-                0.0,
+                *router,
             ],
             dependent=kc.dependent_launch,
             cooperative=kc.cooperative,
@@ -311,40 +313,9 @@ class PersistentDecodeMoE(TritonMoE):
         xn = torch.empty_like(out)
         ids = torch.empty((1, top_k), dtype=torch.int32, device=self.device)
         wts = torch.empty((1, top_k), dtype=torch.float32, device=self.device)
-        limit = float(self.swiglu_limit) if self.swiglu_limit is not None else 0.0
-        kc = self.kernel_config
         self.path_calls["persistent"] += 1
-        kernel.launch(
-            self.blocks,
-            threads,
-            [
-                x,
-                self._unused,
-                self._unused,
-                self.gate_up_words,
-                self.gate_up_scale,
-                self.down_words,
-                self.down_scale,
-                out,
-                self._act,
-                self._launches,
-                table,
-                limit,
-                self.trace,
-                router.norm_weight,
-                router.weight,
-                router.bias,
-                self._scores,
-                xn,
-                ids,
-                wts,
-                count,
-                float(router.eps),
-                float(router.scaling),
-            ],
-            dependent=kc.dependent_launch,
-            cooperative=kc.cooperative,
-        )
+        scratch = [router.norm_weight, router.weight, router.bias, self._scores, xn, ids, wts, count]
+        self._launch(kernel, table, threads, [x, None, None], out, [*scratch, float(router.eps), float(router.scaling)])
         if launch is not None:
             launch.record("moe_router", kernel)
         return out, xn, ids, wts
