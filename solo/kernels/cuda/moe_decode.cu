@@ -129,7 +129,9 @@
 #define REFRESH_PENDING 1
 #endif
 
-typedef unsigned int u32;
+// u32, warp_sum, ld_stream, rms_value, bf16_pair: the helpers router_decode.cu uses too
+#include "step_common.cuh"
+
 typedef unsigned long long u64;
 
 #if ID64
@@ -353,25 +355,6 @@ __device__ __forceinline__ void load_b_fragments(u32 *xb, const uint4 *act_h, in
 #if ROUTER
 #define NEG_INF __int_as_float(0xff800000)
 
-__device__ __forceinline__ float rt_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    return v;
-}
-
-// fp32 -> nearest bf16 (ties to even), kept in fp32: the reference's rounding
-__device__ __forceinline__ float rt_round_bf16(float f) {
-    u32 b = __float_as_uint(f);
-    b = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
-    return __uint_as_float(b);
-}
-
-// a normalised value as the reference rounds it (router_decode.cu's rms_value)
-__device__ __forceinline__ u32 rt_rms_bits(u32 x_bits, float rstd, u32 w_bits) {
-    const float v = rt_round_bf16(rt_round_bf16(__uint_as_float(x_bits << 16) * rstd) * __uint_as_float(w_bits << 16));
-    return __float_as_uint(v) >> 16;
-}
-
 __device__ __forceinline__ float rt_dot2(u32 w, u32 xq, float acc) {
     acc = fmaf(__uint_as_float(w << 16), __uint_as_float(xq << 16), acc);
     return fmaf(__uint_as_float(w & 0xFFFF0000u), __uint_as_float(xq & 0xFFFF0000u), acc);
@@ -382,26 +365,6 @@ __device__ __forceinline__ float rt_dot2(u32 w, u32 xq, float acc) {
 __device__ __forceinline__ u32 rt_key(float f) {
     const u32 u = __float_as_uint(f + 0.0f);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-__device__ __forceinline__ u32 rt_redux_max(u32 v) {
-    u32 r;
-    asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
-    return r;
-}
-
-__device__ __forceinline__ u32 rt_redux_min(u32 v) {
-    u32 r;
-    asm volatile("redux.sync.min.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
-    return r;
-}
-
-__device__ __forceinline__ uint4 rt_ld_stream(const void *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
 }
 
 __device__ __forceinline__ unsigned long long rt_ld_relaxed(const unsigned long long *p) {
@@ -471,10 +434,10 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         for (int k = 0; k < RCH; ++k) {
             const int sidx = k * GU_WARPS + warp, e = sidx / WCH, c = sidx % WCH;
             rrow[k] = sidx < EPB * WCH && e0 + e < E
-                          ? rt_ld_stream(router_w + (size_t)(e0 + e) * H + c * 256 + lane * 8)
+                          ? ld_stream(router_w + (size_t)(e0 + e) * H + c * 256 + lane * 8)
                           : make_uint4(0u, 0u, 0u, 0u);
         }
-        if (threadIdx.x < H / 8) rnw = rt_ld_stream(norm_w + threadIdx.x * 8);
+        if (threadIdx.x < H / 8) rnw = ld_stream(norm_w + threadIdx.x * 8);
     }
 #endif
     // Everything above is independent of the previous kernel; the routing, x and the
@@ -628,7 +591,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 ss = fmaf(lo, lo, ss);
                 ss = fmaf(hi, hi, ss);
             }
-            ss = rt_warp_sum(ss);
+            ss = warp_sum(ss);
             if (lane == 0) sm.rt.red[warp] = ss;
             asm volatile("bar.sync %0, %1;" ::"r"(BAR_ROUTER), "r"(GU_WARPS * 32) : "memory");
             float total = 0.f;
@@ -639,8 +602,8 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 u32 o[4];
 #pragma unroll
                 for (int q = 0; q < 4; ++q)
-                    o[q] = rt_rms_bits(xw[q] & 0xFFFFu, rstd, nw4[q] & 0xFFFFu) |
-                           (rt_rms_bits(xw[q] >> 16, rstd, nw4[q] >> 16) << 16);
+                    o[q] = bf16_pair(rms_value(xw[q] & 0xFFFFu, rstd, nw4[q] & 0xFFFFu),
+                                     rms_value(xw[q] >> 16, rstd, nw4[q] >> 16));
                 const uint4 packed = make_uint4(o[0], o[1], o[2], o[3]);
                 sm.x[tid] = packed;
                 if (blockIdx.x == 0) reinterpret_cast<uint4 *>(xn_out)[tid] = packed;
@@ -660,7 +623,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     acc = rt_dot2(rrow[k].y, xq.y, acc);
                     acc = rt_dot2(rrow[k].z, xq.z, acc);
                     acc = rt_dot2(rrow[k].w, xq.w, acc);
-                    acc = rt_warp_sum(acc);
+                    acc = warp_sum(acc);
                     if (lane == 0) sm.rt.part[sidx] = acc;
                 }
             }
