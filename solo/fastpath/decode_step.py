@@ -442,8 +442,8 @@ class FusedDecodeStep:
         """The kernel families one decode step launches (the start-up check expects each to run)."""
         families = {"rmsnorm"}
         for owner, attr in self._slots():
-            fused_router = attr == "router" and getattr(owner, "routed_in_experts", None) is not None
-            families.add("moe_router" if fused_router else getattr(owner, attr).family)
+            inside = attr == "router" and owner.routed_in_experts is not None
+            families.add("moe_router" if inside else getattr(owner, attr).family)
         for layer in self.layers:
             kda = isinstance(layer.attention, _KDAAttention)
             families |= {"kda"} if kda else {"mla_prep", "mla_attend", "mla_combine"}
