@@ -3,13 +3,17 @@
     python3 dev/verify_kernels_ab.py [--context 4096] [--tokens 4] [--json OUT.json]
 
 Loads the full Ling-3.0-flash shape with random weights (as `solo bench decode --random-weights`),
-the fused step on the CUDA step kernels with PDL for every call, then captures the verification step
+the fused step as the product runs it (CUDA step kernels, PDL), then captures the verification step
 (T tokens, KDA history) once per variant and times the graphs interleaved (A B C A B C ...), so the
 variants share one load, one clock history and one L2 state:
-  - cuda: projections and routers of T tokens on the CUDA kernels (the product's default);
+  - product: the defaults (projections and routers of T tokens on the CUDA kernels, one MLA combine
+    program per token, fused_kda.WINDOW_VALUE_SPLITS programs per KDA head);
   - triton routers: routers of T tokens back on the Triton kernels (GEMVs stay CUDA);
-  - triton: all of them on Triton (the step before the CUDA kernels took T > 1).
-Variants flip each kernel object's `max_tokens`; nothing else changes between captures.
+  - triton: projections and routers on Triton (the step before the CUDA kernels took T > 1);
+  - mla combine loop: one MLA combine program for all T tokens in turn (the step before);
+  - kda N splits: N programs per KDA head (--kda-splits).
+Variants flip each kernel object's `max_tokens` or a launch setting the kernels read at call time;
+nothing else changes between captures.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from solo.bench.decode import Config, add_arguments, copy_bandwidth, load, time_graph  # noqa: E402
 from solo.engine.graphs import EagerStep, GraphCapture  # noqa: E402
+from solo.kernels import fused_kda  # noqa: E402
 from solo.kernels.cuda_step import CudaGemv, CudaRouter  # noqa: E402
+from solo.kernels.fused_mla import FusedMLA  # noqa: E402
 from solo.model.cache import HybridCache  # noqa: E402
 
 
@@ -45,8 +51,9 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=4)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default=None)
+    p.add_argument("--kda-splits", default="8", help="comma list of KDA programs per head to try (0: none)")
     args = p.parse_args()
-    model, times = load_full_shape("fused+cuda+pdlall", args.tokens)
+    model, times = load_full_shape("fused+cuda+pdl", args.tokens)  # the product's step
     step = model.decode_step
     device = model.device
     kernels = [getattr(o, a) for o, a in step._slots()]
@@ -59,14 +66,39 @@ def main() -> int:
     pos = torch.arange(args.context - args.tokens - 1, args.context - 1, device=device)
     eager = EagerStep(model)
     graphs = GraphCapture()
-    variants = {"cuda": (8, 8), "triton routers": (8, 1), "triton": (1, 1)}
-    captured = {}
-    for name, (gemv_tokens, router_tokens) in variants.items():
+    splits = fused_kda.WINDOW_VALUE_SPLITS
+    # name: (GEMV tokens, router tokens, one combine program per token, KDA programs per head)
+    variants = {
+        "product": (8, 8, True, splits),
+        "triton routers": (8, 1, True, splits),
+        "triton": (1, 1, True, splits),
+        "mla combine loop": (8, 8, False, splits),
+    }
+    for n in (int(v) for v in args.kda_splits.split(",") if int(v) and int(v) != splits):
+        variants[f"kda {n} splits"] = (8, 8, True, n)
+    captured, logits = {}, {}
+    for name, (gemv_tokens, router_tokens, token_programs, kda_splits) in variants.items():
         for k in gemvs:
             k.max_tokens = gemv_tokens
         for k in routers:
             k.max_tokens = router_tokens
-        captured[name], _ = graphs.capture(lambda: eager(ids, pos, cache, history))
+        FusedMLA.COMBINE_TOKEN_PROGRAMS = token_programs
+        fused_kda.WINDOW_VALUE_SPLITS = kda_splits
+        captured[name], logits[name] = graphs.capture(lambda: eager(ids, pos, cache, history)[1])
+    agree = {}
+    for name, graph in captured.items():  # the same verification, up to fp32 summation order
+        cache.reset()
+        graph.replay()
+        torch.cuda.synchronize()
+        if name == "product":
+            want = logits[name].clone()
+        else:
+            got = logits[name]
+            agree[name] = {
+                "same_argmax": bool(torch.equal(got.argmax(-1), want.argmax(-1))),
+                "max_abs_diff": float((got - want).abs().max()),
+            }
+        print(f"{name}: {agree.get(name, 'reference')}", flush=True)
     times_ms: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.rounds):
         for name, graph in captured.items():
@@ -76,6 +108,7 @@ def main() -> int:
         "tokens": args.tokens,
         "context": args.context,
         "verify_ms": {name: statistics.median(v) for name, v in times_ms.items()},
+        "against_product": agree,
         "all_ms": times_ms,
     }
     for name, v in report["verify_ms"].items():

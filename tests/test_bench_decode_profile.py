@@ -51,3 +51,39 @@ def test_components_are_named_from_kernel_names() -> None:
     assert set(summary["by_component"]) == {"experts", "router", "projections"}
     assert summary["by_component"]["projections"]["critical_us"] == pytest.approx(8.0)
     assert summary["span_us"] == pytest.approx(20.0)
+
+
+def test_the_report_lists_each_graphs_profile_by_critical_share() -> None:
+    """The markdown report gives the decode step, the verification and the NEXTN round by component,
+    largest critical share first; a configuration without a round (no NEXTN layer) has no round line."""
+    from solo.bench.decode import markdown
+
+    rng = random.Random()
+    scale = rng.uniform(1.0, 3.0)
+
+    def profile(names):
+        kernels, t = [], 0.0
+        for name in names:
+            kernels.append((name, t, t + scale * rng.uniform(1.0, 9.0)))
+            t = kernels[-1][2]
+        return summarize_kernels(kernels)
+
+    entry = {"decode_ms": 2.4, "roofline_ms": 1.0, "roofline_fraction": 0.42, "verify_ms": 4.9}
+    with_round = dict(entry, profile=profile(["gemv_decode", "moe_decode"]))
+    with_round["profile_verify"] = profile(["gemv_decode", "router_decode", "_gemv_gate_up_act"])
+    with_round["profile_round"] = profile(["gemv_decode", "router_decode", "argmax_kernel", "_kda_decode"])
+    without = dict(entry, profile=profile(["gemv_decode"]), profile_verify=profile(["gemv_decode"]))
+    results = [
+        {"config": "a", "decode_step": "fused", "contexts": {"4096": with_round}},
+        {"config": "b", "decode_step": "fused", "contexts": {"4096": without}},
+    ]
+    text = markdown(results)
+    sections = text.split("by component")
+    assert len(sections) == 4  # the table, then decode, verification, round
+    assert "Verification" in sections[1] and "NEXTN round" in sections[2]
+    round_lines = [line for line in sections[3].splitlines() if line.startswith("- ")]
+    assert len(round_lines) == 1 and round_lines[0].startswith("- a @ 4096: 4 kernels; ")
+    shares = with_round["profile_round"]["by_component"]
+    order = sorted(shares, key=lambda k: -shares[k]["critical_us"])
+    listed = [part.split(" ")[0] for part in round_lines[0].split("kernels; ")[1].split(", ")]
+    assert listed == order

@@ -159,10 +159,28 @@ def test_calls_past_max_tokens_go_to_the_triton_kernel():
     assert g8.counter.item() == 0
 
 
-@pytest.mark.parametrize("tokens", [1, 4])
-def test_the_router_chooses_as_the_reference(tokens):
-    """512 experts in 8 groups keep 4, top-8, renormalised and scaled: the model's Router in fp32 on the
-    same normalised input, every token of the call; drawn again when a run comes within rounding of a tie."""
+ROUTER_SHAPES = {  # (experts, groups, groups kept, top-k, renormalise)
+    "ling": (512, 8, 4, 8, True),  # Ling-3.0-flash's router
+    "64 in 8 groups keep 4, top-6, raw": (64, 8, 4, 6, False),  # groups narrower than a warp
+    "64 no groups": (64, 1, 1, 8, True),
+    "256 in 4 groups keep 2": (256, 4, 2, 8, True),
+}
+
+
+@pytest.mark.parametrize(
+    ("shape", "tokens"),
+    [
+        ("ling", 1),
+        ("ling", 4),
+        ("ling", 8),
+        ("64 in 8 groups keep 4, top-6, raw", 3),
+        ("64 no groups", 1),
+        ("256 in 4 groups keep 2", 4),
+    ],
+)
+def test_the_router_chooses_as_the_reference(shape, tokens):
+    """The model's Router in fp32 on the same normalised input, every token of the call (each selected
+    by its own block); drawn again when a run comes within rounding of a tie."""
     from solo.checkpoint.synthetic import synthetic_config
     from solo.kernels.cuda_step import CudaRouter
     from solo.kernels.fused_router import FusedRouter
@@ -170,14 +188,21 @@ def test_the_router_chooses_as_the_reference(tokens):
     from solo.model.moe import Router
     from solo.testing.routing import routing_margin
 
-    config = synthetic_config(num_layers=1)  # Ling-3.0-flash's router: 512 experts, 8 groups keep 4, top-8
-    assert (config.num_experts, config.n_group, config.topk_group, config.num_experts_per_tok) == (512, 8, 4, 8)
+    experts, groups, keep, top_k, renorm = ROUTER_SHAPES[shape]
+    config = synthetic_config(
+        num_layers=1,
+        num_experts=experts,
+        n_group=groups,
+        topk_group=keep,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=renorm,
+    )
     ref = Router(config)
     checked = 0
     for _ in range(20):
-        ref.weight.data = torch.randn(512, 2560) * 0.02
+        ref.weight.data = torch.randn(experts, 2560) * 0.02
         ref.weight.data = ref.weight.data.to(torch.bfloat16).float()
-        ref.expert_bias.data = torch.randn(512) * 0.01
+        ref.expert_bias.data = torch.randn(experts) * 0.01
         norm = RMSNorm(2560, 1e-6)
         norm.weight.data = (1 + 0.1 * torch.randn(2560)).to(torch.bfloat16)
         x = torch.randn(tokens, 2560).to(torch.bfloat16)
@@ -191,10 +216,10 @@ def test_the_router_chooses_as_the_reference(tokens):
             ref.expert_bias.data.to(DEVICE),
             norm.weight.data.to(DEVICE),
             1e-6,
-            8,
-            8,
-            4,
-            True,
+            top_k,
+            groups,
+            keep,
+            renorm,
             config.routed_scaling_factor,
             counters[0:1],
             counters[1:2],
@@ -205,7 +230,7 @@ def test_the_router_chooses_as_the_reference(tokens):
         assert torch.equal(xn.cpu(), xn_ref)
         assert torch.equal(ids.cpu().long(), want_ids)
         assert rows_rel(wts.cpu(), want_w) < 1e-5
-        again = router(x.to(DEVICE))  # the arrival counter reset itself: same choice on a second launch
+        again = router(x.to(DEVICE))  # the arrival counters reset themselves: same choice on a second launch
         assert torch.equal(again[1], ids) and torch.equal(again[2], wts)
         assert counters[2].item() == 2 and counters[0].item() == 0
         checked += 1

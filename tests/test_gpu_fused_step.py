@@ -164,7 +164,7 @@ def test_speculation_on_the_fused_step_in_graphs_replays_it_exactly_and_is_check
     print(f"\nspeculative vs plain greedy on the fused step: {agreed}/{total} tokens before the first difference")
     assert graphed.acceptance.rounds == eager.acceptance.rounds > 0
     assert graphed.acceptance.accepted_at == eager.acceptance.accepted_at
-    assert after["router_select"] > before["router_select"]  # verification's routers ran on the fused kernels
+    assert after["cuda_router"] > before["cuda_router"]  # verification's routers ran on the CUDA router
     check = check_decode_step(plain, "fused")
     assert check.status == ACTIVE and check.evidence["kda_launches"] > 0, check
 

@@ -318,6 +318,8 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
             entry["nextn_tok_s"] = {str(a): a * 1e3 / entry["round_ms"] for a in args.accept_lengths}
         entry["profile"] = profile_graph(decode_graph)
         entry["profile_verify"] = profile_graph(verify_graph)
+        if round_graph is not None:
+            entry["profile_round"] = profile_graph(round_graph)
         result["contexts"][str(context)] = entry
     cache.reset()
     if args.prefill and config_index == 0:  # the prefill runs the same reference layers in every configuration
@@ -400,12 +402,15 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 f" {e.get('round_ms', 0):.3f} | {e.get('round_over_decode', 0):.2f} | {nextn} |"
                 f" {e['profile']['kernels']} |"
             )
-    lines += ["", "Decode step by component, us on the critical path (own kernel time in brackets):", ""]
-    for r in results:
-        for context, e in r.get("contexts", {}).items():
-            parts = sorted(e["profile"]["by_component"].items(), key=lambda kv: -kv[1].get("critical_us", 0.0))
-            shares = ", ".join(f"{k} {v.get('critical_us', 0.0):.0f} ({v['us']:.0f})" for k, v in parts)
-            lines.append(f"- {r['config']} @ {context}: {shares}")
+    for key, title in (("profile", "Decode step"), ("profile_verify", "Verification"), ("profile_round", "NEXTN round")):
+        lines += ["", f"{title} by component, us on the critical path (own kernel time in brackets):", ""]
+        for r in results:
+            for context, e in r.get("contexts", {}).items():
+                if key not in e:
+                    continue
+                parts = sorted(e[key]["by_component"].items(), key=lambda kv: -kv[1].get("critical_us", 0.0))
+                shares = ", ".join(f"{k} {v.get('critical_us', 0.0):.0f} ({v['us']:.0f})" for k, v in parts)
+                lines.append(f"- {r['config']} @ {context}: {e[key]['kernels']} kernels; {shares}")
     return "\n".join(lines)
 
 

@@ -61,11 +61,11 @@ FAMILIES = (
 )
 
 
-# The CUDA router takes calls of up to 8 tokens, but inside the whole verification step (4 tokens, full
-# Ling-3.0-flash shape, H200) the Triton router measured faster: 4.906 ms against 5.159 per verification
-# (dev/verify_kernels_ab.py, docs/performance.md), though alone in a chain of routers it is the faster
-# (14.4 us against 18.9: dev/step_kernels_probe.py). So the step's routers run on CUDA for one token only.
-ROUTER_CUDA_TOKENS = 1
+# Tokens per call the step's routers take on the CUDA router (more go to the Triton kernels). Its first
+# version selected every token in its last block and lost to Triton inside the verification step (4.906
+# ms against 5.159 at 4 tokens: dev/verify_kernels_ab.py), so it served one token only; each token now
+# has a selecting block of its own (router_decode.cu).
+ROUTER_CUDA_TOKENS = 8
 
 
 def _fuse_rows(linears: list[Linear], name: str) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
@@ -364,7 +364,7 @@ class FusedDecodeStep:
         return slots
 
     def _use_cuda_kernels(self, strict: bool) -> str | None:
-        """Put the projections and routers on the CUDA kernels (routers for one token: ROUTER_CUDA_TOKENS).
+        """Put the projections and routers on the CUDA kernels (routers up to ROUTER_CUDA_TOKENS tokens).
         Returns None when all went, else what stayed on Triton and why: with `strict` nothing is changed
         then; otherwise the ones that can run go, and the note names the rest (the launch counters show
         both families)."""
@@ -377,8 +377,6 @@ class FusedDecodeStep:
         fused_routers = self._moes_that_route_inside()
         for owner, attr in self._slots():
             kernel = getattr(owner, attr)
-            if attr == "router" and owner in fused_routers:
-                continue  # one token's router runs inside the MoE kernel; verification's stays on Triton
             try:
                 if isinstance(kernel, FusedRouter):
                     router_tokens = min(self.cuda_tokens, ROUTER_CUDA_TOKENS)
@@ -393,8 +391,9 @@ class FusedDecodeStep:
             return f"{refused[0]}{more}. Load with --block-fp8 on, or use --step-kernels auto or triton"
         for owner, attr, kernel in swaps:
             setattr(owner, attr, kernel)
-        for owner in fused_routers:
-            owner.routed_in_experts = owner.router
+        for owner in fused_routers:  # one token's router runs inside the MoE kernel, verification's on .router
+            router = owner.router
+            owner.routed_in_experts = router.fused if isinstance(router, CudaRouter) else router
         if swaps or fused_routers:
             self.kernels = "cuda"
         if refused:

@@ -235,26 +235,25 @@ class CudaGemv:
 class CudaRouter:
     """The calls of `fused` (a FusedRouter) of up to `max_tokens` tokens on router_decode.cu."""
 
-    WARPS = 4
+    MIN_WARPS = 4  # per block; at least E / 32 (one expert per lane selects), so 16 at 512 experts
     family = "cuda_router"
 
     def __init__(self, fused: FusedRouter, counter: torch.Tensor, max_tokens: int = MAX_TOKENS) -> None:
         if not 1 <= max_tokens <= MAX_TOKENS:
             raise ValueError(f"the CUDA router takes 1..{MAX_TOKENS} tokens per call, not {max_tokens}")
         e, h = fused.num_experts, fused.hidden
-        if h % 256 or e < 32 or e & (e - 1) or fused.n_group > 32 or e % fused.n_group:
+        if h % 256 or not 32 <= e <= 1024 or e & (e - 1) or fused.n_group > 32 or e % fused.n_group:
             raise ValueError(
-                f"the CUDA router needs H % 256 == 0, a power-of-two E >= 32 and at most 32 groups; got H={h}, "
-                f"E={e}, {fused.n_group} groups"
+                f"the CUDA router needs H % 256 == 0, a power-of-two E in 32..1024 and at most 32 groups; got "
+                f"H={h}, E={e}, {fused.n_group} groups"
             )
-        if e // fused.n_group < e // 32 and fused.topk_group < fused.n_group:
-            raise ValueError("the CUDA router needs groups of at least E / 32 experts")
         if fused.top_k > 32 or fused.topk_group * (e // fused.n_group) < fused.top_k:
             raise ValueError("the CUDA router selects at most 32 experts, from the kept groups")
         self.fused = fused
         self.counter = counter
         self.max_tokens = max_tokens
         self.device = fused.weight.device
+        self.warps = max(self.MIN_WARPS, e // 32)
         self._kernels: dict[int, Any] = {}
         self._scratch: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -276,13 +275,13 @@ class CudaRouter:
                 "KEEP": f.topk_group,
                 "TOPK": f.top_k,
                 "RENORM": int(f.renormalize),
-                "WARPS": self.WARPS,
+                "WARPS": self.warps,
                 "EPW": 1,
             }
             self._kernels[tokens] = CudaKernel(ROUTER_SOURCE, "router_decode", defines, self.device)
             self._scratch[tokens] = (  # per token count: graphs of each point at their own
                 torch.empty((tokens, f.num_experts), dtype=torch.float32, device=self.device),
-                torch.zeros(1, dtype=torch.int32, device=self.device),
+                torch.zeros(2, dtype=torch.int32, device=self.device),  # arrivals, selectors done
             )
         return self._kernels[tokens]
 
@@ -303,8 +302,8 @@ class CudaRouter:
         wts = torch.empty((tokens, f.top_k), dtype=torch.float32, device=x.device)
         launch = self.launch.at(tokens)
         kernel.launch(
-            f.num_experts // self.WARPS,
-            32 * self.WARPS,
+            f.num_experts // self.warps,  # blocks b < tokens select token b (E / warps >= 8 >= tokens)
+            32 * self.warps,
             [
                 x,
                 f.norm_weight,

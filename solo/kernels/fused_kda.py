@@ -28,7 +28,16 @@ from solo.kernels.fused_gemv import MAX_TOKENS, store_rounded
 from solo.kernels.pdl import PLAIN, LaunchPolicy, after_previous_kernel
 from solo.kernels.triton_fp8 import interpreter_mode
 
-VALUE_SPLITS = 4  # programs per head on a GPU (each a quarter of the value columns)
+VALUE_SPLITS = 4  # programs per head on a GPU for one token (each a quarter of the value columns)
+WINDOW_VALUE_SPLITS = 4  # ... for several tokens (verification), where each program also stores a state per token
+
+
+def value_splits(tokens: int) -> int:
+    """Programs per head for a call of `tokens` tokens (1 under Triton's CPU interpreter, which runs
+    programs one after another: the head's owner would wait for the others forever)."""
+    if interpreter_mode():
+        return 1
+    return VALUE_SPLITS if tokens == 1 else WINDOW_VALUE_SPLITS
 
 
 @triton.jit
@@ -202,7 +211,7 @@ def kda_decode(
         raise ValueError(f"proj must be row-major [T, >= {5 * heads * dk + heads}]")
     history = history_states is not None
     dummy = state
-    nv = 1 if interpreter_mode() else VALUE_SPLITS
+    nv = value_splits(t)
     if sync is None or sync.numel() < heads:
         raise ValueError("kda_decode needs a zeroed int32 sync buffer of one counter per head")
     compiled = _kda_decode[(heads, nv)](

@@ -214,11 +214,13 @@ def _mla_combine(
     V_PER: tl.constexpr,
     MIN_CHUNK: tl.constexpr,
     T_POW2: tl.constexpr,
+    TOKEN_PROGRAMS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """One program per head and V_PER value rows: merge the head's partials of the splits in use, then
-    w_uv for its rows, the gate. Every program of a head merges all its partials (from the L2): the
-    merge is a few loads, while w_uv's rows are 4 MB a layer, worth spreading over the SMs.
+    """One program per head and V_PER value rows (and per token with TOKEN_PROGRAMS, else all tokens
+    one after another): merge the head's partials of the splits in use, then w_uv for its rows, the
+    gate. Every program of a head merges all its partials (from the L2): the merge is a few loads,
+    while w_uv's rows are 4 MB a layer, worth spreading over the SMs.
 
     Latency, not bytes, sets this kernel's time: w_uv's rows are loaded first, and the partials are
     summed into a [CH, RANK] accumulator, reduced once at the end, so that no barrier sits between
@@ -226,7 +228,13 @@ def _mla_combine(
     after_previous_kernel(PDL)
     h = tl.program_id(0)
     vp = tl.program_id(1)
-    if h == 0 and vp == 0:
+    if TOKEN_PROGRAMS:
+        t_first = tl.program_id(2)
+        t_end = t_first + 1
+    else:
+        t_first = 0
+        t_end = T
+    if h == 0 and vp == 0 and t_first == 0:
         tl.atomic_add(count_ptr, 1)
     rr = tl.arange(0, RANK)
     rv = vp * V_PER + tl.arange(0, V_PER)
@@ -235,7 +243,7 @@ def _mla_combine(
     length = tl.max(tl.load(pos_ptr + tl.arange(0, T_POW2), mask=tl.arange(0, T_POW2) < T, other=-1), axis=0) + 1
     used = tl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)  # as in _mla_attend
     CH: tl.constexpr = 16  # splits per chunk (bounds the registers)
-    for t in range(T):  # not unrolled: the registers hold one token's chunks in flight
+    for t in range(t_first, t_end):  # not unrolled: the registers hold one token's chunks in flight
         row = t * HEADS + h
         in_use = rs_all < used
         top = tl.max(tl.load(ml_ptr + (rs_all * BLOCK_M + row) * 2, mask=in_use, other=float("-inf")), axis=0)
@@ -270,6 +278,9 @@ class FusedMLA:
     ROWS_PER_PROGRAM = 32  # rows (token x head) per attention program at rank 512 (scales with 512 / rank)
     RANK_BLOCK = 128
     V_PER_PROGRAM = 32  # value rows per program of the combine (the heads' programs: v_dim / this)
+    # several tokens: one combine program per token, not one for all of them in turn (at 4 tokens the
+    # loop made the combine a chain of four merges; measured by dev/verify_kernels_ab.py)
+    COMBINE_TOKEN_PROGRAMS = True
 
     def __init__(
         self,
@@ -391,7 +402,8 @@ class FusedMLA:
         launch.record("mla_attend", compiled)
         gate = proj[:, self.gate_offset :]
         v_per = min(self.V_PER_PROGRAM, self.v_dim & -self.v_dim)  # a power of two dividing v_head_dim
-        compiled = _mla_combine[(self.heads, self.v_dim // v_per)](
+        token_programs = bool(self.COMBINE_TOKEN_PROGRAMS) and t > 1
+        compiled = _mla_combine[(self.heads, self.v_dim // v_per, t if token_programs else 1)](
             part,
             ml,
             positions,
@@ -410,6 +422,7 @@ class FusedMLA:
             V_PER=v_per,
             MIN_CHUNK=self.MIN_CHUNK,
             T_POW2=triton.next_power_of_2(t),
+            TOKEN_PROGRAMS=token_programs,
             PDL=launch.pdl,
             num_warps=8,
             **launch.options,

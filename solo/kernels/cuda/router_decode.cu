@@ -3,125 +3,46 @@
 // solo/kernels/fused_router.py.
 //
 // Why CUDA: the router reads 2.6 MB, so its time is latency, and the Triton kernel spent it in a
-// chain of dependent steps (one warp per program looping over K chunks; the selection as about 30
-// arg-max reductions each through Triton's generic reduction). Here every warp loads its expert
-// row(s) in one go before griddepcontrol.wait (the weights do not depend on the previous kernel),
-// each block normalises x once into shared memory (block 0 also writes it for the experts; a warp's
-// row meets every token, so NTOK tokens read the weights once), and the last block to finish selects,
-// one warp per token, with lane-local work and shuffles:
+// chain of dependent steps. Here every warp loads its expert row(s) in one go before
+// griddepcontrol.wait (the weights do not depend on the previous kernel), each block normalises x once
+// into shared memory (block 0 also writes it for the experts; a warp's row meets every token, so NTOK
+// tokens read the weights once) and publishes its experts' scores; then block b < NTOK selects token b
+// once every block has counted itself in, with E / 32 warps, one expert per lane:
 //   biased = score + bias (for the choice only); groups of E / GROUPS experts ranked by the sum of
 //   their two largest biased scores, the best KEEP kept (ties: lower index first); the TOPK largest
 //   biased scores among them in order (ties: lower index first); weights = their unbiased scores,
-//   renormalised if RENORM, times the routed scaling factor.
-// The arrival counter is reset by the last block, so graph replays need no memset.
+//   renormalised if RENORM (summed in rank order), times the routed scaling factor.
+// The selection is branch-free rank counting (router_select.cuh), so the tokens' selections run side
+// by side in their own blocks; the earlier kernel selected every token in the last block, one warp per
+// token by repeated arg-max, and at four tokens that tail was most of the launch.
+// The arrival counters are reset by the last selector, so graph replays need no memset.
 //
-// Defines: NTOK (tokens, 1..8), H (hidden, multiple of 256), E (experts, 32 <= E, power of two), GROUPS,
-// KEEP, TOPK, RENORM, WARPS (per block), EPW (experts per warp).
+// Defines: NTOK (tokens, 1..8), H (hidden, multiple of 256), E (experts, 32 <= E <= 1024, power of two),
+// GROUPS (<= 32), KEEP, TOPK (<= 32), RENORM, WARPS (per block, >= E / 32), EPW (experts per warp).
 
 #include "step_common.cuh"
 
 #define THREADS (WARPS * 32)
 #define NCH ((H * 2 + 511) / 512)  // 16-byte loads per lane per expert row (bf16)
-#define EPL (E / 32)                // experts per lane in the selection
-#define GSIZE (E / GROUPS)
 #define PIECES ((H / 8 + THREADS - 1) / THREADS)  // 8-element pieces of x per thread
-#define NEG_INF __int_as_float(0xff800000)
+#define SEL_WARPS (E / 32)
+#define SEL_BARRIER 1  // named barrier of the selecting warps (0 is __syncthreads)
+
+#include "router_select.cuh"
+
+#if WARPS < SEL_WARPS
+#error "the router's blocks need at least E / 32 warps: one expert per lane selects"
+#endif
 
 __device__ __forceinline__ float dot2(u32 w, float a, float b, float acc) {
     acc = fmaf(__uint_as_float(w << 16), a, acc);
     return fmaf(__uint_as_float(w & 0xFFFF0000u), b, acc);
 }
 
-// better(a, ia, b, ib): a larger, or equal with a lower index
-__device__ __forceinline__ bool better(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
-
-// One token's selection by one warp: scores [E] (sigmoid), bias [E] -> ids, wts [TOPK].
-__device__ __forceinline__ void select_token(const float *scores, const float *__restrict__ bias,
-                                             int *__restrict__ ids, float *__restrict__ wts, int lane, float scaling) {
-    float sc[EPL], bsd[EPL];
-#pragma unroll
-    for (int j = 0; j < EPL; ++j) {
-        sc[j] = __ldcg(scores + lane * EPL + j);
-        bsd[j] = sc[j] + __ldg(bias + lane * EPL + j);
-    }
-#if KEEP < GROUPS
-    {
-        // the two largest biased scores of this lane's experts, then of its group's lanes
-        float m1 = NEG_INF, m2 = NEG_INF;
-#pragma unroll
-        for (int j = 0; j < EPL; ++j) {
-            const float v = bsd[j];
-            if (v > m1) {
-                m2 = m1;
-                m1 = v;
-            } else if (v > m2) {
-                m2 = v;
-            }
-        }
-#pragma unroll
-        for (int o = 1; o < GSIZE / EPL; o <<= 1) {
-            const float o1 = __shfl_xor_sync(0xFFFFFFFFu, m1, o), o2 = __shfl_xor_sync(0xFFFFFFFFu, m2, o);
-            const float hi = fmaxf(m1, o1), lo = fmaxf(fminf(m1, o1), fmaxf(m2, o2));
-            m1 = hi;
-            m2 = lo;
-        }
-        const float mine = m1 + m2;
-        const int group = lane * EPL / GSIZE;
-        int rank = 0;
-#pragma unroll
-        for (int g = 0; g < GROUPS; ++g) {
-            const float other = __shfl_sync(0xFFFFFFFFu, mine, g * GSIZE / EPL);
-            rank += better(other, g, mine, group) ? 1 : 0;
-        }
-        if (rank >= KEEP) {
-#pragma unroll
-            for (int j = 0; j < EPL; ++j) bsd[j] = NEG_INF;
-        }
-    }
-#endif
-    int my_ids = 0;
-    float my_wts = 0.0f, total = 0.0f;
-#pragma unroll
-    for (int i = 0; i < TOPK; ++i) {
-        float best = NEG_INF;
-        int at = E;
-#pragma unroll
-        for (int j = 0; j < EPL; ++j)
-            if (better(bsd[j], lane * EPL + j, best, at)) {
-                best = bsd[j];
-                at = lane * EPL + j;
-            }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xFFFFFFFFu, best, o);
-            const int oa = __shfl_xor_sync(0xFFFFFFFFu, at, o);
-            if (better(ob, oa, best, at)) {
-                best = ob;
-                at = oa;
-            }
-        }
-        // the owner lane takes the expert out and tells its unbiased score
-        float score = 0.0f;
-#pragma unroll
-        for (int j = 0; j < EPL; ++j)
-            if (lane * EPL + j == at) {
-                score = sc[j];
-                bsd[j] = NEG_INF;
-            }
-        score = __shfl_sync(0xFFFFFFFFu, score, at / EPL);
-        total += score;
-        if (lane == i) {
-            my_ids = at;
-            my_wts = score;
-        }
-    }
-#if RENORM
-    my_wts = my_wts / (total + 1e-20f);
-#endif
-    if (lane < TOPK) {
-        ids[lane] = my_ids;
-        wts[lane] = my_wts * scaling;
-    }
+__device__ __forceinline__ int ld_acquire(const int *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -131,14 +52,14 @@ router_decode(const u16 *__restrict__ x,       // [NTOK, H] bf16 residual stream
               const float *__restrict__ bias,  // [E] expert bias (selection only)
               u16 *__restrict__ xn,            // [NTOK, H] normalised x for the experts (written by block 0)
               float *scores,                   // [NTOK, E] scratch
-              int *arrived,                    // arrival counter (zero between launches)
+              int *arrived,                    // [2] arrivals, selectors done (zero between launches)
               int *__restrict__ ids,           // [NTOK, TOPK]
               float *__restrict__ wts,         // [NTOK, TOPK]
               int *__restrict__ count,         // launch counter
               float eps, float scaling, int x_stride) {
     __shared__ __align__(16) u32 xs[NTOK][H / 2];  // normalised x, bf16 pairs (exact: the reference's values)
     __shared__ float partial[NTOK][WARPS];
-    __shared__ int last;
+    __shared__ SelectScratch sel;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int e0 = (blockIdx.x * WARPS + warp) * EPW;
 
@@ -210,24 +131,34 @@ router_decode(const u16 *__restrict__ x,       // [NTOK, H] bf16 residual stream
             const float total = warp_sum(acc[r]);
             if (lane == 0) scores[r * E + e0 + j] = 1.0f / (1.0f + __expf(-total));
         }
-        if (lane == 0) __threadfence();  // visible to the last block before this one counts itself in
     }
+    if (lane == 0) __threadfence();  // the scores visible before this block counts itself in
 
-    // ---- the last block to arrive selects, warp r for tokens r, r + WARPS, ...; the next kernel may launch now
+    // ---- the next kernel may launch now; block b < NTOK selects token b once every block is in
     asm volatile("griddepcontrol.launch_dependents;");
     __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(arrived, 1) == (int)gridDim.x - 1;
-    }
+    if (threadIdx.x == 0) atomicAdd(&arrived[0], 1);
+    if (blockIdx.x >= NTOK) return;
+    if (threadIdx.x == 0)
+        while (ld_acquire(&arrived[0]) != (int)gridDim.x) __nanosleep(32);
     __syncthreads();
-    if (!last) return;
-    __threadfence();
-#pragma unroll
-    for (int k = 0; k < (NTOK + WARPS - 1) / WARPS; ++k) {
-        const int tok = warp + k * WARPS;
-        if (tok < NTOK) select_token(scores + tok * E, bias, ids + tok * TOPK, wts + tok * TOPK, lane, scaling);
+    const int tok = blockIdx.x;
+    if (warp < SEL_WARPS) {
+        const int me = warp * 32 + lane;
+        const float sc = __ldcg(scores + tok * E + me);
+        select_top(sel, sc, sc + __ldg(bias + me), warp, lane);
+        if (warp == 0) {
+            float my_w;
+            const int my_id = selected_weight(sel, lane, my_w);
+            if (lane < TOPK) {
+                ids[tok * TOPK + lane] = my_id;
+                wts[tok * TOPK + lane] = my_w * scaling;
+            }
+        }
     }
-    __syncthreads();
-    if (threadIdx.x == 0) atomicExch(arrived, 0);
+    // the last selector resets the counters (every selector has seen all arrivals by then)
+    if (threadIdx.x == 0 && atomicAdd(&arrived[1], 1) == NTOK - 1) {
+        atomicExch(&arrived[0], 0);
+        atomicExch(&arrived[1], 0);
+    }
 }

@@ -1,0 +1,129 @@
+// One token's grouped top-k, by E / 32 warps with one expert per lane (warp w, lane l: expert 32 w + l),
+// branch-free: the semantics of solo/kernels/fused_router.py.
+//   biased = score + bias (for the choice only); groups of GSIZE = E / GROUPS experts ranked by the sum
+//   of their two largest biased scores, the best KEEP kept (ties: lower group first); the TOPK largest
+//   biased scores among them in order (ties: lower index first); weights = the unbiased scores, summed
+//   in rank order when renormalised.
+// Each warp finds its best TOPK by rank counting over 32 shuffles; then every warp's best are ranked
+// over all of them with (key, ~index) compared as one 64-bit value (unique: no branch for ties).
+//
+// Needs: E, GROUPS (<= 32), KEEP, TOPK (<= 32), RENORM, SEL_WARPS (E / 32) and SEL_BARRIER (a named
+// barrier for the SEL_WARPS * 32 selecting threads) defined before inclusion, and step_common.cuh.
+
+#define GSIZE (E / GROUPS)
+#define SEL_WPG (GSIZE >= 32 ? GSIZE / 32 : 1)  // warps per group
+#define SEL_NEG_INF __int_as_float(0xff800000)
+
+#if E % 32 || E > 1024 || GROUPS > 32 || TOPK > 32
+#error "the selection needs E a multiple of 32 up to 1024, at most 32 groups and TOPK <= 32"
+#endif
+
+typedef unsigned long long u64;
+
+struct SelectScratch {
+    float gtop[2][GROUPS][SEL_WPG];  // groups: their two best biased scores, per warp
+    u64 key[SEL_WARPS][TOPK];        // each warp's best, in order: key << 32 | ~index
+    float score[SEL_WARPS][TOPK];    //   ... unbiased score
+    int idx[TOPK];                   // the token's top-k in order: expert index
+    float sel_score[TOPK];           //   ... unbiased score
+};
+
+// A float as an unsigned key of the same order (-0 made +0 first, so equal values have equal keys);
+// 0 is below every key of a number, and stands for an expert out of the running.
+__device__ __forceinline__ u32 order_key(float f) {
+    const u32 u = __float_as_uint(f + 0.0f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ void select_sync() {
+    asm volatile("bar.sync %0, %1;" ::"r"(SEL_BARRIER), "r"(SEL_WARPS * 32) : "memory");
+}
+
+// Called by every lane of the SEL_WARPS warps: sc = its expert's score, biased = sc + bias. Leaves the
+// top-k in order in s.idx / s.sel_score (visible to the selecting warps after the call).
+__device__ __forceinline__ void select_top(SelectScratch &s, float sc, float biased, int warp, int lane) {
+    const int me = warp * 32 + lane;
+    u32 key = order_key(biased);
+#if KEEP < GROUPS
+    {
+        // the two largest biased scores of my group's lanes in this warp, then of its warps
+        float m1 = biased, m2 = SEL_NEG_INF;
+#pragma unroll
+        for (int o = 1; o < (GSIZE < 32 ? GSIZE : 32); o <<= 1) {
+            const float o1 = __shfl_xor_sync(0xFFFFFFFFu, m1, o), o2 = __shfl_xor_sync(0xFFFFFFFFu, m2, o);
+            const float hi = fmaxf(m1, o1), lo = fmaxf(fminf(m1, o1), fmaxf(m2, o2));
+            m1 = hi;
+            m2 = lo;
+        }
+        const int group = me / GSIZE;
+        if (me % (GSIZE < 32 ? GSIZE : 32) == 0) {
+            const int part = GSIZE >= 32 ? warp % SEL_WPG : 0;
+            s.gtop[0][group][part] = m1;
+            s.gtop[1][group][part] = m2;
+        }
+        select_sync();
+        float gs = SEL_NEG_INF;
+        if (lane < GROUPS) {
+            float a1 = s.gtop[0][lane][0], a2 = s.gtop[1][lane][0];
+#pragma unroll
+            for (int w = 1; w < SEL_WPG; ++w) {
+                const float o1 = s.gtop[0][lane][w], o2 = s.gtop[1][lane][w];
+                const float hi = fmaxf(a1, o1), lo = fmaxf(fminf(a1, o1), fmaxf(a2, o2));
+                a1 = hi;
+                a2 = lo;
+            }
+            gs = a1 + a2;
+        }
+        const float mine = __shfl_sync(0xFFFFFFFFu, gs, group);
+        int rank = 0;
+#pragma unroll
+        for (int g = 0; g < GROUPS; ++g) {
+            const float other = __shfl_sync(0xFFFFFFFFu, gs, g);
+            rank += (other > mine || (other == mine && g < group)) ? 1 : 0;
+        }
+        if (rank >= KEEP) key = 0u;
+    }
+#endif
+    // this warp's best TOPK, in order: each lane's rank among the warp's 32 (ties: the lower lane, which
+    // is the lower index), and the first TOPK write themselves down
+    int wrank = 0;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        const u32 kj = __shfl_sync(0xFFFFFFFFu, key, j);
+        wrank += (int)((kj > key) | ((kj == key) & (j < lane)));
+    }
+    if (wrank < TOPK) {
+        s.key[warp][wrank] = (u64)key << 32 | (u32)~me;
+        s.score[warp][wrank] = sc;
+    }
+    select_sync();
+    // every warp's best are candidates; each one's rank over all of them is its place in the top-k
+    const int cand = me;
+    if (cand < SEL_WARPS * TOPK) {
+        const u64 ck = s.key[cand / TOPK][cand % TOPK];
+        int grank = 0;
+#pragma unroll
+        for (int w = 0; w < SEL_WARPS; ++w) {
+#pragma unroll
+            for (int j = 0; j < TOPK; ++j) grank += (int)(s.key[w][j] > ck);
+        }
+        if (grank < TOPK) {
+            s.idx[grank] = (int)~(u32)ck;
+            s.sel_score[grank] = s.score[cand / TOPK][cand % TOPK];
+        }
+    }
+    select_sync();
+}
+
+// Lane r < TOPK of a selecting warp: the r-th expert and its weight (renormalised if RENORM, before the
+// routed scaling factor), the sum taken in rank order.
+__device__ __forceinline__ int selected_weight(const SelectScratch &s, int lane, float &weight) {
+    float wsum = 0.f;
+#pragma unroll
+    for (int r = 0; r < TOPK; ++r) wsum += s.sel_score[r];
+    weight = lane < TOPK ? s.sel_score[lane] : 0.f;
+#if RENORM
+    weight = weight / (wsum + 1e-20f);
+#endif
+    return lane < TOPK ? s.idx[lane] : 0;
+}
