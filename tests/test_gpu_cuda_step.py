@@ -161,7 +161,7 @@ def test_calls_past_max_tokens_go_to_the_triton_kernel():
 
 ROUTER_SHAPES = {  # (experts, groups, groups kept, top-k, renormalise)
     "ling": (512, 8, 4, 8, True),  # Ling-3.0-flash's router
-    "64 in 8 groups keep 4, top-6, raw": (64, 8, 4, 6, False),  # groups narrower than a warp
+    "64 in 8 groups keep 4, top-4, raw": (64, 8, 4, 4, False),  # groups narrower than a warp
     "64 no groups": (64, 1, 1, 8, True),
     "256 in 4 groups keep 2": (256, 4, 2, 8, True),
 }
@@ -173,7 +173,7 @@ ROUTER_SHAPES = {  # (experts, groups, groups kept, top-k, renormalise)
         ("ling", 1),
         ("ling", 4),
         ("ling", 8),
-        ("64 in 8 groups keep 4, top-6, raw", 3),
+        ("64 in 8 groups keep 4, top-4, raw", 3),
         ("64 no groups", 1),
         ("256 in 4 groups keep 2", 4),
     ],

@@ -29,6 +29,17 @@ class KDAHistory:
     window: torch.Tensor  # [3 * heads * d, K - 1 + W]: the conv inputs before and during the pass
 
 
+class KDAHistories(dict[int, KDAHistory]):
+    """Every KDA layer's history of one verification pass, by layer: views of two tensors holding all
+    layers, so that a rollback is two gathers instead of a few small copies per layer."""
+
+    def __init__(self, layers: list[int], states: torch.Tensor, window: torch.Tensor) -> None:
+        super().__init__((layer, KDAHistory(states[i], window[i])) for i, layer in enumerate(layers))
+        self.layers = list(layers)
+        self.states = states  # [layers, W, heads, d_k, d_v]
+        self.window = window  # [layers, 3 * heads * d, K - 1 + W]
+
+
 @dataclass
 class MLACache:
     latent: torch.Tensor  # [max_len, kv_lora_rank], normalised compressed kv
@@ -51,11 +62,17 @@ class HybridCache:
         self.kda: dict[int, KDAState] = {}
         self.mla: dict[int, MLACache] = {}
         heads, d = config.linear_num_heads // tensor_parallel, config.linear_head_dim
-        for layer in config.kda_layers:
-            self.kda[layer] = KDAState(
-                recurrent=torch.zeros(heads, d, d, dtype=torch.float32, device=device),
-                conv=torch.zeros(3 * heads * d, config.conv_kernel_size - 1, dtype=torch.float32, device=device),
-            )
+        self.kda_layers = list(config.kda_layers)
+        # every KDA layer's state in one tensor (each layer's KDAState holds views): a rollback after a
+        # verification pass is then one gather for all layers
+        layers = len(self.kda_layers)
+        self.kda_recurrent = torch.zeros(layers, heads, d, d, dtype=torch.float32, device=device)
+        self.kda_conv = torch.zeros(
+            layers, 3 * heads * d, config.conv_kernel_size - 1, dtype=torch.float32, device=device
+        )
+        self._conv_offsets = torch.arange(config.conv_kernel_size - 1, device=device)
+        for i, layer in enumerate(self.kda_layers):
+            self.kda[layer] = KDAState(recurrent=self.kda_recurrent[i], conv=self.kda_conv[i])
         mla_layers = list(config.mla_layers)
         if with_nextn and config.has_nextn:
             mla_layers.append(config.num_hidden_layers)
@@ -65,32 +82,36 @@ class HybridCache:
                 rope=torch.zeros(max_len, config.qk_rope_head_dim, dtype=dtype, device=device),
             )
 
-    def new_history(self, tokens: int) -> dict[int, KDAHistory]:
-        return {
-            layer: KDAHistory(
-                states=torch.zeros(
-                    (tokens, *state.recurrent.shape), dtype=torch.float32, device=state.recurrent.device
-                ),
-                window=torch.zeros(state.conv.shape[0], state.conv.shape[1] + tokens, device=state.conv.device),
-            )
-            for layer, state in self.kda.items()
-        }
+    def new_history(self, tokens: int) -> KDAHistories:
+        """Room for what a verification pass of `tokens` tokens shows every KDA layer."""
+        layers, channels, width = self.kda_conv.shape
+        return KDAHistories(
+            self.kda_layers,
+            torch.zeros(
+                (layers, tokens, *self.kda_recurrent.shape[1:]), dtype=torch.float32, device=self.kda_conv.device
+            ),
+            torch.zeros((layers, channels, width + tokens), dtype=torch.float32, device=self.kda_conv.device),
+        )
 
     def rollback_kda(self, history: dict[int, KDAHistory], keep: torch.Tensor) -> None:
         """Make each KDA state what it would be had only the first `keep` (a 1-element tensor, >= 1)
         tokens of the verification pass been processed. MLA caches need nothing: entries past the
-        kept positions are masked by position and overwritten by the next pass."""
+        kept positions are masked by position and overwritten by the next pass. A history from
+        `new_history` rolls every layer back in two gathers (no host synchronisation: graph-safe)."""
+        columns = keep + self._conv_offsets.to(keep.device)
+        if isinstance(history, KDAHistories) and history.layers == self.kda_layers:
+            torch.index_select(history.states, 1, keep - 1, out=self.kda_recurrent.unsqueeze(1))
+            torch.index_select(history.window, 2, columns, out=self.kda_conv)
+            return
         for layer, state in self.kda.items():
             past = history[layer]
             state.recurrent.copy_(past.states.index_select(0, keep - 1)[0])
-            columns = keep + torch.arange(state.conv.shape[1], device=keep.device)
             state.conv.copy_(past.window.index_select(1, columns))
 
     def reset(self) -> None:
         """Zero every buffer in place (a new request); MLA slots past the position are masked anyway."""
-        for state in self.kda.values():
-            state.recurrent.zero_()
-            state.conv.zero_()
+        self.kda_recurrent.zero_()
+        self.kda_conv.zero_()
         for cache in self.mla.values():
             cache.latent.zero_()
             cache.rope.zero_()
