@@ -235,6 +235,29 @@ def test_acceptance_with_filtered_distributions_keeps_support():
         assert all(int(drafts[i, j]) < 3 for j in range(a))
 
 
+def test_greedy_acceptance_equals_the_general_rule_on_one_hot_distributions():
+    """accept_greedy (no distributions) gives what accept_drafts gives on greedy decoding's one-hot
+    target and draft distributions, for fresh random logits and drafts that match the target's argmax
+    at random positions (so every accepted count occurs)."""
+    from solo.speculative.acceptance import accept_greedy
+
+    vocab, seen = 50, set()
+    for _ in range(200):
+        logits = torch.randn(STEPS + 1, vocab)
+        target = logits.argmax(-1)
+        drafts = torch.randint(0, vocab, (STEPS,))
+        hit = torch.rand(STEPS) < 0.6
+        drafts = torch.where(hit, target[:STEPS], drafts)
+        one_hot = torch.zeros(STEPS + 1, vocab).scatter_(-1, target[:, None], 1.0)
+        draft_one_hot = torch.zeros(STEPS, vocab).scatter_(-1, drafts[:, None], 1.0)
+        want_accepted, want_token = accept_drafts(one_hot[None], draft_one_hot[None], drafts[None])
+        accepted, token = accept_greedy(logits, drafts)
+        assert accepted.shape == token.shape == (1,)
+        assert torch.equal(accepted, want_accepted) and torch.equal(token, want_token)
+        seen.add(int(accepted))
+    assert seen == set(range(STEPS + 1))
+
+
 def test_speculation_without_nextn_weights_is_a_clear_error(tiny_checkpoints, tmp_path):
     from solo.testing.tiny import write_tiny_checkpoint
 

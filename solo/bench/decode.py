@@ -402,7 +402,11 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 f" {e.get('round_ms', 0):.3f} | {e.get('round_over_decode', 0):.2f} | {nextn} |"
                 f" {e['profile']['kernels']} |"
             )
-    for key, title in (("profile", "Decode step"), ("profile_verify", "Verification"), ("profile_round", "NEXTN round")):
+    for key, title in (
+        ("profile", "Decode step"),
+        ("profile_verify", "Verification"),
+        ("profile_round", "NEXTN round"),
+    ):
         lines += ["", f"{title} by component, us on the critical path (own kernel time in brackets):", ""]
         for r in results:
             for context, e in r.get("contexts", {}).items():

@@ -51,6 +51,18 @@ def accept_drafts(
     return accepted, sample_from(chosen, generator)
 
 
+def accept_greedy(target_logits: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy acceptance: target_logits [S+1, V], drafts [S] (each the draft's argmax) -> (accepted
+    count [1], next token [1]). The drafts that equal the target's argmax at their position, as a
+    leading run, then the target's argmax after them: exactly what `accept_drafts` gives on the one-hot
+    distributions of greedy decoding (p_draft is 1 or 0, q_draft is 1; the residual is the target's
+    one-hot), without a distribution over the vocabulary."""
+    target = target_logits.argmax(-1)
+    steps = drafts.shape[0]
+    accepted = (target[:steps] == drafts).long().cumprod(-1).sum(-1, keepdim=True)
+    return accepted, target.gather(0, accepted)
+
+
 @dataclass
 class AcceptanceCounter:
     """Verification rounds, drafted and accepted tokens, and per draft position the rounds that kept it.

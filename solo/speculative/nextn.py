@@ -46,7 +46,7 @@ from solo.engine.sampling import (
 )
 from solo.model.cache import HybridCache
 from solo.model.ling import LingForCausalLM
-from solo.speculative.acceptance import accept_drafts
+from solo.speculative.acceptance import accept_drafts, accept_greedy
 
 log = logging.getLogger("solo.speculative")
 
@@ -151,7 +151,8 @@ class NextNDecoder:
         self, first_hidden: torch.Tensor, position: torch.Tensor, cache: HybridCache, params, generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """From the NEXTN hidden state predicting `position` + 1, draft S tokens by chaining.
-        Returns (drafts [S], draft probabilities [S, V])."""
+        Returns (drafts [S], draft probabilities [S, V]); greedy decoding drafts each argmax and
+        returns no distributions (greedy acceptance needs none: `accept_greedy`)."""
         tokens, dists = [], []
         hidden = first_hidden
         counts = self.adjuster.counts if params.adjusted else None
@@ -159,15 +160,18 @@ class NextNDecoder:
             logits = self.draft_logits(hidden)
             if counts is not None:
                 logits = self.adjuster.apply(logits, counts)
-            q = probabilities(logits, params)
-            token = sample_from(q, generator)
+            if params.greedy:
+                token = logits.argmax(-1)
+            else:
+                q = probabilities(logits, params)
+                token = sample_from(q, generator)
+                dists.append(q)
             tokens.append(token)
-            dists.append(q)
             if step + 1 < self.config.num_steps:
                 hidden = self.model.draft_forward(token, hidden, position + 1 + step, cache)
                 if counts is not None:  # the next draft position counts this draft
                     counts = counts.index_add(0, token, torch.ones_like(token, dtype=torch.float32))
-        return torch.cat(tokens), torch.cat(dists)
+        return torch.cat(tokens), (torch.cat(dists) if dists else None)
 
     def rounds(
         self, prompt_ids: torch.Tensor, cache: HybridCache, params: SamplingParams, logprobs: bool = False
@@ -190,7 +194,8 @@ class NextNDecoder:
         drafts, draft_probs = self.draft_chain(draft_hidden[-1:], state.position, cache, params, generator)
         state.last.copy_(last)
         state.drafts.copy_(drafts)
-        state.draft_probs.copy_(draft_probs)
+        if draft_probs is not None:
+            state.draft_probs.copy_(draft_probs)
 
         reader = TokenReader(device, steps + 2)
         lp_reader = LogprobReader(device, steps + 1, state.logprobs.shape[-1]) if logprobs else None
@@ -245,8 +250,12 @@ class NextNDecoder:
         verify_hidden, verify_logits = self.step(window, positions, cache, history)
         if params.adjusted:  # position i counts the drafts before it
             verify_logits = self.adjuster.apply(verify_logits, self.adjuster.window_counts(state.drafts))
-        target_probs = probabilities(verify_logits, params)
-        accepted, last = accept_drafts(target_probs[None], state.draft_probs[None], state.drafts[None], generator)
+        if params.greedy:  # the same outcome as accept_drafts on one-hot distributions, without them
+            target_probs = None
+            accepted, last = accept_greedy(verify_logits, state.drafts)
+        else:
+            target_probs = probabilities(verify_logits, params)
+            accepted, last = accept_drafts(target_probs[None], state.draft_probs[None], state.drafts[None], generator)
         cache.rollback_kda(history, accepted + 1)
         state.emitted.copy_(torch.cat([state.drafts, last, accepted]))
         if params.adjusted or logprobs:
@@ -265,7 +274,8 @@ class NextNDecoder:
         state.last.copy_(last)
         state.position.copy_(next_position)
         state.drafts.copy_(drafts)
-        state.draft_probs.copy_(draft_probs)
+        if draft_probs is not None:
+            state.draft_probs.copy_(draft_probs)
 
     def _round_runner(
         self, cache: HybridCache, params: SamplingParams, generator: torch.Generator | None, logprobs: bool = False
