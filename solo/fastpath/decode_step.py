@@ -471,7 +471,12 @@ class FusedDecodeStep:
         assert self.nextn is not None
         n = self.nextn_module
         e = F.embedding(input_ids, self.embedding)
-        x = self.eh_proj(torch.cat([n.enorm(e), n.hnorm(previous_hidden.to(e.dtype))], dim=-1).contiguous())
+        h = e.shape[1]
+        both = torch.empty((e.shape[0], 2 * h), dtype=e.dtype, device=e.device)  # [enorm(e) | hnorm(hidden)]
+        rmsnorm(e, n.enorm.weight, n.enorm.eps, self.counter("rmsnorm"), self.launch, out=both[:, :h])
+        hidden = previous_hidden.to(e.dtype).contiguous()
+        rmsnorm(hidden, n.hnorm.weight, n.hnorm.eps, self.counter("rmsnorm"), self.launch, out=both[:, h:])
+        x = self.eh_proj(both)
         self.nextn(x, positions, cache, None)
         return rmsnorm(x, n.final_layernorm.weight, n.final_layernorm.eps, self.counter("rmsnorm"), self.launch)
 

@@ -313,10 +313,19 @@ def _rmsnorm(
 
 
 def rmsnorm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, counter: torch.Tensor, launch: LaunchPolicy = PLAIN
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    counter: torch.Tensor,
+    launch: LaunchPolicy = PLAIN,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """RMSNorm of each row of x [T, K] (bf16), rounded like solo.model.layers.RMSNorm."""
-    out = torch.empty_like(x)
+    """RMSNorm of each row of x [T, K] (bf16), rounded like solo.model.layers.RMSNorm, into `out` [T, K]
+    (rows of unit stride, e.g. a column slice of a wider buffer) or a new tensor."""
+    if out is None:
+        out = torch.empty_like(x)
+    elif out.shape != x.shape or out.stride(-1) != 1 or x.stride(-1) != 1:
+        raise ValueError(f"rmsnorm: out {tuple(out.shape)} must match x {tuple(x.shape)}, rows of unit stride")
     k = x.shape[1]
     launch = launch.at(x.shape[0])
     compiled = _rmsnorm[(x.shape[0],)](
