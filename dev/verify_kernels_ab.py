@@ -1,6 +1,6 @@
 """Verification (NEXTN window) kernels A/B inside the whole step at full shape, in one process (lent GPU).
 
-    python3 dev/verify_kernels_ab.py [--context 4096] [--tokens 4] [--json OUT.json]
+    python3 dev/verify_kernels_ab.py [--contexts 4096,32768] [--tokens 4] [--json OUT.json]
 
 Loads the full Ling-3.0-flash shape with random weights (as `solo bench decode --random-weights`),
 the fused step as the product runs it (CUDA step kernels, PDL), then captures the verification step
@@ -11,6 +11,8 @@ variants share one load, one clock history and one L2 state:
   - triton routers: routers of T tokens back on the Triton kernels (GEMVs stay CUDA);
   - triton: projections and routers on Triton (the step before the CUDA kernels took T > 1);
   - mla combine loop: one MLA combine program for all T tokens in turn (the step before);
+  - mla rows adjacent: the MLA attention's grid with or without a split's row programs side by side;
+  - mla combine N rows: N value rows per MLA combine program (--combine-v-per);
   - kda N splits: N programs per KDA head (--kda-splits).
 Variants flip each kernel object's `max_tokens` or a launch setting the kernels read at call time;
 nothing else changes between captures.
@@ -47,11 +49,12 @@ def load_full_shape(step: str, verify_tokens: int):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--contexts", default="4096,32768", help="the graphs are captured once, timed at each")
     p.add_argument("--tokens", type=int, default=4)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default=None)
     p.add_argument("--kda-splits", default="8", help="comma list of KDA programs per head to try (0: none)")
+    p.add_argument("--combine-v-per", default="64", help="comma list of MLA combine value rows to try (0: none)")
     args = p.parse_args()
     model, times = load_full_shape("fused+cuda+pdl", args.tokens)  # the product's step
     step = model.decode_step
@@ -60,60 +63,73 @@ def main() -> int:
     gemvs = [k for k in kernels if isinstance(k, CudaGemv)]
     routers = [k for k in kernels if isinstance(k, CudaRouter)]
     print(f"loaded in {times}; {len(gemvs)} CUDA GEMVs, {len(routers)} CUDA routers", flush=True)
-    cache = HybridCache(model.config, args.context + 16, device, model.dtype, with_nextn=True)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    cache = HybridCache(model.config, max(contexts) + 16, device, model.dtype, with_nextn=True)
     history = cache.new_history(args.tokens)
     ids = torch.randint(0, model.config.vocab_size, (args.tokens,), device=device)
-    pos = torch.arange(args.context - args.tokens - 1, args.context - 1, device=device)
+    pos = torch.zeros(args.tokens, dtype=torch.long, device=device)  # read on the device: set per context
     eager = EagerStep(model)
     graphs = GraphCapture()
-    splits = fused_kda.WINDOW_VALUE_SPLITS
-    # name: (GEMV tokens, router tokens, one combine program per token, KDA programs per head)
+    product = {
+        "gemv_tokens": 8,
+        "router_tokens": 8,
+        "combine_token_programs": FusedMLA.COMBINE_TOKEN_PROGRAMS,
+        "kda_splits": fused_kda.WINDOW_VALUE_SPLITS,
+        "attend_rows_adjacent": FusedMLA.ATTEND_ROWS_ADJACENT,
+        "combine_v_per": FusedMLA.WINDOW_V_PER_PROGRAM,
+    }
     variants = {
-        "product": (8, 8, True, splits),
-        "triton routers": (8, 1, True, splits),
-        "triton": (1, 1, True, splits),
-        "mla combine loop": (8, 8, False, splits),
+        "product": {},
+        "triton routers": {"router_tokens": 1},
+        "triton": {"gemv_tokens": 1, "router_tokens": 1},
+        "mla combine loop": {"combine_token_programs": False},
+        "mla rows adjacent": {"attend_rows_adjacent": not product["attend_rows_adjacent"]},
     }
-    for n in (int(v) for v in args.kda_splits.split(",") if int(v) and int(v) != splits):
-        variants[f"kda {n} splits"] = (8, 8, True, n)
+    for n in (int(v) for v in args.combine_v_per.split(",") if int(v) and int(v) != product["combine_v_per"]):
+        variants[f"mla combine {n} rows"] = {"combine_v_per": n}
+    for n in (int(v) for v in args.kda_splits.split(",") if int(v) and int(v) != product["kda_splits"]):
+        variants[f"kda {n} splits"] = {"kda_splits": n}
     captured, logits = {}, {}
-    for name, (gemv_tokens, router_tokens, token_programs, kda_splits) in variants.items():
+    for name, changes in variants.items():
+        v = {**product, **changes}
         for k in gemvs:
-            k.max_tokens = gemv_tokens
+            k.max_tokens = v["gemv_tokens"]
         for k in routers:
-            k.max_tokens = router_tokens
-        FusedMLA.COMBINE_TOKEN_PROGRAMS = token_programs
-        fused_kda.WINDOW_VALUE_SPLITS = kda_splits
+            k.max_tokens = v["router_tokens"]
+        FusedMLA.COMBINE_TOKEN_PROGRAMS = v["combine_token_programs"]
+        FusedMLA.ATTEND_ROWS_ADJACENT = v["attend_rows_adjacent"]
+        FusedMLA.WINDOW_V_PER_PROGRAM = v["combine_v_per"]
+        fused_kda.WINDOW_VALUE_SPLITS = v["kda_splits"]
         captured[name], logits[name] = graphs.capture(lambda: eager(ids, pos, cache, history)[1])
-    agree = {}
-    for name, graph in captured.items():  # the same verification, up to fp32 summation order
-        cache.reset()
-        graph.replay()
-        torch.cuda.synchronize()
-        if name == "product":
-            want = logits[name].clone()
-        else:
-            got = logits[name]
-            agree[name] = {
-                "same_argmax": bool(torch.equal(got.argmax(-1), want.argmax(-1))),
-                "max_abs_diff": float((got - want).abs().max()),
-            }
-        print(f"{name}: {agree.get(name, 'reference')}", flush=True)
-    times_ms: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(args.rounds):
-        for name, graph in captured.items():
-            times_ms[name].append(time_graph(graph, replays=30, rounds=1) * 1e3)
-    report = {
-        "copy_gbs": copy_bandwidth(device) / 1e9,
-        "tokens": args.tokens,
-        "context": args.context,
-        "verify_ms": {name: statistics.median(v) for name, v in times_ms.items()},
-        "against_product": agree,
-        "all_ms": times_ms,
-    }
-    for name, v in report["verify_ms"].items():
-        each = ", ".join(f"{x:.3f}" for x in times_ms[name])
-        print(f"verify T={args.tokens} @ {args.context}: {name:16s} {v:.3f} ms  ({each})")
+    report = {"copy_gbs": copy_bandwidth(device) / 1e9, "tokens": args.tokens, "contexts": {}}
+    for context in contexts:
+        pos.copy_(torch.arange(context - args.tokens - 1, context - 1, device=device))
+        agree = {}
+        for name, graph in captured.items():  # the same verification, up to fp32 summation order
+            cache.reset()
+            graph.replay()
+            torch.cuda.synchronize()
+            if name == "product":
+                want = logits[name].clone()
+            else:
+                got = logits[name]
+                agree[name] = {
+                    "same_argmax": bool(torch.equal(got.argmax(-1), want.argmax(-1))),
+                    "max_abs_diff": float((got - want).abs().max()),
+                }
+            print(f"@ {context} {name}: {agree.get(name, 'reference')}", flush=True)
+        times_ms: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(args.rounds):
+            for name, graph in captured.items():
+                times_ms[name].append(time_graph(graph, replays=30, rounds=1) * 1e3)
+        report["contexts"][str(context)] = {
+            "verify_ms": {name: statistics.median(v) for name, v in times_ms.items()},
+            "against_product": agree,
+            "all_ms": times_ms,
+        }
+        for name, v in report["contexts"][str(context)]["verify_ms"].items():
+            each = ", ".join(f"{x:.3f}" for x in times_ms[name])
+            print(f"verify T={args.tokens} @ {context}: {name:20s} {v:.3f} ms  ({each})", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

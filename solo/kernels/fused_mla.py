@@ -136,12 +136,17 @@ def _mla_attend(
     BLOCK_L: tl.constexpr,
     D_PARTS: tl.constexpr,
     MIN_CHUNK: tl.constexpr,
+    ROWS_ADJACENT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     after_previous_kernel(PDL)
-    s = tl.program_id(0)
+    if ROWS_ADJACENT:  # a split's row programs launch side by side: they read the same cache chunk
+        rp = tl.program_id(0)
+        s = tl.program_id(2)
+    else:
+        s = tl.program_id(0)
+        rp = tl.program_id(2)  # which ROW_BLOCK rows (token x head) of the BLOCK_M this program computes
     dp = tl.program_id(1)
-    rp = tl.program_id(2)  # which ROW_BLOCK rows (token x head) of the BLOCK_M this program computes
     if s == 0 and dp == 0 and rp == 0:
         tl.atomic_add(count_ptr, 1)
     ROWS: tl.constexpr = T * HEADS
@@ -278,6 +283,10 @@ class FusedMLA:
     ROWS_PER_PROGRAM = 32  # rows (token x head) per attention program at rank 512 (scales with 512 / rank)
     RANK_BLOCK = 128
     V_PER_PROGRAM = 32  # value rows per program of the combine (the heads' programs: v_dim / this)
+    WINDOW_V_PER_PROGRAM = 32  # ... for several tokens (each program of a head re-reads its partials)
+    # several tokens: a split's row programs side by side in the launch order, so that they read each
+    # cache chunk together (in the L2) instead of each pass over the rows reading the whole cache again
+    ATTEND_ROWS_ADJACENT = False
     # several tokens: one combine program per token, not one for all of them in turn (at 4 tokens the
     # loop made the combine a chain of four merges; measured by dev/verify_kernels_ab.py)
     COMBINE_TOKEN_PROGRAMS = True
@@ -375,7 +384,9 @@ class FusedMLA:
         d_parts = max(1, row_block * self.rank // budget)
         while self.rank % (d_parts * 16):
             d_parts //= 2
-        compiled = _mla_attend[(self.SPLITS, d_parts, block_m // row_block)](
+        rows_adjacent = bool(self.ATTEND_ROWS_ADJACENT) and block_m > row_block
+        grid = (self.SPLITS, d_parts, block_m // row_block)
+        compiled = _mla_attend[grid[::-1] if rows_adjacent else grid](
             q,
             positions,
             latent_cache,
@@ -394,6 +405,7 @@ class FusedMLA:
             BLOCK_L=self.BLOCK_L,
             D_PARTS=d_parts,
             MIN_CHUNK=self.MIN_CHUNK,
+            ROWS_ADJACENT=rows_adjacent,
             PDL=launch.pdl,
             num_warps=self.ATTEND_WARPS,
             num_stages=self.ATTEND_STAGES,
@@ -401,7 +413,8 @@ class FusedMLA:
         )
         launch.record("mla_attend", compiled)
         gate = proj[:, self.gate_offset :]
-        v_per = min(self.V_PER_PROGRAM, self.v_dim & -self.v_dim)  # a power of two dividing v_head_dim
+        wanted = self.V_PER_PROGRAM if t == 1 else self.WINDOW_V_PER_PROGRAM
+        v_per = min(wanted, self.v_dim & -self.v_dim)  # a power of two dividing v_head_dim
         token_programs = bool(self.COMBINE_TOKEN_PROGRAMS) and t > 1
         compiled = _mla_combine[(self.heads, self.v_dim // v_per, t if token_programs else 1)](
             part,
