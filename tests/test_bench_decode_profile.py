@@ -55,7 +55,8 @@ def test_components_are_named_from_kernel_names() -> None:
 
 def test_the_report_lists_each_graphs_profile_by_critical_share() -> None:
     """The markdown report gives the decode step, the verification and the NEXTN round by component,
-    largest critical share first; a configuration without a round (no NEXTN layer) has no round line."""
+    largest critical share first; a configuration without a round (no NEXTN layer) has no round line,
+    and a profile no configuration has (here the sampled round) no section."""
     from solo.bench.decode import markdown
 
     rng = random.Random()
@@ -80,7 +81,8 @@ def test_the_report_lists_each_graphs_profile_by_critical_share() -> None:
     text = markdown(results)
     sections = text.split("by component")
     assert len(sections) == 4  # the table, then decode, verification, round
-    assert "Verification" in sections[1] and "NEXTN round" in sections[2]
+    assert "Verification" in sections[1] and "NEXTN round (greedy)" in sections[2]
+    assert "sampled" not in sections[3]
     round_lines = [line for line in sections[3].splitlines() if line.startswith("- ")]
     assert len(round_lines) == 1 and round_lines[0].startswith("- a @ 4096: 4 kernels; ")
     shares = with_round["profile_round"]["by_component"]

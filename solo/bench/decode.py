@@ -33,6 +33,8 @@ from typing import Any
 import torch
 
 ACCEPT_LENGTHS = (2.68, 3.90)  # the seed's GSM8K and synthetic accept lengths
+# the seed's GSM8K workload samples (its accept length 2.68 was measured so); the synthetic one is greedy
+GSM8K_SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 29}
 COMPONENTS = (  # kernel name patterns -> component (first match wins)
     ("experts", r"moe_decode|gemv_gate_up|gemv_down|grouped|humming|expert"),
     ("router", r"_router|router_decode|topk|sort|radix"),
@@ -250,7 +252,7 @@ def load(args: argparse.Namespace, config: Config):
 
 
 def measure_config(args: argparse.Namespace, config: Config, config_index: int = 0) -> dict[str, Any]:
-    from solo.engine.graphs import EagerStep, GraphCapture
+    from solo.engine.graphs import EagerStep, GraphCapture, graph_safe_generators
     from solo.engine.sampling import SamplingParams
     from solo.engine.traffic import decode_traffic
     from solo.model.cache import HybridCache
@@ -282,7 +284,7 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
     decode_graph, _ = graphs.capture(lambda: step(ids1, pos1, cache))
     verify_graph, _ = graphs.capture(lambda: step(idsw, posw, cache, history))
     hidden1 = torch.randn(1, model.config.hidden_size, device=device, dtype=model.dtype)
-    draft_graph = round_graph = None
+    draft_graph = round_graph = sampled_graph = None
     spec = None
     if model.nextn is not None:
         draft_graph, _ = graphs.capture(lambda: model.logits(model.draft_forward(ids1, hidden1, pos1 + 1, cache)))
@@ -296,6 +298,16 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
             spec.round(state, cache, greedy, None)
 
         round_graph, _ = graphs.capture(one_round)
+        if graph_safe_generators():  # the round at the GSM8K workload's sampling setting
+            sampled = SamplingParams(**GSM8K_SAMPLING)
+            generator = torch.Generator(device=device)
+            generator.manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+
+            def sampled_round() -> None:
+                state.position.copy_(pos1)
+                spec.round(state, cache, sampled, generator)
+
+            sampled_graph, _ = graphs.capture(sampled_round, generator)
     for context in contexts:
         position = context - window - 1  # the window's last token sits at context - 2: the cache is full
         pos1.fill_(position)
@@ -308,6 +320,8 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
         if draft_graph is not None and round_graph is not None and spec is not None:
             entry["draft_step_ms"] = time_graph(draft_graph) * 1e3
             entry["round_ms"] = time_graph(round_graph) * 1e3
+        if sampled_graph is not None:
+            entry["round_sampled_ms"] = time_graph(sampled_graph) * 1e3
         roofline_ms = traffic.total / (result["copy_bandwidth_gbs"] * 1e9) * 1e3
         entry["roofline_ms"] = roofline_ms
         entry["roofline_fraction"] = roofline_ms / entry["decode_ms"]
@@ -316,10 +330,15 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
         if "round_ms" in entry:
             entry["round_over_decode"] = entry["round_ms"] / entry["decode_ms"]
             entry["nextn_tok_s"] = {str(a): a * 1e3 / entry["round_ms"] for a in args.accept_lengths}
+        if "round_sampled_ms" in entry:
+            entry["round_sampled_over_decode"] = entry["round_sampled_ms"] / entry["decode_ms"]
+            entry["nextn_tok_s_sampled"] = {str(a): a * 1e3 / entry["round_sampled_ms"] for a in args.accept_lengths}
         entry["profile"] = profile_graph(decode_graph)
         entry["profile_verify"] = profile_graph(verify_graph)
         if round_graph is not None:
             entry["profile_round"] = profile_graph(round_graph)
+        if sampled_graph is not None:
+            entry["profile_round_sampled"] = profile_graph(sampled_graph)
         result["contexts"][str(context)] = entry
     cache.reset()
     if args.prefill and config_index == 0:  # the prefill runs the same reference layers in every configuration
@@ -387,8 +406,9 @@ def measure_loop(model, args: argparse.Namespace, window: int) -> dict[str, Any]
 def markdown(results: list[dict[str, Any]]) -> str:
     lines = [
         "| config | context | decode ms | roofline ms | of roofline | verify ms | draft step ms | round ms |"
-        " round/decode | NEXTN tok/s @" + "/".join(str(a) for a in ACCEPT_LENGTHS) + " | kernels/step |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        " round/decode | NEXTN tok/s @" + "/".join(str(a) for a in ACCEPT_LENGTHS) + " | sampled round ms |"
+        " sampled round/decode | sampled NEXTN tok/s | kernels/step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|",
     ]
     for r in results:
         if "error" in r:
@@ -396,17 +416,23 @@ def markdown(results: list[dict[str, Any]]) -> str:
             continue
         for context, e in r["contexts"].items():
             nextn = "/".join(f"{v:.0f}" for v in e.get("nextn_tok_s", {}).values()) or "-"
+            sampled = "/".join(f"{v:.0f}" for v in e.get("nextn_tok_s_sampled", {}).values()) or "-"
             lines.append(
                 f"| {r['config']} ({r['decode_step']}) | {context} | {e['decode_ms']:.3f} | {e['roofline_ms']:.3f} |"
                 f" {100 * e['roofline_fraction']:.1f}% | {e['verify_ms']:.3f} | {e.get('draft_step_ms', 0):.3f} |"
                 f" {e.get('round_ms', 0):.3f} | {e.get('round_over_decode', 0):.2f} | {nextn} |"
+                f" {e.get('round_sampled_ms', 0):.3f} | {e.get('round_sampled_over_decode', 0):.2f} | {sampled} |"
                 f" {e['profile']['kernels']} |"
             )
-    for key, title in (
+    profiles = (
         ("profile", "Decode step"),
         ("profile_verify", "Verification"),
-        ("profile_round", "NEXTN round"),
-    ):
+        ("profile_round", "NEXTN round (greedy)"),
+        ("profile_round_sampled", "NEXTN round (sampled as GSM8K)"),
+    )
+    for key, title in profiles:
+        if not any(key in e for r in results for e in r.get("contexts", {}).values()):
+            continue
         lines += ["", f"{title} by component, us on the critical path (own kernel time in brackets):", ""]
         for r in results:
             for context, e in r.get("contexts", {}).items():

@@ -108,6 +108,9 @@ class LogitAdjuster:
         return self.counts + onehot.cumsum(0)
 
 
+TOP_K_WITHOUT_SORT = 1024  # top-k up to this: the top-p cut walks the top-k list, not a sort of the vocabulary
+
+
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The distribution sampling draws from: softmax(logits / T) restricted to the top-k tokens and
     to the smallest set whose mass reaches top_p (always keeping the most likely token), renormalised.
@@ -116,18 +119,42 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if params.greedy:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     logits = logits / params.temperature
+    top = None
     if 0 < params.top_k < logits.shape[-1]:
-        kth = logits.topk(params.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        values, top = logits.topk(params.top_k, dim=-1)
+        logits = logits.masked_fill(logits < values[..., -1:], float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        drop_sorted = mass_before >= params.top_p
-        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        if top is not None and params.top_k <= TOP_K_WITHOUT_SORT:
+            drop = top_p_drop_within_top_k(probs, logits, top, params.top_p)
+        else:
+            drop = top_p_drop_by_sort(probs, params.top_p)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def top_p_drop_by_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Tokens outside the smallest set, in descending probability, whose mass reaches top_p: the mass
+    before a token is at least top_p."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    return torch.zeros_like(mass_before, dtype=torch.bool).scatter_(-1, order, mass_before >= top_p)
+
+
+def top_p_drop_within_top_k(probs: torch.Tensor, logits: torch.Tensor, top: torch.Tensor, top_p: float) -> torch.Tensor:
+    """`top_p_drop_by_sort` after a top-k cut, without sorting the vocabulary: every token left has
+    a logit at least the k-th, so the descending order is the top-k list `top` (logits.topk's
+    indices, descending), then any tokens tied with the k-th logit that the list left out (kept by
+    the cut, ranked here by index: among equal probabilities the sort's order is arbitrary too).
+    Tokens the top-k cut removed (probability 0) are not marked."""
+    ranked = probs.gather(-1, top)  # descending: the softmax keeps the logits' order
+    drop = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, top, ranked.cumsum(-1) - ranked >= top_p)
+    extra = logits == logits.gather(-1, top[..., -1:])
+    extra.scatter_(-1, top, False)
+    rank = extra.long().cumsum(-1) - 1
+    mass_before = ranked.sum(-1, keepdim=True) + rank * ranked[..., -1:]
+    return drop | (extra & (mass_before >= top_p))
 
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

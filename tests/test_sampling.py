@@ -1,0 +1,64 @@
+"""The top-p cut after a top-k cut walks the top-k list instead of sorting the vocabulary; it must
+keep what the sort keeps. Fresh random logits, and logits with ties at the k-th value (kept by the
+top-k cut, so they enter the top-p walk after the list)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from solo.engine.sampling import SamplingParams, probabilities, top_p_drop_by_sort, top_p_drop_within_top_k
+
+
+def kept(probs: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+    """The tokens that keep probability (the sort also marks the top-k cut's zeros; the walk need not)."""
+    return (probs > 0) & ~drop
+
+
+def cut(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    values, top = logits.topk(k, dim=-1)
+    masked = logits.masked_fill(logits < values[..., -1:], float("-inf"))
+    return torch.softmax(masked, dim=-1), masked, top
+
+
+@pytest.mark.parametrize("k", [1, 2, 29, 200])
+def test_the_walk_drops_what_the_sort_drops(k):
+    for _ in range(20):
+        logits = torch.randn(4, 3000) * float(torch.empty(()).uniform_(0.5, 4.0))
+        top_p = float(torch.empty(()).uniform_(0.05, 0.999))
+        probs, masked, top = cut(logits, k)
+        want = kept(probs, top_p_drop_by_sort(probs, top_p))
+        got = kept(probs, top_p_drop_within_top_k(probs, masked, top, top_p))
+        assert torch.equal(got, want)
+        params = SamplingParams(temperature=float(torch.empty(()).uniform_(0.3, 1.5)), top_k=k, top_p=top_p)
+        dist = probabilities(logits, params)
+        assert torch.allclose(dist.sum(-1), torch.ones(4)) and bool((dist > 0).sum(-1).le(k).all())
+
+
+def test_ties_at_the_kth_logit_are_ranked_after_the_list():
+    """Tokens tied with the k-th logit beyond the first k are kept by the top-k cut; the top-p walk
+    keeps as many of the tied group as the sort does (which of them is arbitrary in both) and every
+    other token's fate is the same."""
+    checked = 0
+    for _ in range(200):
+        vocab, k = 500, int(torch.randint(3, 30, ()))
+        logits = torch.randn(vocab).round(decimals=1)  # many equal values
+        values, _ = logits.topk(k)
+        kth = values[-1]
+        group = logits == kth
+        if int(group.sum()) < 2 or int((logits > kth).sum()) + int(group.sum()) <= k:
+            continue  # no tie reaches past the k-th place
+        probs, masked, top = cut(logits[None], k)
+        mass_above = float(probs[0][logits > kth].sum())
+        p_tie = float(probs[0][group][0])
+        # a threshold inside the tied group: only part of it survives
+        top_p = mass_above + p_tie * float(torch.empty(()).uniform_(0.2, float(group.sum()) - 1.2))
+        if top_p >= 1.0:
+            continue
+        want = kept(probs, top_p_drop_by_sort(probs, top_p))[0]
+        got = kept(probs, top_p_drop_within_top_k(probs, masked, top, top_p))[0]
+        assert torch.equal(got[~group], want[~group])
+        assert int(got[group].sum()) == int(want[group].sum())
+        assert 0 < int(got[group].sum()) < int(group.sum())  # the cut fell inside the group
+        checked += 1
+    assert checked >= 20
