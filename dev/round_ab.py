@@ -10,9 +10,13 @@ times the graphs interleaved at each context (positions are read on the device):
     rolled back in two gathers);
   - greedy, per-layer rollback: the same with the history as a plain dict, so the cache rolls each
     layer back with its own copies (the step before);
-  - sampled: the round at the seed's GSM8K sampling (t 0.6, top-p 0.95, top-k 29), the product's
-    top-p cut over the top-k list;
-  - sampled, top-p by sort: the same with the vocabulary sorted for the top-p cut (the step before).
+  - sampled: the round at the seed's GSM8K sampling (t 0.6, top-p 0.95, top-k 29): the product's
+    distribution (softmax from the top-k values as elementwise ops, the top-p cut over the top-k list,
+    ties ranked by two short scans);
+  - sampled, row-wise softmax and scan: torch's softmax over the vocabulary and one scan along each row
+    for the ties (this session's first top-k walk, `probabilities_row_kernels` below);
+  - sampled, top-p by sort: torch's softmax and the vocabulary sorted for the top-p cut (the session's
+    start, `probabilities_by_sort` below).
 """
 
 from __future__ import annotations
@@ -32,7 +36,34 @@ from solo.engine import sampling  # noqa: E402
 from solo.engine.graphs import GraphCapture  # noqa: E402
 from solo.engine.sampling import SamplingParams  # noqa: E402
 from solo.model.cache import HybridCache  # noqa: E402
+from solo.speculative import nextn  # noqa: E402
 from solo.speculative.nextn import NextNDecoder, SpeculativeConfig  # noqa: E402
+
+
+def probabilities_by_sort(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """solo.engine.sampling.probabilities at the session's start (3905ef4)."""
+    logits = logits.float() / params.temperature
+    kth = logits.topk(params.top_k, dim=-1).values[..., -1:]
+    probs = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+    return renormalised(probs, sampling.top_p_drop_by_sort(probs, params.top_p))
+
+
+def probabilities_row_kernels(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The first top-k walk (362f4de): torch's softmax, and the ties' ranks by one scan per row."""
+    logits = logits.float() / params.temperature
+    values, top = logits.topk(params.top_k, dim=-1)
+    probs = torch.softmax(logits.masked_fill(logits < values[..., -1:], float("-inf")), dim=-1)
+    ranked = probs.gather(-1, top)
+    drop = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, top, ranked.cumsum(-1) - ranked >= params.top_p)
+    extra = logits == values[..., -1:]
+    extra.scatter_(-1, top, False)
+    mass_before = ranked.sum(-1, keepdim=True) + (extra.long().cumsum(-1) - 1) * ranked[..., -1:]
+    return renormalised(probs, drop | (extra & (mass_before >= params.top_p)))
+
+
+def renormalised(probs: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+    probs = probs.masked_fill(drop, 0.0)
+    return probs / probs.sum(-1, keepdim=True)
 
 
 def main() -> int:
@@ -59,16 +90,18 @@ def main() -> int:
     generator = torch.Generator(device=device)
     generator.manual_seed(int(torch.randint(0, 2**31 - 1, ())))
     greedy, sampled = SamplingParams(), SamplingParams(**GSM8K_SAMPLING)
-    variants = {  # name: (params, history, top-k bound of the walk)
-        "greedy": (greedy, packed, sampling.TOP_K_WITHOUT_SORT),
-        "greedy, per-layer rollback": (greedy, plain, sampling.TOP_K_WITHOUT_SORT),
-        "sampled": (sampled, packed, sampling.TOP_K_WITHOUT_SORT),
-        "sampled, top-p by sort": (sampled, packed, 0),
+    product = sampling.probabilities
+    variants = {  # name: (params, history, the distribution function the round uses)
+        "greedy": (greedy, packed, product),
+        "greedy, per-layer rollback": (greedy, plain, product),
+        "sampled": (sampled, packed, product),
+        "sampled, row-wise softmax and scan": (sampled, packed, probabilities_row_kernels),
+        "sampled, top-p by sort": (sampled, packed, probabilities_by_sort),
     }
     graphs = GraphCapture()
     captured = {}
-    for name, (params, history, walk) in variants.items():
-        sampling.TOP_K_WITHOUT_SORT = walk  # read when the round is recorded
+    for name, (params, history, distribution) in variants.items():
+        nextn.probabilities = distribution  # read when the round is recorded
         spec._history = (id(cache), history)
 
         def one_round(params=params) -> None:  # every replay starts at the same position
@@ -87,7 +120,7 @@ def main() -> int:
         report["contexts"][str(context)] = {"round_ms": medians, "all_ms": times_ms}
         for name, v in medians.items():
             each = ", ".join(f"{x:.3f}" for x in times_ms[name])
-            print(f"round @ {context}: {name:28s} {v:.3f} ms  ({each})", flush=True)
+            print(f"round @ {context}: {name:36s} {v:.3f} ms  ({each})", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

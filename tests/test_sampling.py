@@ -62,3 +62,31 @@ def test_ties_at_the_kth_logit_are_ranked_after_the_list():
         assert 0 < int(got[group].sum()) < int(group.sum())  # the cut fell inside the group
         checked += 1
     assert checked >= 20
+
+
+def test_exclusive_count_equals_a_scan_along_the_row():
+    from solo.engine.sampling import exclusive_count
+
+    for shape in [(4, 3000), (1, 157), (2, 3, 513), (5, 256)]:
+        mask = torch.rand(shape) < float(torch.empty(()).uniform_(0.001, 0.5))
+        want = mask.long().cumsum(-1) - mask.long()
+        got = exclusive_count(mask, chunk=int(torch.randint(1, 5, ())) * 64)
+        assert got.shape == mask.shape and torch.equal(got.long(), want)
+
+
+def test_the_top_k_softmax_equals_the_masked_softmax():
+    """The distribution after a top-k cut, built from the top-k values (ties with the k-th logit
+    beyond the list included), equals torch's softmax of the masked logits; without a top-k cut the
+    elementwise softmax equals torch's."""
+    for _ in range(20):
+        logits = (torch.randn(3, 2000) * 3).round(decimals=1)  # ties at the k-th value happen
+        k = int(torch.randint(1, 60, ()))
+        temperature = float(torch.empty(()).uniform_(0.3, 1.5))
+        scaled = logits / temperature
+        kth = scaled.topk(k, dim=-1).values[..., -1:]
+        want = torch.softmax(scaled.masked_fill(scaled < kth, float("-inf")), dim=-1)
+        got = probabilities(logits, SamplingParams(temperature=temperature, top_k=k))
+        assert torch.equal(got > 0, want > 0)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+        plain = probabilities(logits, SamplingParams(temperature=temperature))
+        torch.testing.assert_close(plain, torch.softmax(scaled, dim=-1), rtol=1e-5, atol=1e-7)
