@@ -397,7 +397,7 @@ class FusedDecodeStep:
         if swaps or fused_routers:
             self.kernels = "cuda"
         if refused:
-            return f"{len(refused)} of {len(refused) + len(swaps)} one-token kernels stay on Triton: {refused[0]}"
+            return f"{len(refused)} of {len(refused) + len(swaps)} projections and routers stay on Triton: {refused[0]}"
         return None
 
     def routers_in_experts(self) -> list[_MoE]:
