@@ -16,6 +16,9 @@
 // by side in their own blocks; the earlier kernel selected every token in the last block, one warp per
 // token by repeated arg-max, and at four tokens that tail was most of the launch.
 // The arrival counters are reset by the last selector, so graph replays need no memset.
+// The selecting blocks wait for every block of the grid (E / WARPS blocks: 32 at 512 experts), so the
+// whole grid must be resident at once, as it is on a whole GPU (one block per SM by registers here);
+// a GPU share with fewer SMs (MPS) would need the last NTOK blocks to arrive as the selectors instead.
 //
 // Defines: NTOK (tokens, 1..8), H (hidden, multiple of 256), E (experts, 32 <= E <= 1024, power of two),
 // GROUPS (<= 32), KEEP, TOPK (<= 32), RENORM, WARPS (per block, >= E / 32), EPW (experts per warp).
