@@ -22,21 +22,64 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from solo.bench.decode import copy_bandwidth, time_graph  # noqa: E402
+from solo.bench.decode import copy_bandwidth, profile_graph, time_graph  # noqa: E402
 from solo.kernels.fused_mla import FusedMLA  # noqa: E402
+from solo.kernels.pdl import LaunchPolicy  # noqa: E402
 
 HEADS, NOPE, ROPE, RANK, V, LAYERS = 32, 128, 64, 512, 128, 7
-# BLOCK_L, ATTEND_STAGES, ATTEND_WARPS, MIN_CHUNK, V_PER_PROGRAM, ROWS_PER_PROGRAM
-ATTRS = ("BLOCK_L", "ATTEND_STAGES", "ATTEND_WARPS", "MIN_CHUNK", "V_PER_PROGRAM", "ROWS_PER_PROGRAM")
+# BLOCK_L, ATTEND_STAGES, ATTEND_WARPS, MIN_CHUNK, V_PER_PROGRAM, ROWS_PER_PROGRAM, SPLITS, MIN_ROWS
+ATTRS = (
+    "BLOCK_L",
+    "ATTEND_STAGES",
+    "ATTEND_WARPS",
+    "MIN_CHUNK",
+    "V_PER_PROGRAM",
+    "ROWS_PER_PROGRAM",
+    "SPLITS",
+    "MIN_ROWS",
+)
 VARIANTS = [
-    (64, 1, 8, 64, 32, 32),  # the product's configuration (FusedMLA's class attributes, 2026-12-02)
-    (32, 3, 8, 64, 32, 32),
-    (32, 2, 8, 64, 32, 16),  # 16 rows: about 128 registers, two programs per SM
-    (32, 3, 8, 64, 32, 16),
-    (64, 2, 8, 64, 32, 16),
-    (64, 1, 8, 64, 32, 16),
-    (32, 3, 8, 32, 32, 16),
+    (64, 1, 8, 64, 32, 32, 128, 16),  # the product's configuration (FusedMLA's class attributes, 2026-12-03)
+    (64, 1, 8, 64, 64, 32, 128, 16),  # the combine: 64 value rows a program (one token)
+    (64, 1, 8, 64, 128, 32, 128, 16),  # ... 128 (one program per head)
+    (64, 1, 8, 64, 32, 64, 128, 64),  # 64-row tiles (one token padded): Hopper's warpgroup MMA
+    (64, 2, 8, 64, 32, 64, 128, 64),
+    (32, 3, 8, 64, 32, 64, 128, 64),
+    (32, 4, 8, 64, 32, 64, 128, 64),
+    (64, 2, 8, 128, 32, 64, 128, 64),  # 128 positions a split at least
+    (64, 2, 8, 128, 64, 64, 64, 64),  # 64 splits at most: half the partials
+    (64, 2, 8, 256, 64, 64, 64, 64),
 ]
+
+
+class Recorder(LaunchPolicy):
+    """Plain launches that keep what Triton compiled, to report the attention's MMA and registers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.compiled: dict[str, object] = {}
+
+    def record(self, family: str, compiled: object) -> None:
+        super().record(family, compiled)
+        self.compiled[family] = compiled
+
+
+def describe(compiled: object) -> str:
+    ptx = getattr(compiled, "asm", {}).get("ptx", "")
+    mma = "wgmma" if "wgmma" in ptx else ("mma.sync" if "mma.sync" in ptx else "no mma")
+    regs, spills = getattr(compiled, "n_regs", "?"), getattr(compiled, "n_spills", "?")
+    smem = getattr(getattr(compiled, "metadata", None), "shared", "?")
+    return f"{mma}, {regs} regs, {spills} spills, {smem} B shared"
+
+
+def per_kernel_us(graph: torch.cuda.CUDAGraph) -> dict[str, float]:
+    """Each MLA kernel's share of the replay's critical path, per layer (from the profiler)."""
+    timeline = profile_graph(graph)["timeline"]
+    shares: dict[str, float] = {}
+    for name, _own, added in timeline:
+        key = next((k for k in ("prep", "attend", "combine") if k in name), "other")
+        shares[key] = shares.get(key, 0.0) + added / LAYERS
+    return shares
 
 
 def main() -> int:
@@ -71,8 +114,9 @@ def main() -> int:
             positions = torch.arange(ctx - tokens, ctx, device=dev)
             reference = None
             for variant in VARIANTS:
-                block_l, stages, warps, min_chunk, v_per, rows_pp = variant
+                block_l, stages, warps, min_chunk, v_per, rows_pp, splits, min_rows = variant
                 counter = torch.zeros(3, dtype=torch.int32, device=dev)
+                recorder = Recorder()
                 mlas, outs = [], []
                 for layer in layers:
                     m = FusedMLA(
@@ -87,6 +131,7 @@ def main() -> int:
                         counter,
                         kv_offset=HEADS * (NOPE + ROPE),
                         gate_offset=HEADS * (NOPE + ROPE) + RANK + ROPE,
+                        launch=recorder,
                     )
                     for attr, value in zip(ATTRS, variant, strict=True):
                         setattr(m, attr, value)
@@ -98,7 +143,7 @@ def main() -> int:
                         m(proj, positions, layer["latent"], layer["rope"], o)
 
                 row = dict(tokens=tokens, context=ctx, block_l=block_l, stages=stages, warps=warps)
-                row.update(min_chunk=min_chunk, v_per_program=v_per, rows=rows_pp)
+                row.update(min_chunk=min_chunk, v_per_program=v_per, rows=rows_pp, splits=splits, min_rows=min_rows)
                 try:
                     calls()
                     torch.cuda.synchronize()
@@ -106,6 +151,7 @@ def main() -> int:
                     with torch.cuda.graph(graph):
                         calls()
                     seconds = time_graph(graph, replays=20, rounds=5) / LAYERS
+                    shares = per_kernel_us(graph)
                     del graph
                 except Exception as exc:  # noqa: BLE001 (a variant the compiler refuses is reported)
                     row["error"] = str(exc).splitlines()[-1][:200] if str(exc) else type(exc).__name__
@@ -118,11 +164,15 @@ def main() -> int:
                 rel = float((got - reference).norm() / reference.norm())
                 cache_bytes = ctx * (RANK + ROPE) * 2
                 row.update(us=seconds * 1e6, rel_err=rel, of_copy=cache_bytes / seconds / 1e9 / copy_gbs)
+                row.update(kernel_us=shares, attend=describe(recorder.compiled.get("mla_attend")))
                 rows.append(row)
                 print(
                     f"T={tokens} ctx={ctx:6d} BLOCK_L={block_l:3d} stages={stages} warps={warps} "
-                    f"min_chunk={min_chunk:4d} v_per={v_per:4d} rows={rows_pp:3d}: {row['us']:7.2f} us per layer "
-                    f"(cache {row['of_copy']:.0%} of copy) rel err {rel:.1e}",
+                    f"min_chunk={min_chunk:4d} v_per={v_per:4d} rows={rows_pp:3d} splits={splits:3d} "
+                    f"min_rows={min_rows:2d}: {row['us']:7.2f} us per layer (cache {row['of_copy']:.0%} of copy) "
+                    f"rel err {rel:.1e} | prep/attend/combine "
+                    + "/".join(f"{shares.get(k, 0.0):.1f}" for k in ("prep", "attend", "combine"))
+                    + f" us | attend: {row['attend']}",
                     flush=True,
                 )
     if args.json:

@@ -281,6 +281,9 @@ class FusedMLA:
     ATTEND_STAGES = 1  # software pipelining of the attention's chunk loop (shared memory per stage)
     ATTEND_WARPS = 8
     ROWS_PER_PROGRAM = 32  # rows (token x head) per attention program at rank 512 (scales with 512 / rank)
+    # rows (token x head) of the attention's tiles at least: fewer are padded (masked, never stored).
+    # Hopper's warpgroup MMA takes tiles of 64 rows, Triton's older MMA 16.
+    MIN_ROWS = 16
     RANK_BLOCK = 128
     V_PER_PROGRAM = 32  # value rows per program of the combine (the heads' programs: v_dim / this)
     # ... for several tokens, where every program of a head re-reads all the head's partials: fewer,
@@ -330,7 +333,7 @@ class FusedMLA:
 
     def _buffers(self, tokens: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         if tokens not in self._scratch:
-            block_m = triton.next_power_of_2(max(16, tokens * self.heads))
+            block_m = triton.next_power_of_2(max(self.MIN_ROWS, tokens * self.heads))
             q = torch.empty((tokens, self.heads, self.rank + self.rope), dtype=torch.bfloat16, device=device)
             part = torch.empty((self.SPLITS, block_m, self.rank), dtype=torch.float32, device=device)
             ml = torch.empty((self.SPLITS, block_m, 2), dtype=torch.float32, device=device)
