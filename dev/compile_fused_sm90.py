@@ -176,10 +176,11 @@ def other_variants():
     combine_ptrs = dict(
         part_ptr="fp32", ml_ptr="fp32", pos_ptr="i64", wuv_ptr="bf16", gate_ptr="bf16", o_ptr="bf16", count_ptr="i32"
     )
-    splits = mla.FusedMLA.SPLITS
     for tokens in (1, 4):
-        block_m = triton.next_power_of_2(max(16, tokens * 32))
-        row_block = max(16, min(block_m, mla.FusedMLA.ROWS_PER_PROGRAM))  # as FusedMLA at rank 512
+        config = mla.FusedMLA.ONE_TOKEN if tokens == 1 else mla.FusedMLA.WINDOW
+        splits = config.splits
+        block_m = triton.next_power_of_2(max(config.min_rows, tokens * 32))
+        row_block = max(16, min(block_m, config.rows_per_program))  # as FusedMLA at rank 512
         d_parts = 1
         yield (
             f"mla_prep T={tokens}",
@@ -201,12 +202,14 @@ def other_variants():
                 SPLITS=splits,
                 BLOCK_M=block_m,
                 ROW_BLOCK=row_block,
-                BLOCK_L=mla.FusedMLA.BLOCK_L,
+                BLOCK_L=config.block_l,
                 D_PARTS=d_parts,
-                MIN_CHUNK=mla.FusedMLA.MIN_CHUNK,
+                MIN_CHUNK=config.min_chunk,
+                ROWS_ADJACENT=config.rows_adjacent and block_m > row_block,
+                BF16_DOTS=config.bf16_dots,
             ),
-            mla.FusedMLA.ATTEND_WARPS,
-            mla.FusedMLA.ATTEND_STAGES,
+            config.warps,
+            config.stages,
         )
         yield (
             f"mla_combine T={tokens}",
@@ -219,8 +222,8 @@ def other_variants():
                 V=128,
                 SPLITS=splits,
                 BLOCK_M=block_m,
-                V_PER=min(mla.FusedMLA.V_PER_PROGRAM, 128),
-                MIN_CHUNK=mla.FusedMLA.MIN_CHUNK,
+                V_PER=min(config.v_per_program, 128),
+                MIN_CHUNK=config.min_chunk,
                 T_POW2=triton.next_power_of_2(tokens),
             ),
             8,

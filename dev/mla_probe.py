@@ -1,14 +1,16 @@
 """MLA decode attention at Ling-3.0-flash width (lent H200): the three fused kernels of 7 layers in one
-CUDA graph, over launch configurations of the attention (positions per step, pipelining stages,
-warps, positions per split at least) and of the combine (value rows per program).
+CUDA graph, over launch configurations (`AttendLaunch`: splits, positions per step and per split,
+pipelining stages, row tiles, operand type, the combine's value rows per program).
 
     python3 dev/mla_probe.py [--contexts 4096,32768] [--tokens 1,4] [--json OUT.json]
 
 32 heads, rank 512, rope 64, v 128; 7 layers with their own latent caches (over the L2 at 32K),
 filled with fresh random values up to the context. Each variant's outputs are compared with the
-first variant's (the product's configuration) by relative error: the configurations
-change the order of fp32 sums, not what is computed. Printed: us per layer (prep + attend + combine)
-and the cache bytes each layer reads against the copy bandwidth of the same run.
+first variant's (the product's configuration) by relative error: the configurations change the
+order of fp32 sums (and fp16 against bf16 operands, both exact here), not what is computed. Printed:
+us per layer (prep + attend + combine), each kernel's share of it (profiler), the attention's MMA,
+registers and shared memory, and the cache bytes each layer reads against the copy bandwidth of the
+same run.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -27,28 +30,20 @@ from solo.kernels.fused_mla import FusedMLA  # noqa: E402
 from solo.kernels.pdl import LaunchPolicy  # noqa: E402
 
 HEADS, NOPE, ROPE, RANK, V, LAYERS = 32, 128, 64, 512, 128, 7
-# BLOCK_L, ATTEND_STAGES, ATTEND_WARPS, MIN_CHUNK, V_PER_PROGRAM, ROWS_PER_PROGRAM, SPLITS, MIN_ROWS
-ATTRS = (
-    "BLOCK_L",
-    "ATTEND_STAGES",
-    "ATTEND_WARPS",
-    "MIN_CHUNK",
-    "V_PER_PROGRAM",
-    "ROWS_PER_PROGRAM",
-    "SPLITS",
-    "MIN_ROWS",
-)
-VARIANTS = [
-    (64, 1, 8, 64, 32, 32, 128, 16),  # the product's configuration (FusedMLA's class attributes, 2026-12-03)
-    (64, 1, 8, 64, 64, 32, 128, 16),  # the combine: 64 value rows a program (one token)
-    (64, 1, 8, 64, 128, 32, 128, 16),  # ... 128 (one program per head)
-    (64, 1, 8, 64, 32, 64, 128, 64),  # 64-row tiles (one token padded): Hopper's warpgroup MMA
-    (64, 2, 8, 64, 32, 64, 128, 64),
-    (32, 3, 8, 64, 32, 64, 128, 64),
-    (32, 4, 8, 64, 32, 64, 128, 64),
-    (64, 2, 8, 128, 32, 64, 128, 64),  # 128 positions a split at least
-    (64, 2, 8, 128, 64, 64, 64, 64),  # 64 splits at most: half the partials
-    (64, 2, 8, 256, 64, 64, 64, 64),
+# changes to the product's AttendLaunch for the call's token count (FusedMLA.ONE_TOKEN or .WINDOW); the
+# first, none, is the product
+VARIANTS: list[dict] = [
+    {},
+    {"bf16_dots": True},
+    {"bf16_dots": True, "stages": 2},
+    {"bf16_dots": True, "stages": 2, "block_l": 32},
+    {"bf16_dots": True, "stages": 3, "block_l": 32},
+    {"bf16_dots": True, "stages": 4, "block_l": 32},
+    {"bf16_dots": True, "stages": 2, "min_rows": 64, "rows_per_program": 64},
+    {"bf16_dots": True, "stages": 3, "block_l": 32, "min_rows": 64, "rows_per_program": 64},
+    {"bf16_dots": True, "stages": 2, "min_rows": 64, "rows_per_program": 64, "splits": 64, "min_chunk": 128},
+    {"bf16_dots": True, "stages": 3, "block_l": 32, "splits": 64, "min_chunk": 128, "v_per_program": 64},
+    {"stages": 2, "min_rows": 64, "rows_per_program": 64, "splits": 64, "min_chunk": 128, "v_per_program": 64},
 ]
 
 
@@ -114,7 +109,6 @@ def main() -> int:
             positions = torch.arange(ctx - tokens, ctx, device=dev)
             reference = None
             for variant in VARIANTS:
-                block_l, stages, warps, min_chunk, v_per, rows_pp, splits, min_rows = variant
                 counter = torch.zeros(3, dtype=torch.int32, device=dev)
                 recorder = Recorder()
                 mlas, outs = [], []
@@ -133,8 +127,10 @@ def main() -> int:
                         gate_offset=HEADS * (NOPE + ROPE) + RANK + ROPE,
                         launch=recorder,
                     )
-                    for attr, value in zip(ATTRS, variant, strict=True):
-                        setattr(m, attr, value)
+                    if tokens == 1:
+                        m.ONE_TOKEN = replace(m.ONE_TOKEN, **variant)
+                    else:
+                        m.WINDOW = replace(m.WINDOW, **variant)
                     mlas.append(m)
                     outs.append(torch.empty(tokens, HEADS * V, dtype=torch.bfloat16, device=dev))
 
@@ -142,8 +138,8 @@ def main() -> int:
                     for m, layer, o in zip(mlas, layers, outs, strict=True):
                         m(proj, positions, layer["latent"], layer["rope"], o)
 
-                row = dict(tokens=tokens, context=ctx, block_l=block_l, stages=stages, warps=warps)
-                row.update(min_chunk=min_chunk, v_per_program=v_per, rows=rows_pp, splits=splits, min_rows=min_rows)
+                config = mlas[0].config(tokens)
+                row = dict(tokens=tokens, context=ctx, config=asdict(config))
                 try:
                     calls()
                     torch.cuda.synchronize()
@@ -167,10 +163,8 @@ def main() -> int:
                 row.update(kernel_us=shares, attend=describe(recorder.compiled.get("mla_attend")))
                 rows.append(row)
                 print(
-                    f"T={tokens} ctx={ctx:6d} BLOCK_L={block_l:3d} stages={stages} warps={warps} "
-                    f"min_chunk={min_chunk:4d} v_per={v_per:4d} rows={rows_pp:3d} splits={splits:3d} "
-                    f"min_rows={min_rows:2d}: {row['us']:7.2f} us per layer (cache {row['of_copy']:.0%} of copy) "
-                    f"rel err {rel:.1e} | prep/attend/combine "
+                    f"T={tokens} ctx={ctx:6d} {variant or 'product'}: {row['us']:7.2f} us per layer "
+                    f"(cache {row['of_copy']:.0%} of copy) rel err {rel:.1e} | prep/attend/combine "
                     + "/".join(f"{shares.get(k, 0.0):.1f}" for k in ("prep", "attend", "combine"))
                     + f" us | attend: {row['attend']}",
                     flush=True,

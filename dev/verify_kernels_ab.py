@@ -24,6 +24,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -73,10 +74,10 @@ def main() -> int:
     product = {
         "gemv_tokens": 8,
         "router_tokens": 8,
-        "combine_token_programs": FusedMLA.COMBINE_TOKEN_PROGRAMS,
+        "combine_token_programs": FusedMLA.WINDOW.combine_token_programs,
         "kda_splits": fused_kda.WINDOW_VALUE_SPLITS,
-        "attend_rows_adjacent": FusedMLA.ATTEND_ROWS_ADJACENT,
-        "combine_v_per": FusedMLA.WINDOW_V_PER_PROGRAM,
+        "attend_rows_adjacent": FusedMLA.WINDOW.rows_adjacent,
+        "combine_v_per": FusedMLA.WINDOW.v_per_program,
     }
     variants = {
         "product": {},
@@ -96,9 +97,12 @@ def main() -> int:
             k.max_tokens = v["gemv_tokens"]
         for k in routers:
             k.max_tokens = v["router_tokens"]
-        FusedMLA.COMBINE_TOKEN_PROGRAMS = v["combine_token_programs"]
-        FusedMLA.ATTEND_ROWS_ADJACENT = v["attend_rows_adjacent"]
-        FusedMLA.WINDOW_V_PER_PROGRAM = v["combine_v_per"]
+        FusedMLA.WINDOW = replace(
+            FusedMLA.WINDOW,
+            combine_token_programs=v["combine_token_programs"],
+            rows_adjacent=v["attend_rows_adjacent"],
+            v_per_program=v["combine_v_per"],
+        )
         fused_kda.WINDOW_VALUE_SPLITS = v["kda_splits"]
         captured[name], logits[name] = graphs.capture(lambda: eager(ids, pos, cache, history)[1])
     report = {"copy_gbs": copy_bandwidth(device) / 1e9, "tokens": args.tokens, "contexts": {}}

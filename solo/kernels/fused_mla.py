@@ -26,6 +26,8 @@ range they occupy here (|x| in [6e-5, 65504]; smaller probabilities contribute n
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 import triton
 import triton.language as tl
@@ -137,9 +139,13 @@ def _mla_attend(
     D_PARTS: tl.constexpr,
     MIN_CHUNK: tl.constexpr,
     ROWS_ADJACENT: tl.constexpr,
+    BF16_DOTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     after_previous_kernel(PDL)
+    # the products' operand type: bf16 (the cache's own, so its loads feed the tensor cores as they
+    # are, which lets Triton pipeline them) or fp16 (exact for these values, see above)
+    DOT: tl.constexpr = tl.bfloat16 if BF16_DOTS else tl.float16
     if ROWS_ADJACENT:  # a split's row programs launch side by side: they read the same cache chunk
         rp = tl.program_id(0)
         s = tl.program_id(2)
@@ -171,14 +177,14 @@ def _mla_attend(
     rd = tl.arange(0, RANK)
     rr = tl.arange(0, ROPE)
     # the query once, whole: every chunk's scores are one product over the rank (and one over the rope)
-    q_lat = tl.load(q_rows + rd[None, :], mask=m_ok[:, None], other=0.0).to(tl.float16)
-    q_rope = tl.load(q_rows + RANK + rr[None, :], mask=m_ok[:, None], other=0.0).to(tl.float16)
+    q_lat = tl.load(q_rows + rd[None, :], mask=m_ok[:, None], other=0.0).to(DOT)
+    q_rope = tl.load(q_rows + RANK + rr[None, :], mask=m_ok[:, None], other=0.0).to(DOT)
     for l0 in range(start, end, BLOCK_L):
         rl = l0 + tl.arange(0, BLOCK_L)
         l_ok = rl < end
         # one load per chunk: the latent rows are the keys and (absorbed) the values
-        kv = tl.load(latent_ptr + rl[:, None] * RANK + rd[None, :], mask=l_ok[:, None], other=0.0).to(tl.float16)
-        kr = tl.load(rope_ptr + rl[:, None] * ROPE + rr[None, :], mask=l_ok[:, None], other=0.0).to(tl.float16)
+        kv = tl.load(latent_ptr + rl[:, None] * RANK + rd[None, :], mask=l_ok[:, None], other=0.0).to(DOT)
+        kr = tl.load(rope_ptr + rl[:, None] * ROPE + rr[None, :], mask=l_ok[:, None], other=0.0).to(DOT)
         scores = tl.dot(q_lat, tl.trans(kv)) + tl.dot(q_rope, tl.trans(kr))
         visible = l_ok[None, :] & (rl[None, :] <= row_pos[:, None])
         scores = tl.where(visible, scores * scale, float("-inf"))
@@ -190,8 +196,8 @@ def _mla_attend(
         if D_PARTS == 1:
             v = kv
         else:  # this program's value columns (just loaded: from the L1)
-            v = tl.load(latent_ptr + rl[:, None] * RANK + rv[None, :], mask=l_ok[:, None], other=0.0).to(tl.float16)
-        acc = acc * alpha[:, None] + tl.dot(round_bf16(p).to(tl.float16), v)
+            v = tl.load(latent_ptr + rl[:, None] * RANK + rv[None, :], mask=l_ok[:, None], other=0.0).to(DOT)
+        acc = acc * alpha[:, None] + tl.dot(round_bf16(p).to(DOT), v)
         m_i = m_new
     tl.store(part_ptr + (s * BLOCK_M + rm)[:, None] * RANK + rv[None, :], acc, mask=m_ok[:, None])
     if dp == 0:
@@ -269,33 +275,45 @@ def _mla_combine(
         store_rounded(o_ptr + t * stride_o + h * V + rv, out * gate, None)
 
 
-class FusedMLA:
-    """The three MLA kernels of one layer, with their scratch (fixed buffers: graphs point at them).
+@dataclass(frozen=True)
+class AttendLaunch:
+    """How one call's attention and combine are cut; `FusedMLA` keeps one for a token (decode, NEXTN
+    drafts) and one for several (verification), each the best that dev/mla_probe.py measured on the
+    H200 at full width (docs/results/h200_mla_probe.log)."""
 
-    The launch configuration below is the best that dev/mla_probe.py measured on the H200 at full
-    width (docs/results/h200_mla_probe.log); the probe sets these attributes per instance."""
-
-    SPLITS = 128  # at most about one per SM: a 32K context is 256 positions each
-    MIN_CHUNK = 64  # positions per split at least (shorter contexts use fewer splits, fewer partials)
-    BLOCK_L = 64  # positions per step of a split
-    ATTEND_STAGES = 1  # software pipelining of the attention's chunk loop (shared memory per stage)
-    ATTEND_WARPS = 8
-    ROWS_PER_PROGRAM = 32  # rows (token x head) per attention program at rank 512 (scales with 512 / rank)
-    # rows (token x head) of the attention's tiles at least: fewer are padded (masked, never stored).
-    # Hopper's warpgroup MMA takes tiles of 64 rows, Triton's older MMA 16.
-    MIN_ROWS = 16
-    RANK_BLOCK = 128
-    V_PER_PROGRAM = 32  # value rows per program of the combine (the heads' programs: v_dim / this)
-    # ... for several tokens, where every program of a head re-reads all the head's partials: fewer,
-    # wider programs (verification 4.513 -> 4.449 ms at 4K, 5.178 -> 5.121 at 32K: dev/verify_kernels_ab.py)
-    WINDOW_V_PER_PROGRAM = 64
+    splits: int = 128  # at most about one per SM: a 32K context is 256 positions each
+    min_chunk: int = 64  # positions per split at least (shorter contexts use fewer splits, fewer partials)
+    block_l: int = 64  # positions per step of a split
+    stages: int = 1  # software pipelining of the attention's chunk loop (shared memory per stage)
+    warps: int = 8
+    rows_per_program: int = 32  # rows (token x head) per attention program at rank 512 (scales with 512 / rank)
+    # rows of the attention's tiles at least: fewer are padded (masked, never stored); Hopper's
+    # warpgroup MMA takes tiles of 64 rows
+    min_rows: int = 16
+    bf16_dots: bool = False  # the products on bf16 operands, not fp16 (see _mla_attend)
+    v_per_program: int = 32  # value rows per program of the combine (the heads' programs: v_dim / this)
     # several tokens: a split's row programs side by side in the launch order, so that they read each
     # cache chunk together (in the L2) instead of each pass over the rows reading the whole cache again
     # (verification 5.178 -> 5.139 ms at 32K, 4.513 -> 4.521 at 4K)
-    ATTEND_ROWS_ADJACENT = True
+    rows_adjacent: bool = True
     # several tokens: one combine program per token, not one for all of them in turn (at 4 tokens the
     # loop made the combine a chain of four merges; measured by dev/verify_kernels_ab.py)
-    COMBINE_TOKEN_PROGRAMS = True
+    combine_token_programs: bool = True
+
+
+class FusedMLA:
+    """The three MLA kernels of one layer, with their scratch (fixed buffers: graphs point at them)."""
+
+    # bf16 operands let Triton pipeline the cache's loads into the products (2 stages): one token's MLA
+    # 48.4 -> 44.4 us a layer at 32K, 24.5 -> 24.0 at 4K (docs/results/h200_mla_probe_bf16.log)
+    ONE_TOKEN = AttendLaunch(bf16_dots=True, stages=2)
+    # several tokens: tiles of 64 rows on the warpgroup MMA, 64 splits at most (half the partials, which
+    # every combine program of a head re-reads), 64 value rows a combine program: 4 tokens' MLA 144.0 ->
+    # 73.9 us a layer at 32K, 51.5 -> 38.8 at 4K (the same log)
+    WINDOW = AttendLaunch(
+        bf16_dots=True, stages=2, min_rows=64, rows_per_program=64, splits=64, min_chunk=128, v_per_program=64
+    )
+    RANK_BLOCK = 128
 
     def __init__(
         self,
@@ -315,7 +333,11 @@ class FusedMLA:
         self.heads, self.nope, self.rank = w_uk.shape
         self.v_dim = w_uv.shape[1]
         self.rope = rope_dim
-        if self.rank % self.RANK_BLOCK or self.v_dim % 16 or self.SPLITS % 16:
+        if interpreter_mode():  # Triton's CPU interpreter runs programs one after another, and its
+            # tl.dot of bf16 operands returns garbage (Triton 3.9: values ~1e10): fp16 there, exact too
+            self.ONE_TOKEN = replace(self.ONE_TOKEN, splits=16, min_chunk=16, bf16_dots=False)
+            self.WINDOW = replace(self.WINDOW, splits=16, min_chunk=16, bf16_dots=False)
+        if self.rank % self.RANK_BLOCK or self.v_dim % 16 or self.ONE_TOKEN.splits % 16 or self.WINDOW.splits % 16:
             raise ValueError("the fused MLA kernels need kv_lora_rank a multiple of 128 and v_head_dim of 16")
         self.w_uk = w_uk.contiguous()
         self.w_uv = w_uv.contiguous()
@@ -325,20 +347,22 @@ class FusedMLA:
         self.scale = float(softmax_scale)
         self.eps = float(eps)
         self.counter = counter  # [3]: prep, attend, combine launches
-        if interpreter_mode():  # Triton's CPU interpreter runs programs one after another
-            self.SPLITS, self.MIN_CHUNK = 16, 16
         self.kv_offset, self.gate_offset = kv_offset, gate_offset  # columns of kv_a and g in proj
         self.launch = launch
-        self._scratch: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._scratch: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
 
-    def _buffers(self, tokens: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-        if tokens not in self._scratch:
-            block_m = triton.next_power_of_2(max(self.MIN_ROWS, tokens * self.heads))
+    def config(self, tokens: int) -> AttendLaunch:
+        return self.ONE_TOKEN if tokens == 1 else self.WINDOW
+
+    def _buffers(self, tokens: int, config: AttendLaunch, device: torch.device) -> tuple[torch.Tensor, ...]:
+        block_m = triton.next_power_of_2(max(config.min_rows, tokens * self.heads))
+        key = (tokens, config.splits, block_m)
+        if key not in self._scratch:
             q = torch.empty((tokens, self.heads, self.rank + self.rope), dtype=torch.bfloat16, device=device)
-            part = torch.empty((self.SPLITS, block_m, self.rank), dtype=torch.float32, device=device)
-            ml = torch.empty((self.SPLITS, block_m, 2), dtype=torch.float32, device=device)
-            self._scratch[tokens] = (q, part, ml)
-        return self._scratch[tokens]
+            part = torch.empty((config.splits, block_m, self.rank), dtype=torch.float32, device=device)
+            ml = torch.empty((config.splits, block_m, 2), dtype=torch.float32, device=device)
+            self._scratch[key] = (q, part, ml)
+        return self._scratch[key]
 
     def __call__(
         self,
@@ -352,7 +376,8 @@ class FusedMLA:
         t = proj.shape[0]
         if not 1 <= t <= MAX_TOKENS:
             raise ValueError(f"the fused MLA kernels take 1..{MAX_TOKENS} tokens, got {t}")
-        q, part, ml = self._buffers(t, proj.device)
+        config = self.config(t)
+        q, part, ml = self._buffers(t, config, proj.device)
         block_m = part.shape[1]
         splits = self.rank // self.RANK_BLOCK
         launch = self.launch.at(t)
@@ -385,13 +410,13 @@ class FusedMLA:
         # the accumulator at most ROWS_PER_PROGRAM x 512 floats: several tokens split their rows (token x
         # head) over programs, each computing its rows' scores once (splitting the value columns instead
         # made every program recompute all rows' scores: 2.2 ms for 7 layers at 4 tokens and 32K on the H200)
-        budget = self.ROWS_PER_PROGRAM * 512
+        budget = config.rows_per_program * 512
         row_block = max(16, min(block_m, budget // self.rank))
         d_parts = max(1, row_block * self.rank // budget)
         while self.rank % (d_parts * 16):
             d_parts //= 2
-        rows_adjacent = bool(self.ATTEND_ROWS_ADJACENT) and block_m > row_block
-        grid = (self.SPLITS, d_parts, block_m // row_block)
+        rows_adjacent = config.rows_adjacent and block_m > row_block
+        grid = (config.splits, d_parts, block_m // row_block)
         compiled = _mla_attend[grid[::-1] if rows_adjacent else grid](
             q,
             positions,
@@ -405,23 +430,23 @@ class FusedMLA:
             HEADS=self.heads,
             RANK=self.rank,
             ROPE=self.rope,
-            SPLITS=self.SPLITS,
+            SPLITS=config.splits,
             BLOCK_M=block_m,
             ROW_BLOCK=row_block,
-            BLOCK_L=self.BLOCK_L,
+            BLOCK_L=config.block_l,
             D_PARTS=d_parts,
-            MIN_CHUNK=self.MIN_CHUNK,
+            MIN_CHUNK=config.min_chunk,
             ROWS_ADJACENT=rows_adjacent,
+            BF16_DOTS=config.bf16_dots,
             PDL=launch.pdl,
-            num_warps=self.ATTEND_WARPS,
-            num_stages=self.ATTEND_STAGES,
+            num_warps=config.warps,
+            num_stages=config.stages,
             **launch.options,
         )
         launch.record("mla_attend", compiled)
         gate = proj[:, self.gate_offset :]
-        wanted = self.V_PER_PROGRAM if t == 1 else self.WINDOW_V_PER_PROGRAM
-        v_per = min(wanted, self.v_dim & -self.v_dim)  # a power of two dividing v_head_dim
-        token_programs = bool(self.COMBINE_TOKEN_PROGRAMS) and t > 1
+        v_per = min(config.v_per_program, self.v_dim & -self.v_dim)  # a power of two dividing v_head_dim
+        token_programs = config.combine_token_programs and t > 1
         compiled = _mla_combine[(self.heads, self.v_dim // v_per, t if token_programs else 1)](
             part,
             ml,
@@ -436,10 +461,10 @@ class FusedMLA:
             HEADS=self.heads,
             RANK=self.rank,
             V=self.v_dim,
-            SPLITS=self.SPLITS,
+            SPLITS=config.splits,
             BLOCK_M=block_m,
             V_PER=v_per,
-            MIN_CHUNK=self.MIN_CHUNK,
+            MIN_CHUNK=config.min_chunk,
             T_POW2=triton.next_power_of_2(t),
             TOKEN_PROGRAMS=token_programs,
             PDL=launch.pdl,
