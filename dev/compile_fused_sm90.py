@@ -225,8 +225,10 @@ def other_variants():
                 V_PER=min(config.v_per_program, 128),
                 MIN_CHUNK=config.min_chunk,
                 T_POW2=triton.next_power_of_2(tokens),
+                TOKEN_PROGRAMS=config.combine_token_programs and tokens > 1,
+                CH=min(config.combine_chunk, splits),
             ),
-            8,
+            config.combine_warps,
             3,
         )
         router_ptrs = dict(

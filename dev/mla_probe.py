@@ -34,16 +34,17 @@ HEADS, NOPE, ROPE, RANK, V, LAYERS = 32, 128, 64, 512, 128, 7
 # first, none, is the product
 VARIANTS: list[dict] = [
     {},
-    {"bf16_dots": True},
-    {"bf16_dots": True, "stages": 2},
-    {"bf16_dots": True, "stages": 2, "block_l": 32},
-    {"bf16_dots": True, "stages": 3, "block_l": 32},
-    {"bf16_dots": True, "stages": 4, "block_l": 32},
-    {"bf16_dots": True, "stages": 2, "min_rows": 64, "rows_per_program": 64},
-    {"bf16_dots": True, "stages": 3, "block_l": 32, "min_rows": 64, "rows_per_program": 64},
-    {"bf16_dots": True, "stages": 2, "min_rows": 64, "rows_per_program": 64, "splits": 64, "min_chunk": 128},
-    {"bf16_dots": True, "stages": 3, "block_l": 32, "splits": 64, "min_chunk": 128, "v_per_program": 64},
-    {"stages": 2, "min_rows": 64, "rows_per_program": 64, "splits": 64, "min_chunk": 128, "v_per_program": 64},
+    {"combine_chunk": 8},
+    {"combine_chunk": 32},
+    {"combine_chunk": 64},
+    {"combine_warps": 4},
+    {"combine_warps": 16},
+    {"combine_warps": 4, "combine_chunk": 8},
+    {"v_per_program": 16, "combine_warps": 4},
+    {"splits": 96, "min_chunk": 64},
+    {"splits": 64, "min_chunk": 256},
+    {"splits": 32, "min_chunk": 256},
+    {"block_l": 32, "stages": 3},
 ]
 
 

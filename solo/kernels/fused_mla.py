@@ -226,6 +226,7 @@ def _mla_combine(
     MIN_CHUNK: tl.constexpr,
     T_POW2: tl.constexpr,
     TOKEN_PROGRAMS: tl.constexpr,
+    CH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """One program per head and V_PER value rows (and per token with TOKEN_PROGRAMS, else all tokens
@@ -253,7 +254,6 @@ def _mla_combine(
     rs_all = tl.arange(0, SPLITS)
     length = tl.max(tl.load(pos_ptr + tl.arange(0, T_POW2), mask=tl.arange(0, T_POW2) < T, other=-1), axis=0) + 1
     used = tl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)  # as in _mla_attend
-    CH: tl.constexpr = 16  # splits per chunk (bounds the registers)
     for t in range(t_first, t_end):  # not unrolled: the registers hold one token's chunks in flight
         row = t * HEADS + h
         in_use = rs_all < used
@@ -299,6 +299,8 @@ class AttendLaunch:
     # several tokens: one combine program per token, not one for all of them in turn (at 4 tokens the
     # loop made the combine a chain of four merges; measured by dev/verify_kernels_ab.py)
     combine_token_programs: bool = True
+    combine_chunk: int = 16  # splits the combine merges per step (its loads in flight; registers)
+    combine_warps: int = 8
 
 
 class FusedMLA:
@@ -337,7 +339,11 @@ class FusedMLA:
             # tl.dot of bf16 operands returns garbage (Triton 3.9: values ~1e10): fp16 there, exact too
             self.ONE_TOKEN = replace(self.ONE_TOKEN, splits=16, min_chunk=16, bf16_dots=False)
             self.WINDOW = replace(self.WINDOW, splits=16, min_chunk=16, bf16_dots=False)
-        if self.rank % self.RANK_BLOCK or self.v_dim % 16 or self.ONE_TOKEN.splits % 16 or self.WINDOW.splits % 16:
+        if (
+            self.rank % self.RANK_BLOCK
+            or self.v_dim % 16
+            or any(c.splits % 16 or c.splits % min(c.combine_chunk, c.splits) for c in (self.ONE_TOKEN, self.WINDOW))
+        ):
             raise ValueError("the fused MLA kernels need kv_lora_rank a multiple of 128 and v_head_dim of 16")
         self.w_uk = w_uk.contiguous()
         self.w_uv = w_uv.contiguous()
@@ -467,8 +473,9 @@ class FusedMLA:
             MIN_CHUNK=config.min_chunk,
             T_POW2=triton.next_power_of_2(t),
             TOKEN_PROGRAMS=token_programs,
+            CH=min(config.combine_chunk, config.splits),
             PDL=launch.pdl,
-            num_warps=8,
+            num_warps=config.combine_warps,
             **launch.options,
         )
         launch.record("mla_combine", compiled)
