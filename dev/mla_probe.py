@@ -2,7 +2,7 @@
 CUDA graph, over launch configurations (`AttendLaunch`: splits, positions per step and per split,
 pipelining stages, row tiles, operand type, the combine's value rows per program).
 
-    python3 dev/mla_probe.py [--contexts 4096,32768] [--tokens 1,4] [--json OUT.json]
+    python3 dev/mla_probe.py [--contexts 4096,32768] [--tokens 1,4] [--variants N] [--json OUT.json]
 
 32 heads, rank 512, rope 64, v 128; 7 layers with their own latent caches (over the L2 at 32K),
 filled with fresh random values up to the context. Each variant's outputs are compared with the
@@ -83,6 +83,7 @@ def main() -> int:
     p.add_argument("--contexts", default="4096,32768")
     p.add_argument("--tokens", default="1,4")
     p.add_argument("--json", default=None)
+    p.add_argument("--variants", type=int, default=len(VARIANTS), help="run the first N variants only")
     args = p.parse_args()
     dev = torch.device("cuda")
     copy_gbs = copy_bandwidth(dev) / 1e9
@@ -109,7 +110,7 @@ def main() -> int:
         for ctx in contexts:
             positions = torch.arange(ctx - tokens, ctx, device=dev)
             reference = None
-            for variant in VARIANTS:
+            for variant in VARIANTS[: args.variants]:
                 counter = torch.zeros(3, dtype=torch.int32, device=dev)
                 recorder = Recorder()
                 mlas, outs = [], []
