@@ -34,17 +34,11 @@ HEADS, NOPE, ROPE, RANK, V, LAYERS = 32, 128, 64, 512, 128, 7
 # first, none, is the product
 VARIANTS: list[dict] = [
     {},
-    {"combine_chunk": 8},
-    {"combine_chunk": 32},
-    {"combine_chunk": 64},
-    {"combine_warps": 4},
-    {"combine_warps": 16},
-    {"combine_warps": 4, "combine_chunk": 8},
-    {"v_per_program": 16, "combine_warps": 4},
-    {"splits": 96, "min_chunk": 64},
-    {"splits": 64, "min_chunk": 256},
-    {"splits": 32, "min_chunk": 256},
-    {"block_l": 32, "stages": 3},
+    {"maxnreg": 128},
+    {"maxnreg": 128, "splits": 256},
+    {"splits": 256},
+    {"maxnreg": 128, "splits": 256, "block_l": 32, "stages": 3},
+    {"maxnreg": 128, "splits": 256, "min_chunk": 128},
 ]
 
 

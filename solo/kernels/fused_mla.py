@@ -301,19 +301,28 @@ class AttendLaunch:
     combine_token_programs: bool = True
     combine_chunk: int = 16  # splits the combine merges per step (its loads in flight; registers)
     combine_warps: int = 8
+    maxnreg: int | None = None  # the attention's registers per thread at most (two blocks an SM at 128)
 
 
 class FusedMLA:
     """The three MLA kernels of one layer, with their scratch (fixed buffers: graphs point at them)."""
 
     # bf16 operands let Triton pipeline the cache's loads into the products (2 stages): one token's MLA
-    # 48.4 -> 44.4 us a layer at 32K, 24.5 -> 24.0 at 4K (docs/results/h200_mla_probe_bf16.log)
-    ONE_TOKEN = AttendLaunch(bf16_dots=True, stages=2)
+    # 48.4 -> 44.4 us a layer at 32K, 24.5 -> 24.0 at 4K (docs/results/h200_mla_probe_bf16.log); the
+    # combine merging 32 splits a step, not 16: 44.6 -> 43.1 at 32K, 23.6 -> 22.9 at 4K (h200_mla_probe_combine.log)
+    ONE_TOKEN = AttendLaunch(bf16_dots=True, stages=2, combine_chunk=32)
     # several tokens: tiles of 64 rows on the warpgroup MMA, 64 splits at most (half the partials, which
     # every combine program of a head re-reads), 64 value rows a combine program: 4 tokens' MLA 144.0 ->
     # 73.9 us a layer at 32K, 51.5 -> 38.8 at 4K (the same log)
     WINDOW = AttendLaunch(
-        bf16_dots=True, stages=2, min_rows=64, rows_per_program=64, splits=64, min_chunk=128, v_per_program=64
+        bf16_dots=True,
+        stages=2,
+        min_rows=64,
+        rows_per_program=64,
+        splits=64,
+        min_chunk=128,
+        v_per_program=64,
+        combine_chunk=32,
     )
     RANK_BLOCK = 128
 
@@ -447,6 +456,7 @@ class FusedMLA:
             PDL=launch.pdl,
             num_warps=config.warps,
             num_stages=config.stages,
+            **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
             **launch.options,
         )
         launch.record("mla_attend", compiled)
