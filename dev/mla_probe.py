@@ -34,11 +34,10 @@ HEADS, NOPE, ROPE, RANK, V, LAYERS = 32, 128, 64, 512, 128, 7
 # first, none, is the product
 VARIANTS: list[dict] = [
     {},
-    {"maxnreg": 128},
-    {"maxnreg": 128, "splits": 256},
-    {"splits": 256},
-    {"maxnreg": 128, "splits": 256, "block_l": 32, "stages": 3},
-    {"maxnreg": 128, "splits": 256, "min_chunk": 128},
+    {"warps": 16},
+    {"warps": 16, "stages": 3},
+    {"warps": 16, "block_l": 32, "stages": 4},
+    {"warps": 16, "combine_warps": 16},
 ]
 
 
