@@ -393,7 +393,15 @@ class FusedMLA:
             raise ValueError(f"the fused MLA kernels take 1..{MAX_TOKENS} tokens, got {t}")
         config = self.config(t)
         q, part, ml = self._buffers(t, config, proj.device)
-        block_m = part.shape[1]
+        self.prep(proj, positions, latent_cache, rope_cache, q)
+        self.attend(config, q, positions, latent_cache, rope_cache, part, ml)
+        return self.combine(config, proj, positions, part, ml, out)
+
+    def prep(
+        self, proj: torch.Tensor, positions: torch.Tensor, latent_cache: torch.Tensor, rope_cache: torch.Tensor, q
+    ) -> None:
+        """The key side into the caches, the latent query of every token and head into q."""
+        t = proj.shape[0]
         splits = self.rank // self.RANK_BLOCK
         launch = self.launch.at(t)
         compiled = _mla_prep[(self.heads * splits + 1,)](
@@ -422,6 +430,22 @@ class FusedMLA:
             **launch.options,
         )
         launch.record("mla_prep", compiled)
+
+    def attend(
+        self,
+        config: AttendLaunch,
+        q: torch.Tensor,
+        positions: torch.Tensor,
+        latent_cache: torch.Tensor,
+        rope_cache: torch.Tensor,
+        part: torch.Tensor,
+        ml: torch.Tensor,
+    ) -> None:
+        """Each split's partial output (latent space), running max and sum into part [splits, block_m,
+        rank] and ml [splits, block_m, 2] (rows token x head); splits past the ones in use are not written."""
+        t = q.shape[0]
+        block_m = part.shape[1]
+        launch = self.launch.at(t)
         # the accumulator at most ROWS_PER_PROGRAM x 512 floats: several tokens split their rows (token x
         # head) over programs, each computing its rows' scores once (splitting the value columns instead
         # made every program recompute all rows' scores: 2.2 ms for 7 layers at 4 tokens and 32K on the H200)
@@ -460,6 +484,20 @@ class FusedMLA:
             **launch.options,
         )
         launch.record("mla_attend", compiled)
+
+    def combine(
+        self,
+        config: AttendLaunch,
+        proj: torch.Tensor,
+        positions: torch.Tensor,
+        part: torch.Tensor,
+        ml: torch.Tensor,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        """The splits' partials merged, through w_uv, gated: out [T, heads * v]."""
+        t = proj.shape[0]
+        block_m = part.shape[1]
+        launch = self.launch.at(t)
         gate = proj[:, self.gate_offset :]
         v_per = min(config.v_per_program, self.v_dim & -self.v_dim)  # a power of two dividing v_head_dim
         token_programs = config.combine_token_programs and t > 1
