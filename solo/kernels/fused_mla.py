@@ -9,19 +9,22 @@ The layer's projections arrive as one row per token, [q (heads x (nope + rope)) 
    query per token and head.
 2. `_mla_attend` (flash decoding): the positions actually filled, 0..max(position), are cut into
    `splits` equal chunks, one program each (a few hundred positions at 32K, so every SM streams part
-   of the cache; at least MIN_CHUNK each, so at 4K 64 splits); each computes scores for all heads and
+   of the cache; at least `min_chunk` each, so fewer at 4K); each computes scores for all heads and
    tokens against its chunk on the tensor cores (causal per token), an online softmax, and its
    partial output in the latent space, with the running max and sum. The query is loaded once, and
-   each step of BLOCK_L positions loads the latent rows once: they are the keys and (absorbed) the
-   values. Latency, not bytes, bounds this kernel at these sizes (on the H200, dev/mla_probe.py).
+   each step of `block_l` positions loads the latent rows once: they are the keys and (absorbed) the
+   values. Latency, not bytes, bounds this kernel at these sizes (on the H200, dev/mla_probe.py; its
+   instructions, dev/mla_attend_cuda.py). `AttendLaunch` holds how a call is cut, one for a token and
+   one for several.
 3. `_mla_combine`: per head and slice of the value dimension, the partials are merged (rescaled by
    their maxima), the latent output is mapped through w_uv ([heads, v, rank], the value
    up-projection), multiplied by the head's sigmoid gate, and stored as the input of the output
    projection.
 Positions are read on the device, so the kernels replay from a CUDA graph at any length. Rounding
 follows the reference where it rounds (bf16 latent query, probabilities and latent output); the
-tensor-core products take those bf16 values as fp16, which holds every one of them exactly in the
-range they occupy here (|x| in [6e-5, 65504]; smaller probabilities contribute nothing at bf16).
+tensor-core products take those bf16 values as they are (`AttendLaunch.bf16_dots`) or as fp16, which
+holds every one of them exactly in the range they occupy here (|x| in [6e-5, 65504]; smaller
+probabilities contribute nothing at bf16).
 """
 
 from __future__ import annotations
