@@ -174,3 +174,27 @@ def test_gsm8k_in_process_and_through_solo_serve_agree(tmp_path):
     cmp = solo("bench", "compare", f"{a}/report.json:baseline", str(tmp_path / "b"))
     assert cmp.returncode == 0, cmp.stderr
     assert "| Metric | baseline | server | Difference |" in cmp.stdout
+
+
+def test_decode_traffic_counts_every_byte_once_with_the_routers_apart(tiny_checkpoints):
+    """The step's bytes: routers apart from the dense weights (each router's weight and bias once), the
+    MLA cache growing by one latent + rope row per MLA layer and position, the total their sum."""
+    import torch
+
+    from solo.checkpoint.loader import load_model
+    from solo.engine.traffic import decode_traffic
+    from solo.model.moe import Router
+
+    model = load_model(tiny_checkpoints["a"][0])
+    c = model.config
+    trunk = model.model.layers[: c.num_hidden_layers]  # the NEXTN layer is the draft's, not the step's
+    routers = [m for m in trunk.modules() if isinstance(m, Router)]
+    assert routers
+    context = int(torch.randint(8, 200, ()))
+    traffic = decode_traffic(model, context)
+    assert traffic.routers == sum(p.nbytes for m in routers for p in m.parameters(recurse=False))
+    assert traffic.dense_weights + traffic.routers <= sum(p.nbytes for p in trunk.parameters())
+    fields = traffic.to_dict()
+    assert fields["total"] == sum(v for k, v in fields.items() if k != "total")
+    row = (c.kv_lora_rank + c.qk_rope_head_dim) * model.dtype.itemsize * len(c.mla_layers)
+    assert decode_traffic(model, context + 1).mla_cache - traffic.mla_cache == row

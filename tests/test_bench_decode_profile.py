@@ -89,3 +89,43 @@ def test_the_report_lists_each_graphs_profile_by_critical_share() -> None:
     order = sorted(shares, key=lambda k: -shares[k]["critical_us"])
     listed = [part.split(" ")[0] for part in round_lines[0].split("kernels; ")[1].split(", ")]
     assert listed == order
+
+
+def test_component_bandwidth_divides_each_components_bytes_by_its_critical_share() -> None:
+    """Bytes over critical-path time per component, against the copy bandwidth; the routers' bytes go to
+    the experts when no router kernel ran (the router inside the MoE kernel), else to the router."""
+    from solo.bench.decode import component_bandwidth
+
+    rng = random.Random()
+    traffic = {
+        k: rng.randint(10**6, 10**9)
+        for k in ("dense_weights", "lm_head", "experts", "routers", "kda_states", "mla_cache", "embedding")
+    }
+    copy_gbs = rng.uniform(3000.0, 4500.0)
+    us = {k: rng.uniform(10.0, 2000.0) for k in ("projections", "experts", "kda", "mla", "router", "norms")}
+    inside = {k: {"critical_us": v} for k, v in us.items() if k != "router"}
+    got = component_bandwidth(traffic, inside, copy_gbs)
+    assert set(got) == {"projections", "experts", "kda", "mla"}  # norms: no bytes counted for them
+    projections = traffic["dense_weights"] + traffic["lm_head"]
+    assert got["projections"]["bytes"] == projections
+    assert got["projections"]["gbs"] == pytest.approx(projections / us["projections"] / 1e3, abs=0.05)
+    assert got["experts"]["bytes"] == traffic["experts"] + traffic["routers"]
+    assert got["mla"]["of_copy"] == pytest.approx(traffic["mla_cache"] / us["mla"] / 1e3 / copy_gbs, abs=1e-4)
+    apart = component_bandwidth(traffic, {k: {"critical_us": v} for k, v in us.items()}, copy_gbs)
+    assert apart["experts"]["bytes"] == traffic["experts"]
+    assert apart["router"]["bytes"] == traffic["routers"]
+    assert "kda" not in component_bandwidth(traffic, {"kda": {"critical_us": 0.0}}, copy_gbs)
+
+
+def test_the_report_gives_each_components_bandwidth() -> None:
+    from solo.bench.decode import component_bandwidth, markdown
+
+    traffic = {"dense_weights": 3_000_000_000, "lm_head": 400_000_000, "experts": 1_000_000_000, "routers": 100}
+    shares = {"projections": {"critical_us": 1360.0}, "experts": {"critical_us": 770.0}}
+    entry = {"decode_ms": 2.4, "roofline_ms": 1.1, "roofline_fraction": 0.46, "verify_ms": 4.4}
+    entry["profile"] = summarize_kernels([("gemv_decode", 0.0, 5.0)])
+    entry["component_bandwidth"] = component_bandwidth(traffic, shares, 4200.0)
+    text = markdown([{"config": "c", "decode_step": "fused", "contexts": {"32768": entry}}])
+    line = next(li for li in text.splitlines() if li.startswith("- c @ 32768: projections"))
+    assert "projections 3.40 GB in 1360 us = 2500 GB/s (60%)" in line
+    assert line.index("projections") < line.index("experts")  # largest critical share first

@@ -8,7 +8,9 @@ graph keeps its memory pool alive, and a full-size model fills most of the GPU),
   - the bytes a decode step reads (solo.engine.traffic) and the device's copy bandwidth measured in
     the same process: the roofline time, and the fraction of it the step reaches;
   - kernels per decode step and time by component, from the profiler over one graph replay (each
-    kernel's own duration, and its share of the critical path, which stays meaningful under PDL);
+    kernel's own duration, and its share of the critical path, which stays meaningful under PDL), and
+    per component of the decode step the bytes it must read over that share: the bandwidth each part
+    reaches, against the copy bandwidth (`component_bandwidth`);
   - prefill times for the prompt lengths asked for;
   - the engine's real loop (greedy `generate` with the tokens streamed) against the graph timing at
     the same positions;
@@ -45,6 +47,37 @@ COMPONENTS = (  # kernel name patterns -> component (first match wins)
     ("sampling", r"argmax|exponential|softmax|reduce"),
     ("elementwise", r"elementwise|vectorized|unrolled|copy|fill|cat|index|where|mul|add"),
 )
+
+
+# what each component of a profiled step must read: StepTraffic's fields (solo.engine.traffic); the routers'
+# bytes count with the experts where no router kernel ran (the router inside the MoE kernel)
+COMPONENT_BYTES = {
+    "projections": ("dense_weights", "lm_head"),
+    "experts": ("experts",),
+    "router": ("routers",),
+    "kda": ("kda_states",),
+    "mla": ("mla_cache",),
+}
+
+
+def component_bandwidth(
+    traffic: dict[str, int], by_component: dict[str, dict[str, float]], copy_gbs: float
+) -> dict[str, dict[str, float]]:
+    """Per component of a profiled step: the bytes it must read, its share of the critical path, the
+    bandwidth those imply and its fraction of the copy bandwidth: where the step falls short of the
+    roofline. Under PDL a kernel's wait overlaps its predecessor, so the critical share, not the
+    kernel's own duration, is the time its bytes cost the step."""
+    groups = {name: list(fields) for name, fields in COMPONENT_BYTES.items()}
+    if "router" not in by_component:
+        groups["experts"] += groups.pop("router")
+    out: dict[str, dict[str, float]] = {}
+    for name, fields in groups.items():
+        nbytes = sum(traffic.get(f, 0) for f in fields)
+        us = by_component.get(name, {}).get("critical_us", 0.0)
+        if nbytes and us > 0:
+            gbs = nbytes / us / 1e3
+            out[name] = {"bytes": nbytes, "critical_us": us, "gbs": round(gbs, 1), "of_copy": round(gbs / copy_gbs, 4)}
+    return out
 
 
 STEPS = ("fused", "reference", "auto")
@@ -334,6 +367,9 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
             entry["round_sampled_over_decode"] = entry["round_sampled_ms"] / entry["decode_ms"]
             entry["nextn_tok_s_sampled"] = {str(a): a * 1e3 / entry["round_sampled_ms"] for a in args.accept_lengths}
         entry["profile"] = profile_graph(decode_graph)
+        entry["component_bandwidth"] = component_bandwidth(
+            entry["bytes_per_token"], entry["profile"]["by_component"], result["copy_bandwidth_gbs"]
+        )
         entry["profile_verify"] = profile_graph(verify_graph)
         if round_graph is not None:
             entry["profile_round"] = profile_graph(round_graph)
@@ -424,6 +460,18 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 f" {e.get('round_sampled_ms', 0):.3f} | {e.get('round_sampled_over_decode', 0):.2f} | {sampled} |"
                 f" {e['profile']['kernels']} |"
             )
+    if any("component_bandwidth" in e for r in results for e in r.get("contexts", {}).values()):
+        lines += ["", "Decode step, each component's bytes over its critical-path time (of the copy bandwidth):", ""]
+        for r in results:
+            for context, e in r.get("contexts", {}).items():
+                parts = sorted(e.get("component_bandwidth", {}).items(), key=lambda kv: -kv[1]["critical_us"])
+                if parts:
+                    shares = ", ".join(
+                        f"{k} {v['bytes'] / 1e9:.2f} GB in {v['critical_us']:.0f} us = {v['gbs']:.0f} GB/s"
+                        f" ({100 * v['of_copy']:.0f}%)"
+                        for k, v in parts
+                    )
+                    lines.append(f"- {r['config']} @ {context}: {shares}")
     profiles = (
         ("profile", "Decode step"),
         ("profile_verify", "Verification"),

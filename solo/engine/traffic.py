@@ -16,21 +16,24 @@ from dataclasses import asdict, dataclass
 import torch
 
 from solo.model.ling import LingForCausalLM
-from solo.model.moe import SparseMoE
+from solo.model.moe import Router, SparseMoE
 
 
 @dataclass
 class StepTraffic:
-    dense_weights: int  # attention, dense MLPs, shared experts, routers, the NEXTN-free trunk
+    dense_weights: int  # attention, dense MLPs, shared experts, norms of the NEXTN-free trunk
     lm_head: int
     experts: int  # the routed experts one token (or T tokens) read
+    routers: int  # the MoE layers' router weights and biases
     kda_states: int  # recurrent states and conv windows, read and written
     mla_cache: int  # latent + rope cache entries up to the context
     embedding: int
 
     @property
     def total(self) -> int:
-        return self.dense_weights + self.lm_head + self.experts + self.kda_states + self.mla_cache + self.embedding
+        return (
+            self.dense_weights + self.lm_head + self.experts + self.routers + self.kda_states + self.mla_cache
+        ) + self.embedding
 
     def to_dict(self) -> dict[str, int]:
         return {**asdict(self), "total": self.total}
@@ -63,7 +66,9 @@ def decode_traffic(model: LingForCausalLM, context: int, tokens: int = 1) -> Ste
     share = (1 - (1 - k / e) ** tokens) if e else 0.0  # fraction of a layer's experts the tokens touch
     experts = sum(expert_layer_bytes(m, config) * share for m in trunk.modules() if isinstance(m, SparseMoE))
     folded = {id(t) for m in trunk.modules() if getattr(m, "folded", False) for t in m.parameters(recurse=False)}
-    dense = [p for p in trunk.parameters() if id(p) not in folded and p.numel() > 0]
+    routers = [p for m in trunk.modules() if isinstance(m, Router) for p in m.parameters(recurse=False)]
+    apart = folded | {id(p) for p in routers}
+    dense = [p for p in trunk.parameters() if id(p) not in apart and p.numel() > 0]
     dense += [b for name, b in trunk.named_buffers() if name.endswith(("w_uk", "w_uv"))]
     c = config
     kda_layers = len(c.kda_layers)
@@ -75,6 +80,7 @@ def decode_traffic(model: LingForCausalLM, context: int, tokens: int = 1) -> Ste
         dense_weights=_storage_bytes(dense),
         lm_head=sum(t.nbytes for t in model.lm_head.parameters()),
         experts=int(experts),
+        routers=_storage_bytes([p for p in routers if p.numel() > 0]),
         kda_states=kda,
         mla_cache=len(c.mla_layers) * per_position * context,
         embedding=tokens * c.hidden_size * model.dtype.itemsize,
