@@ -351,6 +351,10 @@ class FusedMLA:
             # tl.dot of bf16 operands returns garbage (Triton 3.9: values ~1e10): fp16 there, exact too
             self.ONE_TOKEN = replace(self.ONE_TOKEN, splits=16, min_chunk=16, bf16_dots=False)
             self.WINDOW = replace(self.WINDOW, splits=16, min_chunk=16, bf16_dots=False)
+        elif w_uk.is_cuda and torch.cuda.get_device_capability(w_uk.device) < (8, 0):
+            # tensor-core products of bf16 operands need Ampere or later; fp16 ones (exact here) do not
+            self.ONE_TOKEN = replace(self.ONE_TOKEN, bf16_dots=False)
+            self.WINDOW = replace(self.WINDOW, bf16_dots=False)
         if (
             self.rank % self.RANK_BLOCK
             or self.v_dim % 16
