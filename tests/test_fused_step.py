@@ -205,3 +205,31 @@ def test_the_router_inside_the_moe_kernel_is_refused_where_it_cannot_run_naming_
         accelerate(model, FastPathOptions(decode_step="reference", moe_router=True))
     separate = accelerate(model, FastPathOptions(block_fp8="on", decode_step="fused", moe_router=False))
     assert separate.decode_step.describe()["routers_in_experts"] == 0
+
+
+@pytest.mark.parametrize("splits", [96, 8])
+def test_an_attention_cut_the_kernels_cannot_run_is_refused_naming_it(splits):
+    """The combine ranges over the splits (a power of two, at least 16): a configuration that breaks
+    this is refused when the layer is built, not as a compiler error at the first call."""
+    from dataclasses import replace
+
+    from solo.kernels.fused_mla import FusedMLA
+
+    heads, nope, rank, v, rope = 2, 16, 128, 16, 8
+    args = (
+        torch.randn(heads, nope, rank).bfloat16(),
+        torch.randn(heads, v, rank).bfloat16(),
+        torch.ones(rank).bfloat16(),
+        torch.rand(rope // 2),
+        1.0,
+        0.1,
+        1e-6,
+        rope,
+        torch.zeros(3, dtype=torch.int32),
+    )
+    bad = type("Bad", (FusedMLA,), {"WINDOW": replace(FusedMLA.WINDOW, splits=splits)})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "0")  # the interpreter replaces the splits with its own
+        with pytest.raises(ValueError, match="splits must be a power of two"):
+            bad(*args, kv_offset=heads * (nope + rope), gate_offset=heads * (nope + rope) + rank + rope)
+    FusedMLA(*args, kv_offset=heads * (nope + rope), gate_offset=heads * (nope + rope) + rank + rope)

@@ -355,12 +355,11 @@ class FusedMLA:
             # tensor-core products of bf16 operands need Ampere or later; fp16 ones (exact here) do not
             self.ONE_TOKEN = replace(self.ONE_TOKEN, bf16_dots=False)
             self.WINDOW = replace(self.WINDOW, bf16_dots=False)
-        if (
-            self.rank % self.RANK_BLOCK
-            or self.v_dim % 16
-            or any(c.splits % 16 or c.splits % min(c.combine_chunk, c.splits) for c in (self.ONE_TOKEN, self.WINDOW))
-        ):
+        if self.rank % self.RANK_BLOCK or self.v_dim % 16:
             raise ValueError("the fused MLA kernels need kv_lora_rank a multiple of 128 and v_head_dim of 16")
+        for c in (self.ONE_TOKEN, self.WINDOW):
+            if c.splits < 16 or c.splits & (c.splits - 1) or c.splits % min(c.combine_chunk, c.splits):
+                raise ValueError(f"{c}: splits must be a power of two, at least 16, and a multiple of combine_chunk")
         self.w_uk = w_uk.contiguous()
         self.w_uv = w_uv.contiguous()
         self.kv_norm = kv_norm_weight
