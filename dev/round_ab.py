@@ -16,7 +16,11 @@ times the graphs interleaved at each context (positions are read on the device):
   - sampled, row-wise softmax and scan: torch's softmax over the vocabulary and one scan along each row
     for the ties (this session's first top-k walk, `probabilities_row_kernels` below);
   - sampled, top-p by sort: torch's softmax and the vocabulary sorted for the top-p cut (the session's
-    start, `probabilities_by_sort` below).
+    start, `probabilities_by_sort` below);
+  - sampled, compiled: the product's distribution through `torch.compile` (Inductor fuses its ops over
+    the vocabulary into a few Triton kernels; compiled in the warm-up runs, before the capture), and
+    the same with the acceptance (`accept_drafts`) compiled too: the sampled round runs about 300
+    kernels more than the greedy one, most of them these ops.
 """
 
 from __future__ import annotations
@@ -91,17 +95,22 @@ def main() -> int:
     generator.manual_seed(int(torch.randint(0, 2**31 - 1, ())))
     greedy, sampled = SamplingParams(), SamplingParams(**GSM8K_SAMPLING)
     product = sampling.probabilities
-    variants = {  # name: (params, history, the distribution function the round uses)
-        "greedy": (greedy, packed, product),
-        "greedy, per-layer rollback": (greedy, plain, product),
-        "sampled": (sampled, packed, product),
-        "sampled, row-wise softmax and scan": (sampled, packed, probabilities_row_kernels),
-        "sampled, top-p by sort": (sampled, packed, probabilities_by_sort),
+    compiled = torch.compile(product, dynamic=False)
+    accept, compiled_accept = nextn.accept_drafts, torch.compile(nextn.accept_drafts, dynamic=False)
+    variants = {  # name: (params, history, the distribution function the round uses, its acceptance)
+        "greedy": (greedy, packed, product, accept),
+        "greedy, per-layer rollback": (greedy, plain, product, accept),
+        "sampled": (sampled, packed, product, accept),
+        "sampled, row-wise softmax and scan": (sampled, packed, probabilities_row_kernels, accept),
+        "sampled, top-p by sort": (sampled, packed, probabilities_by_sort, accept),
+        "sampled, compiled distribution": (sampled, packed, compiled, accept),
+        "sampled, compiled distribution and acceptance": (sampled, packed, compiled, compiled_accept),
     }
     graphs = GraphCapture()
     captured = {}
-    for name, (params, history, distribution) in variants.items():
+    for name, (params, history, distribution, acceptance) in variants.items():
         nextn.probabilities = distribution  # read when the round is recorded
+        nextn.accept_drafts = acceptance
         spec._history = (id(cache), history)
 
         def one_round(params=params) -> None:  # every replay starts at the same position
