@@ -21,9 +21,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mla_probe import HEADS, LAYERS, NOPE, RANK, ROPE, V, per_kernel_us  # noqa: E402  (dev/, beside this script)
+from mla_probe import (  # noqa: E402  (dev/, beside this script)
+    HEADS,
+    NOPE,
+    RANK,
+    ROPE,
+    build_layers,
+    random_layers,
+    shares_text,
+    time_layers,
+)
 
-from solo.bench.decode import copy_bandwidth, time_graph  # noqa: E402
+from solo.bench.decode import copy_bandwidth  # noqa: E402
 from solo.kernels.cuda_runtime import CudaKernel  # noqa: E402
 from solo.kernels.fused_mla import AttendLaunch, FusedMLA  # noqa: E402
 
@@ -81,18 +90,7 @@ def main() -> int:
     print(f"device-to-device copy bandwidth: {copy_gbs:.0f} GB/s ({torch.cuda.get_device_name()})", flush=True)
     g = torch.Generator(device=dev).manual_seed(int(torch.randint(0, 2**31, ())))
     contexts = [int(c) for c in args.contexts.split(",")]
-    top = max(contexts) + 16
-    layers = [
-        dict(
-            w_uk=(torch.randn(HEADS, NOPE, RANK, device=dev, generator=g) * 0.05).bfloat16(),
-            w_uv=(torch.randn(HEADS, V, RANK, device=dev, generator=g) * 0.05).bfloat16(),
-            norm=(1 + 0.1 * torch.randn(RANK, device=dev, generator=g)).bfloat16(),
-            latent=torch.randn(top, RANK, device=dev, generator=g).bfloat16(),
-            rope=torch.randn(top, ROPE, device=dev, generator=g).bfloat16(),
-        )
-        for _ in range(LAYERS)
-    ]
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, ROPE, 2, device=dev).float() / ROPE))
+    layers = random_layers(dev, g, max(contexts) + 16)
     width = HEADS * (NOPE + ROPE) + RANK + ROPE + HEADS
     variants = [("triton (product)", None)] + [(f"cuda {s} stages", int(s)) for s in args.stages.split(",")]
     rows = []
@@ -103,46 +101,14 @@ def main() -> int:
             reference = None
             for name, stages in variants:
                 cls = FusedMLA if stages is None else type("Cuda", (CudaAttendMLA,), {"stages": stages})
-                counter = torch.zeros(3, dtype=torch.int32, device=dev)
-                mlas, outs = [], []
-                for layer in layers:
-                    mlas.append(
-                        cls(
-                            layer["w_uk"],
-                            layer["w_uv"],
-                            layer["norm"],
-                            inv_freq,
-                            1.0,
-                            0.07,
-                            1e-6,
-                            ROPE,
-                            counter,
-                            kv_offset=HEADS * (NOPE + ROPE),
-                            gate_offset=HEADS * (NOPE + ROPE) + RANK + ROPE,
-                        )
-                    )
-                    outs.append(torch.empty(tokens, HEADS * V, dtype=torch.bfloat16, device=dev))
-
-                def calls(mlas=mlas, outs=outs, proj=proj, positions=positions):
-                    for m, layer, o in zip(mlas, layers, outs, strict=True):
-                        m(proj, positions, layer["latent"], layer["rope"], o)
-
                 row = dict(tokens=tokens, context=ctx, variant=name)
                 try:
-                    calls()
-                    torch.cuda.synchronize()
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        calls()
-                    seconds = time_graph(graph, replays=20, rounds=5) / LAYERS
-                    shares = per_kernel_us(graph)
-                    del graph
+                    seconds, shares, got = time_layers(build_layers(cls, layers), layers, proj, positions)
                 except Exception as exc:  # noqa: BLE001 (a variant that fails is reported)
                     row["error"] = str(exc).splitlines()[-1][:300] if str(exc) else type(exc).__name__
                     print(f"T={tokens} ctx={ctx} {name}: FAILED {row['error']}", flush=True)
                     rows.append(row)
                     continue
-                got = torch.cat([o.float().flatten() for o in outs])
                 finite = bool(torch.isfinite(got).all())
                 if reference is None:
                     reference = got.clone()
@@ -153,9 +119,7 @@ def main() -> int:
                 rows.append(row)
                 print(
                     f"T={tokens} ctx={ctx:6d} {name:18s}: {row['us']:7.2f} us per layer (cache {row['of_copy']:.0%} "
-                    f"of copy) rel err {rel:.1e}{'' if finite else ' NOT FINITE'} | prep/attend/combine "
-                    + "/".join(f"{shares.get(k, 0.0):.1f}" for k in ("prep", "attend", "combine"))
-                    + " us",
+                    f"of copy) rel err {rel:.1e}{'' if finite else ' NOT FINITE'} | {shares_text(shares)}",
                     flush=True,
                 )
     if args.json:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from solo.bench.decode import copy_bandwidth, profile_graph, time_graph  # noqa: E402
 from solo.kernels.fused_mla import FusedMLA  # noqa: E402
-from solo.kernels.pdl import LaunchPolicy  # noqa: E402
+from solo.kernels.pdl import PLAIN, LaunchPolicy  # noqa: E402
 
 HEADS, NOPE, ROPE, RANK, V, LAYERS = 32, 128, 64, 512, 128, 7
 # changes to the product's AttendLaunch for the call's token count (FusedMLA.ONE_TOKEN or .WINDOW); the
@@ -71,6 +71,69 @@ def per_kernel_us(graph: torch.cuda.CUDAGraph) -> dict[str, float]:
     return shares
 
 
+def random_layers(dev: torch.device, g: torch.Generator, positions: int) -> list[dict[str, torch.Tensor]]:
+    """LAYERS layers' absorbed projections, norm weight and latent caches of `positions` rows, fresh."""
+    return [
+        dict(
+            w_uk=(torch.randn(HEADS, NOPE, RANK, device=dev, generator=g) * 0.05).bfloat16(),
+            w_uv=(torch.randn(HEADS, V, RANK, device=dev, generator=g) * 0.05).bfloat16(),
+            norm=(1 + 0.1 * torch.randn(RANK, device=dev, generator=g)).bfloat16(),
+            latent=torch.randn(positions, RANK, device=dev, generator=g).bfloat16(),
+            rope=torch.randn(positions, ROPE, device=dev, generator=g).bfloat16(),
+        )
+        for _ in range(LAYERS)
+    ]
+
+
+def build_layers(cls: type[FusedMLA], layers: list[dict], launch: LaunchPolicy = PLAIN) -> list[FusedMLA]:
+    """One `cls` (FusedMLA or a subclass) per layer, sharing a launch counter."""
+    dev = layers[0]["w_uk"].device
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, ROPE, 2, device=dev).float() / ROPE))
+    counter = torch.zeros(3, dtype=torch.int32, device=dev)
+    return [
+        cls(
+            layer["w_uk"],
+            layer["w_uv"],
+            layer["norm"],
+            inv_freq,
+            1.0,
+            0.07,
+            1e-6,
+            ROPE,
+            counter,
+            kv_offset=HEADS * (NOPE + ROPE),
+            gate_offset=HEADS * (NOPE + ROPE) + RANK + ROPE,
+            launch=launch,
+        )
+        for layer in layers
+    ]
+
+
+def time_layers(
+    mlas: list[FusedMLA], layers: list[dict], proj: torch.Tensor, positions: torch.Tensor
+) -> tuple[float, dict[str, float], torch.Tensor]:
+    """Every layer's three kernels in one graph: (seconds per layer, each kernel's share per layer,
+    the layers' outputs flattened in fp32)."""
+    outs = [torch.empty(proj.shape[0], HEADS * V, dtype=torch.bfloat16, device=proj.device) for _ in mlas]
+
+    def calls() -> None:
+        for m, layer, o in zip(mlas, layers, outs, strict=True):
+            m(proj, positions, layer["latent"], layer["rope"], o)
+
+    calls()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    seconds = time_graph(graph, replays=20, rounds=5) / LAYERS
+    shares = per_kernel_us(graph)
+    return seconds, shares, torch.cat([o.float().flatten() for o in outs])
+
+
+def shares_text(shares: dict[str, float]) -> str:
+    return "prep/attend/combine " + "/".join(f"{shares.get(k, 0.0):.1f}" for k in ("prep", "attend", "combine")) + " us"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--contexts", default="4096,32768")
@@ -83,19 +146,7 @@ def main() -> int:
     print(f"device-to-device copy bandwidth: {copy_gbs:.0f} GB/s ({torch.cuda.get_device_name()})", flush=True)
     g = torch.Generator(device=dev).manual_seed(int(torch.randint(0, 2**31, ())))
     contexts = [int(c) for c in args.contexts.split(",")]
-    top = max(contexts) + 16
-    layers = []
-    for _ in range(LAYERS):
-        layers.append(
-            dict(
-                w_uk=(torch.randn(HEADS, NOPE, RANK, device=dev, generator=g) * 0.05).bfloat16(),
-                w_uv=(torch.randn(HEADS, V, RANK, device=dev, generator=g) * 0.05).bfloat16(),
-                norm=(1 + 0.1 * torch.randn(RANK, device=dev, generator=g)).bfloat16(),
-                latent=torch.randn(top, RANK, device=dev, generator=g).bfloat16(),
-                rope=torch.randn(top, ROPE, device=dev, generator=g).bfloat16(),
-            )
-        )
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, ROPE, 2, device=dev).float() / ROPE))
+    layers = random_layers(dev, g, max(contexts) + 16)
     width = HEADS * (NOPE + ROPE) + RANK + ROPE + HEADS
     rows = []
     for tokens in [int(t) for t in args.tokens.split(",")]:
@@ -104,52 +155,21 @@ def main() -> int:
             positions = torch.arange(ctx - tokens, ctx, device=dev)
             reference = None
             for variant in VARIANTS[: args.variants]:
-                counter = torch.zeros(3, dtype=torch.int32, device=dev)
                 recorder = Recorder()
-                mlas, outs = [], []
-                for layer in layers:
-                    m = FusedMLA(
-                        layer["w_uk"],
-                        layer["w_uv"],
-                        layer["norm"],
-                        inv_freq,
-                        1.0,
-                        0.07,
-                        1e-6,
-                        ROPE,
-                        counter,
-                        kv_offset=HEADS * (NOPE + ROPE),
-                        gate_offset=HEADS * (NOPE + ROPE) + RANK + ROPE,
-                        launch=recorder,
-                    )
+                mlas = build_layers(FusedMLA, layers, recorder)
+                for m in mlas:
                     if tokens == 1:
                         m.ONE_TOKEN = replace(m.ONE_TOKEN, **variant)
                     else:
                         m.WINDOW = replace(m.WINDOW, **variant)
-                    mlas.append(m)
-                    outs.append(torch.empty(tokens, HEADS * V, dtype=torch.bfloat16, device=dev))
-
-                def calls(mlas=mlas, outs=outs, proj=proj, positions=positions):
-                    for m, layer, o in zip(mlas, layers, outs, strict=True):
-                        m(proj, positions, layer["latent"], layer["rope"], o)
-
-                config = mlas[0].config(tokens)
-                row = dict(tokens=tokens, context=ctx, config=asdict(config))
+                row = dict(tokens=tokens, context=ctx, config=asdict(mlas[0].config(tokens)))
                 try:
-                    calls()
-                    torch.cuda.synchronize()
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        calls()
-                    seconds = time_graph(graph, replays=20, rounds=5) / LAYERS
-                    shares = per_kernel_us(graph)
-                    del graph
+                    seconds, shares, got = time_layers(mlas, layers, proj, positions)
                 except Exception as exc:  # noqa: BLE001 (a variant the compiler refuses is reported)
                     row["error"] = str(exc).splitlines()[-1][:200] if str(exc) else type(exc).__name__
                     print(f"T={tokens} ctx={ctx} {variant}: FAILED {row['error']}", flush=True)
                     rows.append(row)
                     continue
-                got = torch.cat([o.float().flatten() for o in outs])
                 if reference is None:
                     reference = got.clone()
                 rel = float((got - reference).norm() / reference.norm())
@@ -159,9 +179,8 @@ def main() -> int:
                 rows.append(row)
                 print(
                     f"T={tokens} ctx={ctx:6d} {variant or 'product'}: {row['us']:7.2f} us per layer "
-                    f"(cache {row['of_copy']:.0%} of copy) rel err {rel:.1e} | prep/attend/combine "
-                    + "/".join(f"{shares.get(k, 0.0):.1f}" for k in ("prep", "attend", "combine"))
-                    + f" us | attend: {row['attend']}",
+                    f"(cache {row['of_copy']:.0%} of copy) rel err {rel:.1e} | {shares_text(shares)} | "
+                    f"attend: {row['attend']}",
                     flush=True,
                 )
     if args.json:
