@@ -28,6 +28,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -460,35 +461,38 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 f" {e.get('round_sampled_ms', 0):.3f} | {e.get('round_sampled_over_decode', 0):.2f} | {sampled} |"
                 f" {e['profile']['kernels']} |"
             )
-    if any("component_bandwidth" in e for r in results for e in r.get("contexts", {}).values()):
-        lines += ["", "Decode step, each component's bytes over its critical-path time (of the copy bandwidth):", ""]
-        for r in results:
-            for context, e in r.get("contexts", {}).items():
-                parts = sorted(e.get("component_bandwidth", {}).items(), key=lambda kv: -kv[1]["critical_us"])
-                if parts:
-                    shares = ", ".join(
-                        f"{k} {v['bytes'] / 1e9:.2f} GB in {v['critical_us']:.0f} us = {v['gbs']:.0f} GB/s"
-                        f" ({100 * v['of_copy']:.0f}%)"
-                        for k, v in parts
-                    )
-                    lines.append(f"- {r['config']} @ {context}: {shares}")
-    profiles = (
+
+    def section(title: str, key: str, describe: Callable[[dict[str, Any]], str]) -> None:
+        """A line per configuration and context that has `key`, and the title above them, if any has."""
+        found = [(r["config"], context, e.get(key)) for r in results for context, e in r.get("contexts", {}).items()]
+        found = [(config, context, value) for config, context, value in found if value]
+        if found:
+            lines.extend(["", title, ""] + [f"- {c} @ {context}: {describe(v)}" for c, context, v in found])
+
+    def bandwidth(parts: dict[str, dict[str, float]]) -> str:
+        return ", ".join(
+            f"{k} {v['bytes'] / 1e9:.2f} GB in {v['critical_us']:.0f} us = {v['gbs']:.0f} GB/s"
+            f" ({100 * v['of_copy']:.0f}%)"
+            for k, v in sorted(parts.items(), key=lambda kv: -kv[1]["critical_us"])
+        )
+
+    def components(profile: dict[str, Any]) -> str:
+        parts = sorted(profile["by_component"].items(), key=lambda kv: -kv[1].get("critical_us", 0.0))
+        shares = ", ".join(f"{k} {v.get('critical_us', 0.0):.0f} ({v['us']:.0f})" for k, v in parts)
+        return f"{profile['kernels']} kernels; {shares}"
+
+    section(
+        "Decode step, each component's bytes over its critical-path time (of the copy bandwidth):",
+        "component_bandwidth",
+        bandwidth,
+    )
+    for key, title in (
         ("profile", "Decode step"),
         ("profile_verify", "Verification"),
         ("profile_round", "NEXTN round (greedy)"),
         ("profile_round_sampled", "NEXTN round (sampled as GSM8K)"),
-    )
-    for key, title in profiles:
-        if not any(key in e for r in results for e in r.get("contexts", {}).values()):
-            continue
-        lines += ["", f"{title} by component, us on the critical path (own kernel time in brackets):", ""]
-        for r in results:
-            for context, e in r.get("contexts", {}).items():
-                if key not in e:
-                    continue
-                parts = sorted(e[key]["by_component"].items(), key=lambda kv: -kv[1].get("critical_us", 0.0))
-                shares = ", ".join(f"{k} {v.get('critical_us', 0.0):.0f} ({v['us']:.0f})" for k, v in parts)
-                lines.append(f"- {r['config']} @ {context}: {e[key]['kernels']} kernels; {shares}")
+    ):
+        section(f"{title} by component, us on the critical path (own kernel time in brackets):", key, components)
     return "\n".join(lines)
 
 

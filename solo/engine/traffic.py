@@ -31,9 +31,7 @@ class StepTraffic:
 
     @property
     def total(self) -> int:
-        return (
-            self.dense_weights + self.lm_head + self.experts + self.routers + self.kda_states + self.mla_cache
-        ) + self.embedding
+        return sum(asdict(self).values())
 
     def to_dict(self) -> dict[str, int]:
         return {**asdict(self), "total": self.total}
