@@ -155,19 +155,9 @@ def other_variants():
         o_ptr="bf16",
         count_ptr="i32",
         sync_ptr="i32",
-        ahead_ptr="fp8e4nv",
     )
     for tokens, history in ((1, False), (4, True), (1, True)):
-        constexprs = dict(
-            T=tokens,
-            H=32,
-            DK=128,
-            NV=kda.VALUE_SPLITS,
-            SAFE_GATE=True,
-            HISTORY=history,
-            WARPS=kda.WARPS,
-            AHEAD_BYTES=2560 * 4096,  # the o_proj weight, asked of the L2 (weights ahead)
-        )
+        constexprs = dict(T=tokens, H=32, DK=128, NV=kda.VALUE_SPLITS, SAFE_GATE=True, HISTORY=history)
         yield f"kda T={tokens} history={history}", kda._kda_decode, kda_ptrs, constexprs, 4, 3
     prep_ptrs = dict(
         proj_ptr="bf16",
@@ -184,14 +174,7 @@ def other_variants():
         q_ptr="bf16", pos_ptr="i64", latent_ptr="bf16", rope_ptr="bf16", part_ptr="fp32", ml_ptr="fp32", count_ptr="i32"
     )
     combine_ptrs = dict(
-        part_ptr="fp32",
-        ml_ptr="fp32",
-        pos_ptr="i64",
-        wuv_ptr="bf16",
-        gate_ptr="bf16",
-        o_ptr="bf16",
-        count_ptr="i32",
-        ahead_ptr="fp8e4nv",
+        part_ptr="fp32", ml_ptr="fp32", pos_ptr="i64", wuv_ptr="bf16", gate_ptr="bf16", o_ptr="bf16", count_ptr="i32"
     )
     for tokens in (1, 4):
         config = mla.FusedMLA.ONE_TOKEN if tokens == 1 else mla.FusedMLA.WINDOW
@@ -244,8 +227,6 @@ def other_variants():
                 T_POW2=triton.next_power_of_2(tokens),
                 TOKEN_PROGRAMS=config.combine_token_programs and tokens > 1,
                 CH=min(config.combine_chunk, splits),
-                AHEAD_BYTES=2560 * 4096,  # the dense weight, asked of the L2 (weights ahead)
-                WARPS=config.combine_warps,
             ),
             config.combine_warps,
             3,

@@ -116,15 +116,6 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "--moe-backend cuda, with the CUDA step kernels: no router launch), separate (its own kernel), or auto "
         "(default: fused where it can run)",
     )
-    p.add_argument(
-        "--weights-ahead",
-        choices=("auto", "on", "off"),
-        default="auto",
-        action=OnceOnly,
-        help="the fused decode step's latency-bound kernels (KDA recurrence, the MoE kernel's routing) prefetch "
-        "the next kernel's weights into the L2: on (Hopper; an error where it cannot run), off, or auto (default: "
-        "with --pdl)",
-    )
     add_graph_options(p)
     p.add_argument(
         "--speculative-algorithm",
@@ -266,7 +257,6 @@ def load_options(args: argparse.Namespace) -> dict:
         pdl={"on": True, "off": False}.get(args.pdl),
         step_kernels=args.step_kernels,
         moe_router={"fused": True, "separate": False}.get(args.moe_router),
-        weights_ahead={"on": True, "off": False}.get(args.weights_ahead),
         verify_tokens=args.speculative_num_draft_tokens,
         speculative=speculative_config(args),
     )

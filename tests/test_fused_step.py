@@ -141,22 +141,6 @@ def test_pdl_is_refused_under_the_interpreter_naming_the_fix(models):
         accelerate(model, FastPathOptions(block_fp8="on", decode_step="fused", verify_tokens=4, pdl=True))
 
 
-def test_weights_ahead_are_refused_where_they_cannot_run_naming_the_fix(models):
-    """--weights-ahead on where the L2 prefetch cannot run (here: Triton's CPU interpreter) or without the
-    fused step is an error naming the fix, never a step without prefetches under its name; auto leaves
-    them off here and says so."""
-    from solo.fastpath.availability import DecodeStepUnavailable, StepKernelsUnavailable
-
-    config, _, fast = models
-    assert fast.decode_step.launch.ahead is False and fast.decode_step.describe()["weights_ahead"] is False
-    model = load_random_model(config, "cpu", torch.bfloat16, int(torch.randint(0, 10_000, ())))
-    refusal = r"^--weights-ahead on: Triton's CPU interpreter runs no PTX\. Use --weights-ahead auto or off\.$"
-    with pytest.raises(StepKernelsUnavailable, match=refusal):
-        accelerate(model, FastPathOptions(block_fp8="on", decode_step="fused", verify_tokens=4, weights_ahead=True))
-    with pytest.raises(DecodeStepUnavailable, match="^--weights-ahead on prefetches for the fused decode step"):
-        accelerate(model, FastPathOptions(decode_step="reference", weights_ahead=True))
-
-
 def test_cuda_step_kernels_are_refused_where_they_cannot_run_naming_the_fix(models):
     """--step-kernels cuda where the CUDA kernels cannot run (here: no GPU) is an error naming the fix;
     auto keeps the Triton kernels and says why in the step's description (never a silent mix)."""

@@ -204,39 +204,3 @@ def test_pdl_launches_compute_exactly_what_plain_launches_do_and_are_proven_at_s
     assert check.status == ACTIVE, check
     assert all(check.evidence["pdl"][family] for family in with_pdl.decode_step.families_per_step()), check
     assert "pdl" not in check_decode_step(engines["plain"][0], "fused").evidence
-
-
-def test_weights_ahead_change_no_result(setup):
-    """The same random model under PDL with and without weights ahead (the KDA recurrence, the MLA
-    combine and the MoE kernel's routing ask the L2 for the next kernel's weights): the decode step's
-    and verification's hidden states are bit-identical (a prefetch is a hint, never arithmetic)."""
-    from solo.checkpoint.synthetic import load_random_model
-    from solo.fastpath import FastPathOptions, accelerate
-    from solo.kernels.prefetch import ahead_unavailable
-    from solo.model.cache import HybridCache
-
-    if ahead_unavailable("cuda") is not None:
-        pytest.skip(ahead_unavailable("cuda"))
-    config, seed, _ = setup
-    steps = {}
-    for ahead in (False, True):
-        options = FastPathOptions(
-            moe_backend="cuda", lm_head="fp8", block_fp8="on", decode_step="fused", pdl=True, weights_ahead=ahead
-        )
-        steps[ahead] = accelerate(load_random_model(config, "cuda", torch.bfloat16, seed), options)
-        assert steps[ahead].decode_step.describe()["weights_ahead"] is ahead
-    assert steps[True].decode_step.routers_in_experts()  # the MoE kernel's routing prefetches too
-    prompt = torch.randint(0, VOCAB, (int(torch.randint(20, 200, ())),), device="cuda")
-    outs = {}
-    for ahead, model in steps.items():
-        cache = HybridCache(config, 512, "cuda", torch.bfloat16, with_nextn=True)
-        with torch.inference_mode():
-            model(prompt[:-5], torch.arange(len(prompt) - 5, device="cuda"), cache)
-            n = len(prompt) - 5
-            one = model.decode_step.forward(prompt[n : n + 1], torch.arange(n, n + 1, device="cuda"), cache).clone()
-            window = torch.arange(n + 1, n + 5, device="cuda")
-            history = cache.new_history(4)
-            four = model.decode_step.forward(prompt[n + 1 :], window, cache, history).clone()
-        outs[ahead] = (one, four)
-    torch.cuda.synchronize()
-    assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])

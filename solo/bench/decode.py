@@ -85,9 +85,8 @@ STEPS = ("fused", "reference", "auto")
 # modifiers of the fused step, joined with '+': pdl (its kernels under PDL: one-token calls, and verification's
 # where the CUDA kernels serve it), pdlall (verification's always), triton / cuda / cuda1 (the step kernels;
 # cuda1: CUDA for one-token calls only, verification on Triton), seprouter (one token's MoE router in its own
-# kernel, not inside the persistent MoE kernel), noahead (no weights ahead: the latency-bound kernels do not
-# prefetch the next kernel's weights into the L2)
-STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1", "seprouter", "noahead")
+# kernel, not inside the persistent MoE kernel)
+STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1", "seprouter")
 
 
 @dataclass
@@ -125,10 +124,6 @@ class Config:
     @property
     def moe_router(self) -> bool | None:
         return False if "seprouter" in self.modifiers else None
-
-    @property
-    def weights_ahead(self) -> bool | None:
-        return False if "noahead" in self.modifiers else None
 
 
 def parse_configs(text: str) -> list[Config]:
@@ -273,7 +268,6 @@ def load(args: argparse.Namespace, config: Config):
         step_kernel_tokens=config.step_kernel_tokens,
         pdl_verify=True if "pdlall" in config.modifiers else None,
         moe_router=config.moe_router,
-        weights_ahead=config.weights_ahead,
         verify_tokens=args.verify_tokens,
     )
     t0 = time.perf_counter()

@@ -59,10 +59,6 @@ class FastPathOptions:
     # kernels): no router launch and no kernel boundary before the experts. None (auto): where it can
     # run; True: required (an error where it cannot); False: the router's own kernel
     moe_router: bool | None = None
-    # weights ahead: the fused step's latency-bound kernels (KDA recurrence, the MoE kernel's routing)
-    # prefetch the next kernel's weights into the L2 (solo.kernels.prefetch; sm_90+). None (auto): with
-    # PDL; True: required (an error where it cannot run); False: off
-    weights_ahead: bool | None = None
 
     def __post_init__(self) -> None:
         if self.decode_step not in DECODE_STEPS:
@@ -109,11 +105,6 @@ def _install_decode_step(model: LingForCausalLM, options: FastPathOptions) -> No
                 "--moe-router fused runs inside the fused decode step; drop --decode-step reference or "
                 "--moe-router fused"
             )
-        if options.weights_ahead:
-            raise DecodeStepUnavailable(
-                "--weights-ahead on prefetches for the fused decode step's kernels; drop --decode-step reference "
-                "or --weights-ahead on"
-            )
         return
     from solo.fastpath.availability import fused_step_unavailable
 
@@ -131,7 +122,6 @@ def _install_decode_step(model: LingForCausalLM, options: FastPathOptions) -> No
                 cuda_tokens=options.step_kernel_tokens,
                 pdl_verify=options.pdl_verify,
                 moe_router=options.moe_router,
-                ahead=options.weights_ahead,
             )
             model.decode_step.warmup()
             model.decode_step_note = ""
@@ -149,10 +139,6 @@ def _install_decode_step(model: LingForCausalLM, options: FastPathOptions) -> No
     if options.moe_router:
         raise DecodeStepUnavailable(
             f"--moe-router fused needs the fused decode step, which cannot run: {reason}. Use --moe-router auto."
-        )
-    if options.weights_ahead:
-        raise DecodeStepUnavailable(
-            f"--weights-ahead on needs the fused decode step, which cannot run: {reason}. Use --weights-ahead auto."
         )
     if options.decode_step == "fused":
         raise DecodeStepUnavailable(f"--decode-step fused: {reason}. Use --decode-step reference.")

@@ -39,7 +39,6 @@ from solo.kernels.fused_kda import kda_decode
 from solo.kernels.fused_mla import FusedMLA
 from solo.kernels.fused_router import FusedRouter, rmsnorm
 from solo.kernels.pdl import LaunchPolicy, pdl_unavailable
-from solo.kernels.prefetch import ahead_unavailable
 from solo.model.cache import HybridCache, KDAHistory
 from solo.model.kda import KimiDeltaAttention
 from solo.model.layers import Linear, mla_softmax_scale
@@ -104,12 +103,6 @@ def _fuse_rows(linears: list[Linear], name: str) -> tuple[torch.Tensor, torch.Te
     return weight, scales, offsets
 
 
-def weight_of(gemv: Any) -> torch.Tensor:
-    """The weight a projection's kernel streams (a FusedGemv's, or the one a CudaGemv took over):
-    what the kernel before it prefetches into the L2 (weights ahead, solo.kernels.prefetch)."""
-    return gemv.fused.weight if hasattr(gemv, "fused") else gemv.weight
-
-
 def _gemv(linear: Linear, step: FusedDecodeStep, name: str) -> FusedGemv:
     scale = linear.scale_inv if linear.is_block_fp8 else None
     weight = linear.weight if linear.is_block_fp8 else linear.weight.to(torch.bfloat16)
@@ -159,7 +152,6 @@ class _KDAAttention:
             past.window if past is not None else None,
             self.sync,
             self.launch,
-            ahead=weight_of(self.dense),
         )
         gate = proj[:, 4 * self.dim : 5 * self.dim]
         self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps)
@@ -199,7 +191,7 @@ class _MLAAttention:
         proj = self.proj(x, norm_weight=self.norm, eps=self.eps)
         o = torch.empty((x.shape[0], self.out_dim), dtype=torch.bfloat16, device=x.device)
         layer_cache = cache.mla[self.index]
-        self.mla(proj, positions, layer_cache.latent, layer_cache.rope, o, ahead=weight_of(self.dense))
+        self.mla(proj, positions, layer_cache.latent, layer_cache.rope, o)
         self.dense(o, out=x, residual=x)
 
 
@@ -231,9 +223,8 @@ class _MoE:
 
     def __call__(self, x: torch.Tensor) -> None:
         if self.routed_in_experts is not None and x.shape[0] == 1:
-            ahead = () if self.shared_gate_up is None else (weight_of(self.shared_gate_up), weight_of(self.shared_down))
             routed, xn, _, _ = self.experts.routed_forward(
-                x, self.routed_in_experts, self.moe_router_counter, self.launch, ahead
+                x, self.routed_in_experts, self.moe_router_counter, self.launch
             )
         else:
             xn, ids, weights = self.router(x)
@@ -298,8 +289,6 @@ class FusedDecodeStep:
     launch its one-token calls' kernels with programmatic dependent launch (solo.kernels.pdl; sm_90+),
     and verification's too with `pdl_verify` (None: where the CUDA step kernels serve the whole
     verification window, which measured faster under PDL; the Triton ones measured slower).
-    `ahead`: the latency-bound kernels (KDA recurrence, the MoE kernel's routing) prefetch the next
-    kernel's weights into the L2 (solo.kernels.prefetch; None: with `pdl`).
     `kernels`: "cuda" runs the projections and routers of calls of up to `cuda_tokens` tokens on
     solo.kernels.cuda_step's CUDA kernels (larger calls on Triton), "triton" all on Triton, "auto"
     CUDA where every one of them can run (Hopper, NVRTC, FP8 projections), else Triton with the
@@ -314,17 +303,13 @@ class FusedDecodeStep:
         cuda_tokens: int = 8,
         pdl_verify: bool | None = None,
         moe_router: bool | None = None,
-        ahead: bool | None = None,
     ) -> None:
         _check_model(model)
         if kernels not in STEP_KERNELS:
             raise ValueError(f"unknown step kernels {kernels!r}; choose one of {', '.join(STEP_KERNELS)}")
         if pdl and (reason := pdl_unavailable(model.device)) is not None:
             raise PDLUnavailable(f"--pdl on: {reason}. Use --pdl off.")
-        if ahead and (reason := ahead_unavailable(model.device)) is not None:
-            raise StepKernelsUnavailable(f"--weights-ahead on: {reason}. Use --weights-ahead auto or off.")
-        # verification's PDL: set below, once the kernels are
-        self.launch = LaunchPolicy(pdl, one_token_only=True, ahead=ahead)
+        self.launch = LaunchPolicy(pdl, one_token_only=True)  # verification's PDL: set below, once the kernels are
         self.cuda_tokens = cuda_tokens
         self.model = model
         self.config = model.config
@@ -517,7 +502,6 @@ class FusedDecodeStep:
             "layers": len(self.layers),
             "pdl": self.launch.pdl,
             "pdl_verify": self.launch.pdl and not self.launch.one_token_only,
-            "weights_ahead": self.launch.ahead,
             "step_kernels": self.kernels,
             "cuda_tokens": self.cuda_tokens if self.kernels == "cuda" else 0,
             "routers_in_experts": len(self.routers_in_experts()),

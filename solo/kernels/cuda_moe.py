@@ -33,7 +33,6 @@ import torch
 
 from solo.kernels.cuda_moe_plan import DecodeKernelConfig, DecodeSchedule, decode_schedule
 from solo.kernels.moe import CompileEvidence, MXFP4Experts
-from solo.kernels.prefetch import weights_ahead
 from solo.kernels.triton_moe import MoEConfig, TritonMoE
 
 SOURCE = Path(__file__).parent / "cuda" / "moe_decode.cu"
@@ -252,13 +251,13 @@ class PersistentDecodeMoE(TritonMoE):
 
     def launch_persistent(self, xb: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, out: torch.Tensor) -> None:
         kernel, _, table, threads = self.kernel_for(ids.numel(), ids.dtype == torch.int64)
-        self._launch(kernel, table, threads, [xb, ids, wts], out, [None] * 8 + [0.0, 0.0, None, 0, None, 0])
+        self._launch(kernel, table, threads, [xb, ids, wts], out, [None] * 8 + [0.0, 0.0])
 
     def _launch(
         self, kernel: Any, table: torch.Tensor, threads: int, inputs: list, out: torch.Tensor, router: list
     ) -> None:
-        """One launch of moe_decode: `inputs` x, ids, weights; `router` its ROUTER arguments, weights
-        ahead included (null pointers and zeros without it)."""
+        """One launch of moe_decode: `inputs` x, ids, weights; `router` its ROUTER arguments (null
+        pointers and zeros without it)."""
         limit = float(self.swiglu_limit) if self.swiglu_limit is not None else 0.0
         kc = self.kernel_config
         kernel.launch(
@@ -299,20 +298,13 @@ class PersistentDecodeMoE(TritonMoE):
         return router_unsupported(self.hidden, router.top_k, self.router_spec(router))
 
     def routed_forward(
-        self,
-        x: torch.Tensor,
-        router: Any,
-        count: torch.Tensor,
-        launch: Any = None,
-        ahead: tuple[torch.Tensor, ...] = (),
+        self, x: torch.Tensor, router: Any, count: torch.Tensor, launch: Any = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One token's router (post-attention RMSNorm, scores, grouped top-k: `router`, a FusedRouter)
         and routed experts in one launch. x: the residual stream [1, H] bf16. Returns (the routed
         sum [1, H], the normalised x [1, H], ids [1, top_k] int32, weights [1, top_k] fp32); `count`
         (int32) is bumped once per launch on the device; `launch` (a solo.kernels.pdl.LaunchPolicy)
-        records the launch as family "moe_router". `ahead`: up to two weights of the kernels after this
-        one, which the blocks ask the L2 for while the routing runs (where `launch.ahead`;
-        solo.kernels.prefetch)."""
+        records the launch as family "moe_router"."""
         if x.shape != (1, self.hidden) or x.dtype != torch.bfloat16 or x.stride(1) != 1 or x.data_ptr() % 16:
             raise ValueError(f"the fused router takes one 16-byte aligned bf16 row [1, {self.hidden}]")
         top_k = router.top_k
@@ -323,12 +315,7 @@ class PersistentDecodeMoE(TritonMoE):
         wts = torch.empty((1, top_k), dtype=torch.float32, device=self.device)
         self.path_calls["persistent"] += 1
         scratch = [router.norm_weight, router.weight, router.bias, self._scores, xn, ids, wts, count]
-        regions: list[Any] = [None, 0, None, 0]
-        if ahead and launch is not None and launch.ahead:
-            for i, (t, nbytes) in enumerate(weights_ahead(ahead)):
-                regions[2 * i : 2 * i + 2] = [t, nbytes]
-        args = [*scratch, float(router.eps), float(router.scaling), *regions]
-        self._launch(kernel, table, threads, [x, None, None], out, args)
+        self._launch(kernel, table, threads, [x, None, None], out, [*scratch, float(router.eps), float(router.scaling)])
         if launch is not None:
             launch.record("moe_router", kernel)
         return out, xn, ids, wts

@@ -26,11 +26,9 @@ import triton.language as tl
 
 from solo.kernels.fused_gemv import MAX_TOKENS, store_rounded
 from solo.kernels.pdl import PLAIN, LaunchPolicy, after_previous_kernel
-from solo.kernels.prefetch import prefetch_share_to_l2, weights_ahead
 from solo.kernels.triton_fp8 import interpreter_mode
 
 VALUE_SPLITS = 4  # programs per head on a GPU for one token (each a quarter of the value columns)
-WARPS = 4  # per program
 WINDOW_VALUE_SPLITS = 4  # ... for several tokens (verification), where each program also stores a state per token
 
 
@@ -64,7 +62,6 @@ def _kda_decode(
     stride_o,
     count_ptr,
     sync_ptr,
-    ahead_ptr,
     lower_bound,
     T: tl.constexpr,
     H: tl.constexpr,
@@ -73,8 +70,6 @@ def _kda_decode(
     SAFE_GATE: tl.constexpr,
     HISTORY: tl.constexpr,
     PDL: tl.constexpr,
-    AHEAD_BYTES: tl.constexpr,  # bytes of the next kernel's weight to ask the L2 for (0: none)
-    WARPS: tl.constexpr,  # num_warps, for the prefetch's one request per thread
 ):
     h = tl.program_id(0)
     j = tl.program_id(1)
@@ -118,9 +113,6 @@ def _kda_decode(
     after_previous_kernel(PDL)
     if h == 0 and j == 0:
         tl.atomic_add(count_ptr, 1)
-    # The recurrence below is latency, not bytes: HBM would idle while it runs, so this program asks
-    # the L2 for its share of the next kernel's weight (solo.kernels.prefetch, weights ahead).
-    prefetch_share_to_l2(ahead_ptr, AHEAD_BYTES, h * NV + j, H * NV, 32 * WARPS)
     owner = j == NV - 1  # this program rewrites the head's q and k windows, once the others have read them
     if NV > 1:  # noqa: SIM102 (constexpr branch)
         if j < NV - 1:
@@ -203,14 +195,11 @@ def kda_decode(
     history_window: torch.Tensor | None = None,
     sync: torch.Tensor | None = None,
     launch: LaunchPolicy = PLAIN,
-    ahead: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """proj [T, 5D + H] bf16 ([q|k|v|f|g|b] rows); conv_weight [3D, 4] fp32; conv_state [3D, 3] fp32 and
     state [H, d, d] fp32 updated in place; out [T, D] (bf16) receives o. With history_states
     [T, H, d, d] and history_window [3D, 3 + T], what rollback needs is stored too. `sync`: an int32
-    buffer of (at least) one counter per head, zero between calls (the kernel leaves it so). `ahead`:
-    the next kernel's weight, which the programs ask the L2 for while the recurrence runs (with
-    `launch.ahead`; solo.kernels.prefetch)."""
+    buffer of (at least) one counter per head, zero between calls (the kernel leaves it so)."""
     t = proj.shape[0]
     launch = launch.at(t)
     heads, dk, dv = state.shape
@@ -225,9 +214,6 @@ def kda_decode(
     nv = value_splits(t)
     if sync is None or sync.numel() < heads:
         raise ValueError("kda_decode needs a zeroed int32 sync buffer of one counter per head")
-    ahead_bytes = 0
-    if ahead is not None and launch.ahead:
-        ((ahead, ahead_bytes),) = weights_ahead((ahead,), most=1)
     compiled = _kda_decode[(heads, nv)](
         proj,
         proj.stride(0),
@@ -242,7 +228,6 @@ def kda_decode(
         out.stride(0),
         counter,
         sync,
-        ahead if ahead_bytes else counter,
         float(lower_bound),
         T=t,
         H=heads,
@@ -251,9 +236,7 @@ def kda_decode(
         SAFE_GATE=safe_gate,
         HISTORY=history,
         PDL=launch.pdl,
-        AHEAD_BYTES=ahead_bytes,
-        WARPS=WARPS,
-        num_warps=WARPS,
+        num_warps=4,
         **launch.options,
     )
     launch.record("kda", compiled)

@@ -37,7 +37,6 @@ import triton.language as tl
 
 from solo.kernels.fused_gemv import MAX_TOKENS, round_bf16, store_rounded
 from solo.kernels.pdl import PLAIN, LaunchPolicy, after_previous_kernel
-from solo.kernels.prefetch import prefetch_share_to_l2, weights_ahead
 from solo.kernels.triton_fp8 import interpreter_mode
 
 
@@ -220,7 +219,6 @@ def _mla_combine(
     o_ptr,
     stride_o,
     count_ptr,
-    ahead_ptr,
     T: tl.constexpr,
     HEADS: tl.constexpr,
     RANK: tl.constexpr,
@@ -233,8 +231,6 @@ def _mla_combine(
     TOKEN_PROGRAMS: tl.constexpr,
     CH: tl.constexpr,
     PDL: tl.constexpr,
-    AHEAD_BYTES: tl.constexpr,  # bytes of the next kernel's weight to ask the L2 for (0: none)
-    WARPS: tl.constexpr,  # num_warps, for the prefetch's one request per thread
 ):
     """One program per head and V_PER value rows (and per token with TOKEN_PROGRAMS, else all tokens
     one after another): merge the head's partials of the splits in use, then w_uv for its rows, the
@@ -258,8 +254,6 @@ def _mla_combine(
     rr = tl.arange(0, RANK)
     rv = vp * V_PER + tl.arange(0, V_PER)
     w = tl.load(wuv_ptr + (h * V + rv)[:, None] * RANK + rr[None, :])  # [V_PER, RANK]
-    if t_first == 0:  # the merge below is latency: HBM would idle, so ask the L2 for the next kernel's weight
-        prefetch_share_to_l2(ahead_ptr, AHEAD_BYTES, h * (V // V_PER) + vp, HEADS * (V // V_PER), 32 * WARPS)
     rs_all = tl.arange(0, SPLITS)
     length = tl.max(tl.load(pos_ptr + tl.arange(0, T_POW2), mask=tl.arange(0, T_POW2) < T, other=-1), axis=0) + 1
     used = tl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)  # as in _mla_attend
@@ -398,10 +392,8 @@ class FusedMLA:
         latent_cache: torch.Tensor,
         rope_cache: torch.Tensor,
         out: torch.Tensor,
-        ahead: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """proj [T, ...] ([q | kv_a | g] at 0, kv_offset, gate_offset) -> out [T, heads*v] (gated head outputs).
-        `ahead`: the next kernel's weight, which the combine asks the L2 for (with `launch.ahead`)."""
+        """proj [T, ...] ([q | kv_a | g] at 0, kv_offset, gate_offset) -> out [T, heads*v] (gated head outputs)."""
         t = proj.shape[0]
         if not 1 <= t <= MAX_TOKENS:
             raise ValueError(f"the fused MLA kernels take 1..{MAX_TOKENS} tokens, got {t}")
@@ -409,7 +401,7 @@ class FusedMLA:
         q, part, ml = self._buffers(t, config, proj.device)
         self.prep(proj, positions, latent_cache, rope_cache, q)
         self.attend(config, q, positions, latent_cache, rope_cache, part, ml)
-        return self.combine(config, proj, positions, part, ml, out, ahead)
+        return self.combine(config, proj, positions, part, ml, out)
 
     def prep(
         self, proj: torch.Tensor, positions: torch.Tensor, latent_cache: torch.Tensor, rope_cache: torch.Tensor, q
@@ -507,16 +499,11 @@ class FusedMLA:
         part: torch.Tensor,
         ml: torch.Tensor,
         out: torch.Tensor,
-        ahead: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The splits' partials merged, through w_uv, gated: out [T, heads * v]; the programs ask the L2
-        for their shares of `ahead` (the next kernel's weight) with `launch.ahead`."""
+        """The splits' partials merged, through w_uv, gated: out [T, heads * v]."""
         t = proj.shape[0]
         block_m = part.shape[1]
         launch = self.launch.at(t)
-        ahead_bytes = 0
-        if ahead is not None and launch.ahead:
-            ((ahead, ahead_bytes),) = weights_ahead((ahead,), most=1)
         gate = proj[:, self.gate_offset :]
         v_per = min(config.v_per_program, self.v_dim & -self.v_dim)  # a power of two dividing v_head_dim
         token_programs = config.combine_token_programs and t > 1
@@ -530,7 +517,6 @@ class FusedMLA:
             out,
             out.stride(0),
             self.counter[2:3],
-            ahead if ahead_bytes else self.counter,
             T=t,
             HEADS=self.heads,
             RANK=self.rank,
@@ -543,8 +529,6 @@ class FusedMLA:
             TOKEN_PROGRAMS=token_programs,
             CH=min(config.combine_chunk, config.splits),
             PDL=launch.pdl,
-            AHEAD_BYTES=ahead_bytes,
-            WARPS=config.combine_warps,
             num_warps=config.combine_warps,
             **launch.options,
         )

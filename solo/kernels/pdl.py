@@ -61,16 +61,11 @@ class LaunchPolicy:
     one-token calls (decode, NEXTN drafts) only; calls of several tokens (verification) launch plainly,
     which measured faster for them on the H200 (docs/performance.md section 0)."""
 
-    def __init__(
-        self, pdl: bool = False, prefetch: bool | None = None, one_token_only: bool = False, ahead: bool | None = None
-    ) -> None:
+    def __init__(self, pdl: bool = False, prefetch: bool | None = None, one_token_only: bool = False) -> None:
         self.pdl = pdl
         # the router's weight prefetch into the L2 before the wait (solo.kernels.prefetch): on with PDL
         # unless set
         self.prefetch = pdl if prefetch is None else prefetch
-        # weights ahead: latency-bound kernels prefetch the next kernel's weights into the L2
-        # (solo.kernels.prefetch): on with PDL unless set
-        self.ahead = pdl if ahead is None else ahead
         self.options = launch_options(pdl)
         self.one_token_only = one_token_only
         self.seen: dict[str, set[bool]] = {}
@@ -81,7 +76,7 @@ class LaunchPolicy:
         if not self.pdl or not self.one_token_only or tokens == 1:
             return self
         if self._several is None:
-            self._several = LaunchPolicy(False, False, ahead=False)
+            self._several = LaunchPolicy(False, False)
         return self._several
 
     def record(self, family: str, compiled: object) -> None:

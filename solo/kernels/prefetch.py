@@ -10,10 +10,6 @@ Used by the router, whose scores are a latency-bound 2.6 MB (on the H200 with PD
 router against 12.2 without the prefetch, dev/launch_probe.py). Measured and dropped for the fused
 GEMVs, which stream at a steady rate once started: 12.8 us per kernel of the step's projection chain
 with it against 9.1 without (11.6 with PDL).
-
-Weights ahead (`weights_ahead`): a kernel whose own time is latency, not bytes (the KDA recurrence,
-the MoE kernel's routing phase), asks the L2 for the weights of the kernel after it, which then reads
-them from the L2 instead of waiting on HBM. Each of its programs asks for its share of the bytes.
 """
 
 from __future__ import annotations
@@ -46,50 +42,6 @@ def prefetch_to_l2(ptr, NBYTES: tl.constexpr, THREADS: tl.constexpr):
     offset = tl.arange(0, THREADS) * SIZE
     nbytes = tl.minimum(tl.maximum(NBYTES - offset, 0), SIZE)
     _bulk_prefetch(ptr.to(tl.int64) + offset, nbytes.to(tl.int32))
-
-
-@triton.jit
-def prefetch_share_to_l2(ptr, NBYTES: tl.constexpr, share, SHARES: tl.constexpr, THREADS: tl.constexpr):
-    """Prefetch share `share` of SHARES (whole 16-byte units, the last one shorter) of NBYTES contiguous
-    bytes from `ptr`, one request per thread of the program's THREADS. NBYTES == 0: nothing."""
-    if NBYTES > 0:
-        SLICE: tl.constexpr = (NBYTES + 16 * SHARES - 1) // (16 * SHARES) * 16
-        SIZE: tl.constexpr = (SLICE + 16 * THREADS - 1) // (16 * THREADS) * 16
-        offset = tl.arange(0, THREADS) * SIZE
-        start = share.to(tl.int64) * SLICE + offset
-        nbytes = tl.minimum(tl.minimum(tl.maximum(SLICE - offset, 0), SIZE), tl.maximum(NBYTES - start, 0))
-        _bulk_prefetch(ptr.to(tl.int64) + start, nbytes.to(tl.int32))
-
-
-def weights_ahead(tensors: tuple[torch.Tensor, ...], most: int = 2) -> list[tuple[torch.Tensor, int]]:
-    """(tensor, bytes) of the weights a kernel prefetches for the kernel after it, each checked
-    (`prefetch_unavailable`); ValueError naming the problem where one cannot be prefetched."""
-    if len(tensors) > most:
-        raise ValueError(f"a kernel prefetches at most {most} weights ahead, got {len(tensors)}")
-    regions = []
-    for t in tensors:
-        if not t.is_contiguous():
-            raise ValueError("weights prefetched ahead must be contiguous")
-        nbytes = t.numel() * t.element_size()
-        if nbytes >= 2**31:
-            raise ValueError(f"a weight prefetched ahead must be under 2 GiB, got {nbytes} bytes")
-        if (reason := prefetch_unavailable(t, nbytes)) is not None:
-            raise ValueError(f"weights cannot be prefetched ahead into the L2: {reason}")
-        regions.append((t, nbytes))
-    return regions
-
-
-def ahead_unavailable(device: torch.device | str) -> str | None:
-    """Why kernels on `device` cannot prefetch weights ahead (None: they can)."""
-    device = torch.device(device)
-    if interpreter_mode():
-        return "Triton's CPU interpreter runs no PTX"
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return f"the bulk L2 prefetch needs an NVIDIA GPU; the model is on '{device.type}'"
-    major, minor = torch.cuda.get_device_capability(device)
-    if major < 9:
-        return f"the bulk L2 prefetch needs compute capability 9.0 (Hopper) or later, not {major}.{minor}"
-    return None
 
 
 def prefetch_unavailable(tensor: torch.Tensor, block_bytes: int) -> str | None:

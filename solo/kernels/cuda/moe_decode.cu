@@ -30,9 +30,7 @@
 // no fence); then every block selects from all E scores itself (the same grouped top-k as
 // router_decode.cu: groups by the sum of their two best biased scores, ties to the lower index; the
 // top-k by rank counting, in each warp, then over the warps' best), and the producer
-// issues the copies of the experts it chose. While the routing runs HBM has nothing to do, so the
-// producer first asks the L2 for its block's share of the next kernels' weights (the shared
-// expert's: weights ahead, solo/kernels/prefetch.py), which then read them from the L2.
+// issues the copies of the experts it chose.
 //
 // Products on the tensor cores (mma.m16n8k16, fp16 in, fp32 sums): the packed E2M1 words
 // (pack_e2m1_words) unpack to fp16 pairs equal to value * 2^-14, times the group's factor
@@ -399,10 +397,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
            int *__restrict__ ids_out,                // [TOPK] the selection (block 0)
            float *__restrict__ wts_out,              // [TOPK]
            int *__restrict__ count,                  // launch counter (the start-up check)
-           float eps, float scaling,
-           // ROUTER only, weights ahead (null, 0: none): the next kernels' weights, which each block's
-           // producer warp asks the L2 for (its share) while the routing keeps HBM idle
-           const void *ahead0, int ahead0_bytes, const void *ahead1, int ahead1_bytes)
+           float eps, float scaling)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Smem &sm = *reinterpret_cast<Smem *>(smem_raw);
@@ -459,8 +454,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 
     if (warp == PRODUCER) {
 #if ROUTER
-        prefetch_share_to_l2(ahead0, ahead0_bytes, blockIdx.x, NBLOCKS, lane);
-        prefetch_share_to_l2(ahead1, ahead1_bytes, blockIdx.x, NBLOCKS, lane);
         asm volatile("bar.sync %0, %1;" ::"r"(BAR_ROUTED), "r"(96) : "memory");  // the block's own selection
 #else
         if (lane < TOPK) sm.experts[lane] = __ldcg(ids + lane);

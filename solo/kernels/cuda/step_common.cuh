@@ -87,17 +87,3 @@ __device__ __forceinline__ float rms_value(u32 x_bits, float rstd, u32 w_bits) {
 __device__ __forceinline__ u32 bf16_pair(float lo, float hi) {
     return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xFFFF0000u);
 }
-
-// Weights ahead (solo/kernels/prefetch.py): ask the L2 for share `share` of `shares` of nbytes
-// contiguous bytes (whole 16-byte units; p 16-byte aligned), one bulk prefetch per lane of a warp. A
-// hint for the kernel after this one: no registers, nothing returned, the arithmetic unchanged.
-__device__ __forceinline__ void prefetch_share_to_l2(const void *p, int nbytes, int share, int shares, int lane) {
-    if (nbytes <= 0) return;
-    const long long slice = ((long long)nbytes + 16 * shares - 1) / (16 * shares) * 16;
-    const long long size = (slice + 16 * 32 - 1) / (16 * 32) * 16;
-    const long long start = (long long)share * slice + lane * size;
-    const long long n = min(min(slice - lane * size, size), (long long)nbytes - start);
-    if (n > 0)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const unsigned char *)p + start), "r"((u32)n)
-                     : "memory");
-}
