@@ -154,7 +154,9 @@ class _KDAAttention:
             self.launch,
         )
         gate = proj[:, 4 * self.dim : 5 * self.dim]
-        self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps)
+        # early: x was last written by the previous layer's MLP and the gate by the projection before the
+        # recurrence, both two or more kernels back (solo.kernels.cuda_step.CudaGemv)
+        self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps, early=True)
 
 
 class _MLAAttention:
@@ -192,7 +194,7 @@ class _MLAAttention:
         o = torch.empty((x.shape[0], self.out_dim), dtype=torch.bfloat16, device=x.device)
         layer_cache = cache.mla[self.index]
         self.mla(proj, positions, layer_cache.latent, layer_cache.rope, o)
-        self.dense(o, out=x, residual=x)
+        self.dense(o, out=x, residual=x, early=True)  # x: last written by the previous layer's MLP
 
 
 class _MoE:
@@ -233,7 +235,8 @@ class _MoE:
             x.add_(routed)
             return
         act = self.shared_gate_up(xn)
-        self.shared_down(act, out=x, residual=x, addend=routed)
+        # early: x (the attention's output projection) and the routed sum were written before shared_gate_up
+        self.shared_down(act, out=x, residual=x, addend=routed, early=True)
 
 
 def _swiglu_pair(mlp: SwiGLUMLP, step: FusedDecodeStep, name: str) -> tuple[FusedGemv, FusedGemv]:
@@ -261,7 +264,7 @@ class _DenseMLP:
 
     def __call__(self, x: torch.Tensor) -> None:
         act = self.gate_up(x, norm_weight=self.norm, eps=self.eps)
-        self.down(act, out=x, residual=x)
+        self.down(act, out=x, residual=x, early=True)  # x: written by the attention, before gate_up
 
 
 class _Layer:

@@ -18,9 +18,13 @@
 //     cost the same products and weight bytes as one: lane (g, t) ends with tokens 2t and 2t + 1;
 //   - the block scale multiplies each 64-column step's fp32 partial, the row scale the row's sum;
 //   - each warp keeps PF loads in flight, continuing into its next task, and the first task's
-//     weights are loaded before griddepcontrol.wait: under programmatic dependent launch they stream
-//     while the previous kernel finishes (weights do not depend on it; x does). A block lets the next
-//     kernel launch when it starts its last task.
+//     weights, their scales and the norm weight are loaded before griddepcontrol.wait: under
+//     programmatic dependent launch they stream while the previous kernel finishes (weights do not
+//     depend on it; x does). A block lets the next kernel launch when it starts its last task (never
+//     before its own wait, which EARLY relies on);
+//   - EARLY (the caller's promise that the gate, residual and addend were written two or more kernels
+//     back, so they are final once this kernel may start): they are loaded before the wait too. The
+//     wait is then followed by one round trip to memory (x), not three (x, the scales, the residual).
 // Block 0 bumps the launch counter (start-up checks read it).
 //
 // Defines: NTOK (tokens, 1..8; row strides of x, gate, out, residual, addend and xn_out are arguments),
@@ -28,7 +32,7 @@
 // [gate; up]), NORM (0 none, 1 RMSNorm over K, 2 gated per-group RMSNorm of GROUP <= 256), SCALE
 // (1 block 128x128, 2 one per row), EPI (0 store, 1 residual (+ addend if ADD), 2 SwiGLU (+ clamp if
 // HAS_LIMIT)), OUT_F32 (EPI 0: fp32 output), WRITE_XN (block 0 writes the prologue's x as bf16),
-// WARPS (per block; divides K / 64), PF (loads in flight per lane; divides K / 64 / WARPS).
+// WARPS (per block; divides K / 64), PF (loads in flight per lane; divides K / 64 / WARPS), EARLY (0 or 1).
 
 #include "step_common.cuh"
 
@@ -40,10 +44,26 @@
 #define TASKS ((ROWS + 7) / 8)   // block tasks of 8 rows
 #define PIECES ((K / 8 + THREADS - 1) / THREADS)  // 8-element pieces of a token's x per thread
 #define LIVE ((NTOK + 1) / 2)       // lanes t < LIVE hold tokens of the product (2t, 2t + 1)
+// the first task's block scales a lane keeps (SCALE 1): one per 128-column block of its steps; with an
+// even SPW a warp's steps start on a block boundary, so steps 2j and 2j + 1 share scale j
+#define KB_PAIRS (SPW % 2 == 0)
+#define NSC (KB_PAIRS ? SPW / 2 : SPW)
+#ifndef EARLY
+#define EARLY 0
+#endif
 
 __device__ __forceinline__ u16 to_bf16(float f) { return (u16)(__float_as_uint(round_bf16(f)) >> 16); }
 
 __device__ __forceinline__ uint4 ld_vec(const void *p) { return *reinterpret_cast<const uint4 *>(p); }
+
+// A scale, through the L2 (ld.global.cg). Not the read-only path: ptxas moves those loads freely, past
+// griddepcontrol.wait (the first task's scales must be read before it) and out of their branches (the
+// later tasks' loads must not be issued for the first task).
+__device__ __forceinline__ float ld_scale(const float *p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
 
 // two e4m3 codes (low byte first) -> f16x2 (exact), low byte in the low half
 __device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 pair) {
@@ -72,33 +92,54 @@ struct Shared {
     float red[NTOK][WARPS];
 };
 
+// ---- the prologue's operands that need not wait for the previous kernel: the norm weight always, the
+// gate with EARLY (written two or more kernels back). Loaded before griddepcontrol.wait.
+struct Early {
+#if NORM
+    uint4 nv[PIECES];
+#endif
+#if NORM == 2
+    uint4 gv[NTOK][PIECES];
+#endif
+};
+
+__device__ __forceinline__ void load_gate(Early &e, const u16 *__restrict__ gate, int gate_stride) {
+#if NORM == 2
+#pragma unroll
+    for (int p = 0; p < PIECES; ++p) {
+        const int i = p * THREADS + threadIdx.x;
+#pragma unroll
+        for (int r = 0; r < NTOK; ++r)
+            e.gv[r][p] = i < K / 8 ? ld_fresh(gate + (size_t)r * gate_stride + i * 8) : uint4{0u, 0u, 0u, 0u};
+    }
+#endif
+}
+
+__device__ __forceinline__ void load_norm_weight(Early &e, const u16 *__restrict__ nw) {
+#if NORM
+#pragma unroll
+    for (int p = 0; p < PIECES; ++p) {
+        const int i = p * THREADS + threadIdx.x;
+#if NORM == 1
+        e.nv[p] = i < K / 8 ? ld_vec(nw + i * 8) : uint4{0u, 0u, 0u, 0u};
+#else
+        e.nv[p] = i < K / 8 ? ld_vec(nw + (i * 8) % GROUP) : uint4{0u, 0u, 0u, 0u};
+#endif
+    }
+#endif
+}
+
 // ---- the prologue: x -> xh (f16 pairs), every load of every token issued before the first is used
-__device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, int x_stride,
-                                         const u16 *__restrict__ nw, const u16 *__restrict__ gate, int gate_stride,
+__device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, int x_stride, const Early &e,
                                          u16 *__restrict__ xn_out, int xn_stride, float eps) {
     const int tid = threadIdx.x;
     uint4 xv[NTOK][PIECES];
-#if NORM == 1
-    uint4 nv[PIECES];
-#elif NORM == 2
-    uint4 gv[NTOK][PIECES], nv[PIECES];
-#endif
 #pragma unroll
     for (int p = 0; p < PIECES; ++p) {
         const int i = p * THREADS + tid;
         const bool ok = i < K / 8;
 #pragma unroll
-        for (int r = 0; r < NTOK; ++r) {
-            xv[r][p] = ok ? ld_fresh(x + (size_t)r * x_stride + i * 8) : uint4{0u, 0u, 0u, 0u};
-#if NORM == 2
-            gv[r][p] = ok ? ld_fresh(gate + (size_t)r * gate_stride + i * 8) : uint4{0u, 0u, 0u, 0u};
-#endif
-        }
-#if NORM == 1
-        nv[p] = ok ? ld_vec(nw + i * 8) : uint4{0u, 0u, 0u, 0u};
-#elif NORM == 2
-        nv[p] = ok ? ld_vec(nw + (i * 8) % GROUP) : uint4{0u, 0u, 0u, 0u};
-#endif
+        for (int r = 0; r < NTOK; ++r) xv[r][p] = ok ? ld_fresh(x + (size_t)r * x_stride + i * 8) : uint4{0u, 0u, 0u, 0u};
     }
 #if NORM == 1
     float rstd[NTOK];
@@ -118,7 +159,7 @@ __device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, 
 #if NORM == 1
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                const u32 xq = word(xv[r][p], q), nq = word(nv[p], q);
+                const u32 xq = word(xv[r][p], q), nq = word(e.nv[p], q);
                 v[2 * q] = rms_value(xq & 0xFFFFu, rstd[r], nq & 0xFFFFu);
                 v[2 * q + 1] = rms_value(xq >> 16, rstd[r], nq >> 16);
             }
@@ -132,7 +173,7 @@ __device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, 
             const float rs = __frcp_rn(__fsqrt_rn(__fdiv_rn(sq, (float)GROUP) + eps));
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                const u32 gq = word(gv[r][p], q), nq = word(nv[p], q);
+                const u32 gq = word(e.gv[r][p], q), nq = word(e.nv[p], q);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const float g = bf16_to_float(h ? gq >> 16 : gq & 0xFFFFu);
@@ -197,12 +238,48 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
 #pragma unroll
     for (int s0 = 0; s0 < PF; ++s0)
         if (task < TASKS) issue(ring[s0], ring_up[s0], w, task, s0, warp, lane);
+    // the first task's scales: weights too, so no load round trip after the wait is spent on them
+    const int row0 = task * 8 + g;
+#if SCALE == 1
+    float sg0[NSC], su0[NSC];
+#pragma unroll
+    for (int j = 0; j < NSC; ++j) {
+        const int kb = ((warp * SPW + (KB_PAIRS ? 2 * j : j)) * 64) / 128;
+        sg0[j] = row0 < ROWS ? ld_scale(s + (row0 / 128) * KB + kb) : 0.0f;
+        su0[j] = SWIGLU && row0 < ROWS ? ld_scale(s + ((row0 + ROWS) / 128) * KB + kb) : 0.0f;
+    }
+#else
+    const int erow0 = task * 8 + (lane & 7);  // warp 0's epilogue row
+    const float rs0 = warp == 0 && erow0 < ROWS ? ld_scale(s + erow0) : 0.0f;
+    const float ru0 = SWIGLU && warp == 0 && erow0 < ROWS ? ld_scale(s + erow0 + ROWS) : 0.0f;
+#endif
+    Early early;
+    load_norm_weight(early, nw);
+#if EARLY
+    // written two or more kernels back (the caller's promise), so final before the previous kernel ends:
+    // the gate and the first task's residual and addend need no round trip after the wait either
+    load_gate(early, gate, gate_stride);
+#if EPI == 1
+    u32 res0[(NTOK + 3) / 4], add0[(NTOK + 3) / 4];
+#pragma unroll
+    for (int tok0 = 0; tok0 < NTOK; tok0 += 4) {
+        const int tok = tok0 + (lane >> 3), row = task * 8 + (lane & 7);
+        const bool ok = warp == 0 && tok < NTOK && row < ROWS;
+        res0[tok0 / 4] = ok ? ld_fresh_u16(residual + (size_t)tok * residual_stride + row) : 0u;
+        add0[tok0 / 4] = ADD && ok ? ld_fresh_u16(addend + (size_t)tok * addend_stride + row) : 0u;
+    }
+#endif
+#endif
     // the weights do not depend on the previous kernel; everything below does
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
-    prologue(sm, x, x_stride, nw, gate, gate_stride, xn_out, xn_stride, eps);
+#if !EARLY
+    load_gate(early, gate, gate_stride);
+#endif
+    prologue(sm, x, x_stride, early, xn_out, xn_stride, eps);
 
     for (int parity = 0; task < TASKS; task += gridDim.x, parity ^= 1) {
+        const bool first = task == (int)blockIdx.x;
         const int next = task + gridDim.x;
         if (next >= TASKS) asm volatile("griddepcontrol.launch_dependents;");  // this block's last task
         // tokens 2t and 2t + 1 of gate row g (acc) and up row g (acc_up)
@@ -240,11 +317,12 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
 #if SCALE == 1
             const int row = task * 8 + g;
             const int kb = ((warp * SPW + st) * 64) / 128;
-            const float sg = row < ROWS ? __ldg(s + (row / 128) * KB + kb) : 0.0f;
+            const int j = KB_PAIRS ? st / 2 : st;
+            const float sg = first ? sg0[j] : row < ROWS ? ld_scale(s + (row / 128) * KB + kb) : 0.0f;
             acc[0] = fmaf(c[0] + d[0], sg, acc[0]);
             if (NTOK > 1) acc[1] = fmaf(c[1] + d[1], sg, acc[1]);
 #if SWIGLU
-            const float su = row < ROWS ? __ldg(s + ((row + ROWS) / 128) * KB + kb) : 0.0f;
+            const float su = first ? su0[j] : row < ROWS ? ld_scale(s + ((row + ROWS) / 128) * KB + kb) : 0.0f;
             acc_up[0] = fmaf(c[2] + d[2], su, acc_up[0]);
             if (NTOK > 1) acc_up[1] = fmaf(c[3] + d[3], su, acc_up[1]);
 #endif
@@ -282,9 +360,9 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
                     u += sm.part[parity][i][1][r8][tok];
                 }
 #if SCALE == 2
-                y *= __ldg(s + row);
+                y *= first ? rs0 : ld_scale(s + row);
 #if SWIGLU
-                u *= __ldg(s + row + ROWS);
+                u *= first ? ru0 : ld_scale(s + row + ROWS);
 #endif
 #endif
                 const size_t o = (size_t)tok * out_stride + row;
@@ -297,8 +375,15 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
                 reinterpret_cast<u16 *>(out)[o] = to_bf16(act * u);
 #elif EPI == 1
                 // the reference adds in the stream's dtype: the projection's output is rounded first
-                float sum = bf16_to_float(ld_fresh_u16(residual + (size_t)tok * residual_stride + row)) + round_bf16(y);
-#if ADD
+#if EARLY
+                const u32 res = first ? res0[tok0 / 4] : ld_fresh_u16(residual + (size_t)tok * residual_stride + row);
+#else
+                const u32 res = ld_fresh_u16(residual + (size_t)tok * residual_stride + row);
+#endif
+                float sum = bf16_to_float(res) + round_bf16(y);
+#if ADD && EARLY
+                sum += bf16_to_float(first ? add0[tok0 / 4] : ld_fresh_u16(addend + (size_t)tok * addend_stride + row));
+#elif ADD
                 sum += bf16_to_float(ld_fresh_u16(addend + (size_t)tok * addend_stride + row));
 #endif
                 reinterpret_cast<u16 *>(out)[o] = to_bf16(sum);
