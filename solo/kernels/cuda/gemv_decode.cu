@@ -44,10 +44,6 @@
 #define TASKS ((ROWS + 7) / 8)   // block tasks of 8 rows
 #define PIECES ((K / 8 + THREADS - 1) / THREADS)  // 8-element pieces of a token's x per thread
 #define LIVE ((NTOK + 1) / 2)       // lanes t < LIVE hold tokens of the product (2t, 2t + 1)
-// the first task's block scales a lane keeps (SCALE 1): one per 128-column block of its steps; with an
-// even SPW a warp's steps start on a block boundary, so steps 2j and 2j + 1 share scale j
-#define KB_PAIRS (SPW % 2 == 0)
-#define NSC (KB_PAIRS ? SPW / 2 : SPW)
 #ifndef EARLY
 #define EARLY 0
 #endif
@@ -56,14 +52,10 @@ __device__ __forceinline__ u16 to_bf16(float f) { return (u16)(__float_as_uint(r
 
 __device__ __forceinline__ uint4 ld_vec(const void *p) { return *reinterpret_cast<const uint4 *>(p); }
 
-// A scale, through the L2 (ld.global.cg). Not the read-only path: ptxas moves those loads freely, past
-// griddepcontrol.wait (the first task's scales must be read before it) and out of their branches (the
-// later tasks' loads must not be issued for the first task).
-__device__ __forceinline__ float ld_scale(const float *p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
-}
+// Ask the L1 for the line holding p (a hint). The first task's scales are prefetched so before the wait:
+// loading them into registers there does not work, as ptxas sinks read-only loads below
+// griddepcontrol.wait, and the loop's own loads (left to the compiler to hoist) then hit the L1.
+__device__ __forceinline__ void prefetch_l1(const void *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 // two e4m3 codes (low byte first) -> f16x2 (exact), low byte in the low half
 __device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 pair) {
@@ -238,20 +230,22 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
 #pragma unroll
     for (int s0 = 0; s0 < PF; ++s0)
         if (task < TASKS) issue(ring[s0], ring_up[s0], w, task, s0, warp, lane);
-    // the first task's scales: weights too, so no load round trip after the wait is spent on them
+    // the first task's scales: weights too, so their round trip to memory is taken before the wait
     const int row0 = task * 8 + g;
 #if SCALE == 1
-    float sg0[NSC], su0[NSC];
+    if (row0 < ROWS) {
 #pragma unroll
-    for (int j = 0; j < NSC; ++j) {
-        const int kb = ((warp * SPW + (KB_PAIRS ? 2 * j : j)) * 64) / 128;
-        sg0[j] = row0 < ROWS ? ld_scale(s + (row0 / 128) * KB + kb) : 0.0f;
-        su0[j] = SWIGLU && row0 < ROWS ? ld_scale(s + ((row0 + ROWS) / 128) * KB + kb) : 0.0f;
+        for (int st = 0; st < SPW; ++st) {  // (steps 2j, 2j + 1 share a 128-column block: one line or two)
+            const int kb = ((warp * SPW + st) * 64) / 128;
+            prefetch_l1(s + (row0 / 128) * KB + kb);
+            if (SWIGLU) prefetch_l1(s + ((row0 + ROWS) / 128) * KB + kb);
+        }
     }
 #else
-    const int erow0 = task * 8 + (lane & 7);  // warp 0's epilogue row
-    const float rs0 = warp == 0 && erow0 < ROWS ? ld_scale(s + erow0) : 0.0f;
-    const float ru0 = SWIGLU && warp == 0 && erow0 < ROWS ? ld_scale(s + erow0 + ROWS) : 0.0f;
+    if (warp == 0 && task * 8 + (lane & 7) < ROWS) {
+        prefetch_l1(s + task * 8 + (lane & 7));
+        if (SWIGLU) prefetch_l1(s + task * 8 + (lane & 7) + ROWS);
+    }
 #endif
     Early early;
     load_norm_weight(early, nw);
@@ -279,7 +273,8 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
     prologue(sm, x, x_stride, early, xn_out, xn_stride, eps);
 
     for (int parity = 0; task < TASKS; task += gridDim.x, parity ^= 1) {
-        const bool first = task == (int)blockIdx.x;
+        const bool first = task == (int)blockIdx.x;  // (EARLY's operands are this task's)
+        (void)first;
         const int next = task + gridDim.x;
         if (next >= TASKS) asm volatile("griddepcontrol.launch_dependents;");  // this block's last task
         // tokens 2t and 2t + 1 of gate row g (acc) and up row g (acc_up)
@@ -317,12 +312,11 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
 #if SCALE == 1
             const int row = task * 8 + g;
             const int kb = ((warp * SPW + st) * 64) / 128;
-            const int j = KB_PAIRS ? st / 2 : st;
-            const float sg = first ? sg0[j] : row < ROWS ? ld_scale(s + (row / 128) * KB + kb) : 0.0f;
+            const float sg = row < ROWS ? __ldg(s + (row / 128) * KB + kb) : 0.0f;
             acc[0] = fmaf(c[0] + d[0], sg, acc[0]);
             if (NTOK > 1) acc[1] = fmaf(c[1] + d[1], sg, acc[1]);
 #if SWIGLU
-            const float su = first ? su0[j] : row < ROWS ? ld_scale(s + ((row + ROWS) / 128) * KB + kb) : 0.0f;
+            const float su = row < ROWS ? __ldg(s + ((row + ROWS) / 128) * KB + kb) : 0.0f;
             acc_up[0] = fmaf(c[2] + d[2], su, acc_up[0]);
             if (NTOK > 1) acc_up[1] = fmaf(c[3] + d[3], su, acc_up[1]);
 #endif
@@ -360,9 +354,9 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
                     u += sm.part[parity][i][1][r8][tok];
                 }
 #if SCALE == 2
-                y *= first ? rs0 : ld_scale(s + row);
+                y *= __ldg(s + row);
 #if SWIGLU
-                u *= first ? ru0 : ld_scale(s + row + ROWS);
+                u *= __ldg(s + row + ROWS);
 #endif
 #endif
                 const size_t o = (size_t)tok * out_stride + row;
