@@ -70,10 +70,13 @@ TOKENS = [1, 4, 8]
 def assert_same_rounding(got: torch.Tensor, want: torch.Tensor) -> None:
     """bf16 values of a normalisation computed as the reference does, whose fp32 sum of squares adds in
     another order: 1 / rms can differ in its last bit, which moves a value sitting on a bf16 rounding
-    boundary by one bf16 step. So: every value within one step, and almost all of them exact."""
+    boundary by one bf16 step. That step is of x * (1 / rms), rounded to bf16 before the norm weight
+    (|w| = 1 + 0.2 N(0, 1) here) multiplies it and the product is rounded again: at most |w| steps plus
+    half a step of the result, which can exceed one step of the result (1.08 was seen on the H200).
+    So: every value within two steps, and almost all of them exact."""
     step = want.float().abs().clamp_min(1e-30) * 2.0**-7  # one bf16 step (8 significant bits) or more
     diff = (got.float() - want.float()).abs()
-    assert bool((diff <= step).all()), float((diff / step).max())
+    assert bool((diff <= 2 * step).all()), float((diff / step).max())
     assert int((diff > 0).sum()) <= max(2, want.numel() // 1000), int((diff > 0).sum())
 
 
@@ -143,9 +146,9 @@ def test_swiglu_pair(launch, tokens):
     ("rows", "k", "scale_kind"), [(2560, 768, "block"), (2560, 4096, "block"), (1001, 2560, "row")]
 )
 def test_early_operands_change_no_result(launch, rows, k, scale_kind, tokens):
-    """early=True (gate, residual, addend and the first task's scales read before the kernel's wait) gives
-    bit for bit what the late reads give, for gated norm + residual and for residual + addend, through
-    every launch shape (one task a block or several: the later tasks read theirs as before)."""
+    """early=True (the first task's residual and addend read before the kernel's wait) gives bit for bit
+    what the late reads give, for gated norm + residual and for residual + addend, through every launch
+    shape (one task a block or several: the later tasks read theirs after the products, as before)."""
     g, wf = gemv(rows, k, scale_kind, **LAUNCHES[launch])
     x = torch.randn(tokens, k, device=DEVICE).to(torch.bfloat16)
     gate = torch.randn(tokens, k, device=DEVICE).to(torch.bfloat16)

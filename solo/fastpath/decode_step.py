@@ -154,8 +154,8 @@ class _KDAAttention:
             self.launch,
         )
         gate = proj[:, 4 * self.dim : 5 * self.dim]
-        # early: x was last written by the previous layer's MLP and the gate by the projection before the
-        # recurrence, both two or more kernels back (solo.kernels.cuda_step.CudaGemv)
+        # early: x was last written by the previous layer's MLP, two or more kernels back
+        # (solo.kernels.cuda_step.CudaGemv)
         self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps, early=True)
 
 

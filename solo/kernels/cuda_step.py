@@ -165,8 +165,8 @@ class CudaGemv:
         early: bool = False,
     ) -> torch.Tensor:
         """As FusedGemv.__call__; up to `max_tokens` tokens run here, more on the Triton kernel. `early`:
-        the caller's promise that `gate`, `residual` and `addend` were written two or more kernels before
-        this one (never by the kernel just before it), so the kernel reads them before waiting for that
+        the caller's promise that `residual` and `addend` were written two or more kernels before this
+        one (never by the kernel just before it), so the kernel reads them before waiting for that
         kernel under PDL (gemv_decode.cu EARLY)."""
         tokens = x.shape[0]
         if not 1 <= tokens <= self.max_tokens:

@@ -18,13 +18,11 @@
 //     cost the same products and weight bytes as one: lane (g, t) ends with tokens 2t and 2t + 1;
 //   - the block scale multiplies each 64-column step's fp32 partial, the row scale the row's sum;
 //   - each warp keeps PF loads in flight, continuing into its next task, and the first task's
-//     weights, their scales and the norm weight are loaded before griddepcontrol.wait: under
-//     programmatic dependent launch they stream while the previous kernel finishes (weights do not
-//     depend on it; x does). A block lets the next kernel launch when it starts its last task (never
-//     before its own wait, which EARLY relies on);
-//   - EARLY (the caller's promise that the gate, residual and addend were written two or more kernels
-//     back, so they are final once this kernel may start): they are loaded before the wait too. The
-//     wait is then followed by one round trip to memory (x), not three (x, the scales, the residual).
+//     weights are loaded before griddepcontrol.wait: under programmatic dependent launch they stream
+//     while the previous kernel finishes (weights do not depend on it; x does). A block lets the next
+//     kernel launch when it starts its last task (never before its own wait, which EARLY relies on);
+//   - EARLY (the caller's promise that the residual and addend were written two or more kernels back,
+//     so they are final once this kernel may start): the first task's are read before the wait too.
 // Block 0 bumps the launch counter (start-up checks read it).
 //
 // Defines: NTOK (tokens, 1..8; row strides of x, gate, out, residual, addend and xn_out are arguments),
@@ -51,11 +49,6 @@
 __device__ __forceinline__ u16 to_bf16(float f) { return (u16)(__float_as_uint(round_bf16(f)) >> 16); }
 
 __device__ __forceinline__ uint4 ld_vec(const void *p) { return *reinterpret_cast<const uint4 *>(p); }
-
-// Ask the L1 for the line holding p (a hint). The first task's scales are prefetched so before the wait:
-// loading them into registers there does not work, as ptxas sinks read-only loads below
-// griddepcontrol.wait, and the loop's own loads (left to the compiler to hoist) then hit the L1.
-__device__ __forceinline__ void prefetch_l1(const void *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 // two e4m3 codes (low byte first) -> f16x2 (exact), low byte in the low half
 __device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 pair) {
@@ -84,54 +77,33 @@ struct Shared {
     float red[NTOK][WARPS];
 };
 
-// ---- the prologue's operands that need not wait for the previous kernel: the norm weight always, the
-// gate with EARLY (written two or more kernels back). Loaded before griddepcontrol.wait.
-struct Early {
-#if NORM
-    uint4 nv[PIECES];
-#endif
-#if NORM == 2
-    uint4 gv[NTOK][PIECES];
-#endif
-};
-
-__device__ __forceinline__ void load_gate(Early &e, const u16 *__restrict__ gate, int gate_stride) {
-#if NORM == 2
-#pragma unroll
-    for (int p = 0; p < PIECES; ++p) {
-        const int i = p * THREADS + threadIdx.x;
-#pragma unroll
-        for (int r = 0; r < NTOK; ++r)
-            e.gv[r][p] = i < K / 8 ? ld_fresh(gate + (size_t)r * gate_stride + i * 8) : uint4{0u, 0u, 0u, 0u};
-    }
-#endif
-}
-
-__device__ __forceinline__ void load_norm_weight(Early &e, const u16 *__restrict__ nw) {
-#if NORM
-#pragma unroll
-    for (int p = 0; p < PIECES; ++p) {
-        const int i = p * THREADS + threadIdx.x;
-#if NORM == 1
-        e.nv[p] = i < K / 8 ? ld_vec(nw + i * 8) : uint4{0u, 0u, 0u, 0u};
-#else
-        e.nv[p] = i < K / 8 ? ld_vec(nw + (i * 8) % GROUP) : uint4{0u, 0u, 0u, 0u};
-#endif
-    }
-#endif
-}
-
 // ---- the prologue: x -> xh (f16 pairs), every load of every token issued before the first is used
-__device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, int x_stride, const Early &e,
+__device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, int x_stride,
+                                         const u16 *__restrict__ nw, const u16 *__restrict__ gate, int gate_stride,
                                          u16 *__restrict__ xn_out, int xn_stride, float eps) {
     const int tid = threadIdx.x;
     uint4 xv[NTOK][PIECES];
+#if NORM == 1
+    uint4 nv[PIECES];
+#elif NORM == 2
+    uint4 gv[NTOK][PIECES], nv[PIECES];
+#endif
 #pragma unroll
     for (int p = 0; p < PIECES; ++p) {
         const int i = p * THREADS + tid;
         const bool ok = i < K / 8;
 #pragma unroll
-        for (int r = 0; r < NTOK; ++r) xv[r][p] = ok ? ld_fresh(x + (size_t)r * x_stride + i * 8) : uint4{0u, 0u, 0u, 0u};
+        for (int r = 0; r < NTOK; ++r) {
+            xv[r][p] = ok ? ld_fresh(x + (size_t)r * x_stride + i * 8) : uint4{0u, 0u, 0u, 0u};
+#if NORM == 2
+            gv[r][p] = ok ? ld_fresh(gate + (size_t)r * gate_stride + i * 8) : uint4{0u, 0u, 0u, 0u};
+#endif
+        }
+#if NORM == 1
+        nv[p] = ok ? ld_vec(nw + i * 8) : uint4{0u, 0u, 0u, 0u};
+#elif NORM == 2
+        nv[p] = ok ? ld_vec(nw + (i * 8) % GROUP) : uint4{0u, 0u, 0u, 0u};
+#endif
     }
 #if NORM == 1
     float rstd[NTOK];
@@ -151,7 +123,7 @@ __device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, 
 #if NORM == 1
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                const u32 xq = word(xv[r][p], q), nq = word(e.nv[p], q);
+                const u32 xq = word(xv[r][p], q), nq = word(nv[p], q);
                 v[2 * q] = rms_value(xq & 0xFFFFu, rstd[r], nq & 0xFFFFu);
                 v[2 * q + 1] = rms_value(xq >> 16, rstd[r], nq >> 16);
             }
@@ -165,7 +137,7 @@ __device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, 
             const float rs = __frcp_rn(__fsqrt_rn(__fdiv_rn(sq, (float)GROUP) + eps));
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                const u32 gq = word(e.gv[r][p], q), nq = word(e.nv[p], q);
+                const u32 gq = word(gv[r][p], q), nq = word(nv[p], q);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const float g = bf16_to_float(h ? gq >> 16 : gq & 0xFFFFu);
@@ -230,47 +202,24 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
 #pragma unroll
     for (int s0 = 0; s0 < PF; ++s0)
         if (task < TASKS) issue(ring[s0], ring_up[s0], w, task, s0, warp, lane);
-    // the first task's scales: weights too, so their round trip to memory is taken before the wait
-    const int row0 = task * 8 + g;
-#if SCALE == 1
-    if (row0 < ROWS) {
-#pragma unroll
-        for (int st = 0; st < SPW; ++st) {  // (steps 2j, 2j + 1 share a 128-column block: one line or two)
-            const int kb = ((warp * SPW + st) * 64) / 128;
-            prefetch_l1(s + (row0 / 128) * KB + kb);
-            if (SWIGLU) prefetch_l1(s + ((row0 + ROWS) / 128) * KB + kb);
-        }
-    }
-#else
-    if (warp == 0 && task * 8 + (lane & 7) < ROWS) {
-        prefetch_l1(s + task * 8 + (lane & 7));
-        if (SWIGLU) prefetch_l1(s + task * 8 + (lane & 7) + ROWS);
-    }
-#endif
-    Early early;
-    load_norm_weight(early, nw);
-#if EARLY
-    // written two or more kernels back (the caller's promise), so final before the previous kernel ends:
-    // the gate and the first task's residual and addend need no round trip after the wait either
-    load_gate(early, gate, gate_stride);
-#if EPI == 1
+#if EARLY && EPI == 1
+    // written two or more kernels back (the caller's promise), so final once this kernel may start: the
+    // first task's residual and addend are read before the wait, not after the products
     u32 res0[(NTOK + 3) / 4], add0[(NTOK + 3) / 4];
 #pragma unroll
     for (int tok0 = 0; tok0 < NTOK; tok0 += 4) {
         const int tok = tok0 + (lane >> 3), row = task * 8 + (lane & 7);
-        const bool ok = warp == 0 && tok < NTOK && row < ROWS;
-        res0[tok0 / 4] = ok ? ld_fresh_u16(residual + (size_t)tok * residual_stride + row) : 0u;
-        add0[tok0 / 4] = ADD && ok ? ld_fresh_u16(addend + (size_t)tok * addend_stride + row) : 0u;
+        res0[tok0 / 4] = add0[tok0 / 4] = 0u;
+        if (warp == 0 && tok < NTOK && row < ROWS) {
+            res0[tok0 / 4] = ld_fresh_u16(residual + (size_t)tok * residual_stride + row);
+            if (ADD) add0[tok0 / 4] = ld_fresh_u16(addend + (size_t)tok * addend_stride + row);
+        }
     }
-#endif
 #endif
     // the weights do not depend on the previous kernel; everything below does
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
-#if !EARLY
-    load_gate(early, gate, gate_stride);
-#endif
-    prologue(sm, x, x_stride, early, xn_out, xn_stride, eps);
+    prologue(sm, x, x_stride, nw, gate, gate_stride, xn_out, xn_stride, eps);
 
     for (int parity = 0; task < TASKS; task += gridDim.x, parity ^= 1) {
         const bool first = task == (int)blockIdx.x;  // (EARLY's operands are this task's)
