@@ -154,9 +154,7 @@ class _KDAAttention:
             self.launch,
         )
         gate = proj[:, 4 * self.dim : 5 * self.dim]
-        # early: x was last written by the previous layer's MLP, two or more kernels back
-        # (solo.kernels.cuda_step.CudaGemv)
-        self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps, early=True)
+        self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps)
 
 
 class _MLAAttention:
@@ -194,7 +192,7 @@ class _MLAAttention:
         o = torch.empty((x.shape[0], self.out_dim), dtype=torch.bfloat16, device=x.device)
         layer_cache = cache.mla[self.index]
         self.mla(proj, positions, layer_cache.latent, layer_cache.rope, o)
-        self.dense(o, out=x, residual=x, early=True)  # x: last written by the previous layer's MLP
+        self.dense(o, out=x, residual=x)
 
 
 class _MoE:
@@ -235,8 +233,7 @@ class _MoE:
             x.add_(routed)
             return
         act = self.shared_gate_up(xn)
-        # early: x (the attention's output projection) and the routed sum were written before shared_gate_up
-        self.shared_down(act, out=x, residual=x, addend=routed, early=True)
+        self.shared_down(act, out=x, residual=x, addend=routed)
 
 
 def _swiglu_pair(mlp: SwiGLUMLP, step: FusedDecodeStep, name: str) -> tuple[FusedGemv, FusedGemv]:
@@ -264,7 +261,7 @@ class _DenseMLP:
 
     def __call__(self, x: torch.Tensor) -> None:
         act = self.gate_up(x, norm_weight=self.norm, eps=self.eps)
-        self.down(act, out=x, residual=x, early=True)  # x: written by the attention, before gate_up
+        self.down(act, out=x, residual=x)
 
 
 class _Layer:

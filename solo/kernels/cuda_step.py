@@ -112,10 +112,8 @@ class CudaGemv:
     def launch(self) -> LaunchPolicy:
         return self.fused.launch
 
-    def _kernel(
-        self, tokens: int, norm: int, epi: int, add: bool, write_xn: bool, out_f32: bool, group: int, early: bool
-    ):
-        key = (tokens, norm, epi, add, write_xn, out_f32, group, early)
+    def _kernel(self, tokens: int, norm: int, epi: int, add: bool, write_xn: bool, out_f32: bool, group: int):
+        key = (tokens, norm, epi, add, write_xn, out_f32, group)
         if key not in self._kernels:
             from solo.kernels.cuda_runtime import CudaKernel
 
@@ -135,7 +133,6 @@ class CudaGemv:
                 "WRITE_XN": int(write_xn),
                 "WARPS": warps,
                 "PF": in_flight(self.k // 64 // warps, cfg.max_in_flight),
-                "EARLY": int(early),
             }
             kernel = CudaKernel(GEMV_SOURCE, "gemv_decode", defines, self.device)
             # gemv_decode.cu's struct Shared: xh [NTOK][K/2] u32, part [2][WARPS][2][8][NTOK], red [NTOK][WARPS] fp32
@@ -162,12 +159,8 @@ class CudaGemv:
         addend: torch.Tensor | None = None,
         xn_out: torch.Tensor | None = None,
         out_dtype: torch.dtype = torch.bfloat16,
-        early: bool = False,
     ) -> torch.Tensor:
-        """As FusedGemv.__call__; up to `max_tokens` tokens run here, more on the Triton kernel. `early`:
-        the caller's promise that `residual` and `addend` were written two or more kernels before this
-        one (never by the kernel just before it), so the kernel reads them before waiting for that
-        kernel under PDL (gemv_decode.cu EARLY)."""
+        """As FusedGemv.__call__; up to `max_tokens` tokens run here, more on the Triton kernel."""
         tokens = x.shape[0]
         if not 1 <= tokens <= self.max_tokens:
             return self.fused(
@@ -207,7 +200,7 @@ class CudaGemv:
         if out_f32 and epi != EPI_STORE or out.dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"{self.name}: the CUDA GEMV writes bf16 (fp32 only for plain outputs), not {out.dtype}")
         kernel, grid, threads, _ = self._kernel(
-            tokens, norm, epi, addend is not None, xn_out is not None, out_f32, group, early
+            tokens, norm, epi, addend is not None, xn_out is not None, out_f32, group
         )
         launch = self.launch.at(tokens)
         kernel.launch(

@@ -419,11 +419,8 @@ class FusedGemv:
         addend: torch.Tensor | None = None,
         xn_out: torch.Tensor | None = None,
         out_dtype: torch.dtype = torch.bfloat16,
-        early: bool = False,
     ) -> torch.Tensor:
-        """x [T, K] -> out [T, rows]; see the module docstring for the prologue and epilogue options.
-        `early` (the CUDA GEMV's permission to read residual and addend before waiting for the previous
-        kernel) changes nothing here: this kernel reads them after its wait."""
+        """x [T, K] -> out [T, rows]; see the module docstring for the prologue and epilogue options."""
         t = x.shape[0]
         if x.ndim != 2 or x.shape[1] != self.k or x.stride(1) != 1:
             raise ValueError(f"{self.name}: x must be a row-major [T, {self.k}] tensor, got {tuple(x.shape)}")

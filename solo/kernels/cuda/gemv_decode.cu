@@ -20,9 +20,7 @@
 //   - each warp keeps PF loads in flight, continuing into its next task, and the first task's
 //     weights are loaded before griddepcontrol.wait: under programmatic dependent launch they stream
 //     while the previous kernel finishes (weights do not depend on it; x does). A block lets the next
-//     kernel launch when it starts its last task (never before its own wait, which EARLY relies on);
-//   - EARLY (the caller's promise that the residual and addend were written two or more kernels back,
-//     so they are final once this kernel may start): the first task's are read before the wait too.
+//     kernel launch when it starts its last task.
 // Block 0 bumps the launch counter (start-up checks read it).
 //
 // Defines: NTOK (tokens, 1..8; row strides of x, gate, out, residual, addend and xn_out are arguments),
@@ -30,7 +28,7 @@
 // [gate; up]), NORM (0 none, 1 RMSNorm over K, 2 gated per-group RMSNorm of GROUP <= 256), SCALE
 // (1 block 128x128, 2 one per row), EPI (0 store, 1 residual (+ addend if ADD), 2 SwiGLU (+ clamp if
 // HAS_LIMIT)), OUT_F32 (EPI 0: fp32 output), WRITE_XN (block 0 writes the prologue's x as bf16),
-// WARPS (per block; divides K / 64), PF (loads in flight per lane; divides K / 64 / WARPS), EARLY (0 or 1).
+// WARPS (per block; divides K / 64), PF (loads in flight per lane; divides K / 64 / WARPS).
 
 #include "step_common.cuh"
 
@@ -42,9 +40,6 @@
 #define TASKS ((ROWS + 7) / 8)   // block tasks of 8 rows
 #define PIECES ((K / 8 + THREADS - 1) / THREADS)  // 8-element pieces of a token's x per thread
 #define LIVE ((NTOK + 1) / 2)       // lanes t < LIVE hold tokens of the product (2t, 2t + 1)
-#ifndef EARLY
-#define EARLY 0
-#endif
 
 __device__ __forceinline__ u16 to_bf16(float f) { return (u16)(__float_as_uint(round_bf16(f)) >> 16); }
 
@@ -202,28 +197,12 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
 #pragma unroll
     for (int s0 = 0; s0 < PF; ++s0)
         if (task < TASKS) issue(ring[s0], ring_up[s0], w, task, s0, warp, lane);
-#if EARLY && EPI == 1
-    // written two or more kernels back (the caller's promise), so final once this kernel may start: the
-    // first task's residual and addend are read before the wait, not after the products
-    u32 res0[(NTOK + 3) / 4], add0[(NTOK + 3) / 4];
-#pragma unroll
-    for (int tok0 = 0; tok0 < NTOK; tok0 += 4) {
-        const int tok = tok0 + (lane >> 3), row = task * 8 + (lane & 7);
-        res0[tok0 / 4] = add0[tok0 / 4] = 0u;
-        if (warp == 0 && tok < NTOK && row < ROWS) {
-            res0[tok0 / 4] = ld_fresh_u16(residual + (size_t)tok * residual_stride + row);
-            if (ADD) add0[tok0 / 4] = ld_fresh_u16(addend + (size_t)tok * addend_stride + row);
-        }
-    }
-#endif
     // the weights do not depend on the previous kernel; everything below does
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
     prologue(sm, x, x_stride, nw, gate, gate_stride, xn_out, xn_stride, eps);
 
     for (int parity = 0; task < TASKS; task += gridDim.x, parity ^= 1) {
-        const bool first = task == (int)blockIdx.x;  // (EARLY's operands are this task's)
-        (void)first;
         const int next = task + gridDim.x;
         if (next >= TASKS) asm volatile("griddepcontrol.launch_dependents;");  // this block's last task
         // tokens 2t and 2t + 1 of gate row g (acc) and up row g (acc_up)
@@ -318,15 +297,8 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
                 reinterpret_cast<u16 *>(out)[o] = to_bf16(act * u);
 #elif EPI == 1
                 // the reference adds in the stream's dtype: the projection's output is rounded first
-#if EARLY
-                const u32 res = first ? res0[tok0 / 4] : ld_fresh_u16(residual + (size_t)tok * residual_stride + row);
-#else
-                const u32 res = ld_fresh_u16(residual + (size_t)tok * residual_stride + row);
-#endif
-                float sum = bf16_to_float(res) + round_bf16(y);
-#if ADD && EARLY
-                sum += bf16_to_float(first ? add0[tok0 / 4] : ld_fresh_u16(addend + (size_t)tok * addend_stride + row));
-#elif ADD
+                float sum = bf16_to_float(ld_fresh_u16(residual + (size_t)tok * residual_stride + row)) + round_bf16(y);
+#if ADD
                 sum += bf16_to_float(ld_fresh_u16(addend + (size_t)tok * addend_stride + row));
 #endif
                 reinterpret_cast<u16 *>(out)[o] = to_bf16(sum);
