@@ -10,17 +10,17 @@ times the graphs interleaved at each context (positions are read on the device):
     rolled back in two gathers);
   - greedy, per-layer rollback: the same with the history as a plain dict, so the cache rolls each
     layer back with its own copies (the step before);
-  - sampled: the round at the seed's GSM8K sampling (t 0.6, top-p 0.95, top-k 29): the product's
-    distribution (softmax from the top-k values as elementwise ops, the top-p cut over the top-k list,
-    ties ranked by two short scans);
+  - sampled, eager distribution: the round at the seed's GSM8K sampling (t 0.6, top-p 0.95, top-k 29)
+    with `sampling.probabilities` run eagerly (softmax from the top-k values as elementwise ops, the
+    top-p cut over the top-k list, ties ranked by two short scans);
   - sampled, row-wise softmax and scan: torch's softmax over the vocabulary and one scan along each row
     for the ties (this session's first top-k walk, `probabilities_row_kernels` below);
   - sampled, top-p by sort: torch's softmax and the vocabulary sorted for the top-p cut (the session's
     start, `probabilities_by_sort` below);
-  - sampled, compiled: the product's distribution through `torch.compile` (Inductor fuses its ops over
-    the vocabulary into a few Triton kernels; compiled in the warm-up runs, before the capture), and
-    the same with the acceptance (`accept_drafts`) compiled too: the sampled round runs about 300
-    kernels more than the greedy one, most of them these ops.
+  - sampled (the product): the distribution through `torch.compile` (`sampling.CompiledDistribution`:
+    Inductor fuses its ops over the vocabulary into a few Triton kernels; compiled in the warm-up runs,
+    before the capture), and the same with the acceptance (`accept_drafts`) compiled too: the sampled
+    round runs about 300 kernels more than the greedy one, most of them these ops.
 """
 
 from __future__ import annotations
@@ -94,22 +94,21 @@ def main() -> int:
     generator = torch.Generator(device=device)
     generator.manual_seed(int(torch.randint(0, 2**31 - 1, ())))
     greedy, sampled = SamplingParams(), SamplingParams(**GSM8K_SAMPLING)
-    product = sampling.probabilities
-    compiled = torch.compile(product, dynamic=False)
+    eager, product = sampling.probabilities, spec.distribution  # the product's: compiled on the GPU
     accept, compiled_accept = nextn.accept_drafts, torch.compile(nextn.accept_drafts, dynamic=False)
     variants = {  # name: (params, history, the distribution function the round uses, its acceptance)
         "greedy": (greedy, packed, product, accept),
         "greedy, per-layer rollback": (greedy, plain, product, accept),
-        "sampled": (sampled, packed, product, accept),
+        "sampled, eager distribution": (sampled, packed, eager, accept),
         "sampled, row-wise softmax and scan": (sampled, packed, probabilities_row_kernels, accept),
         "sampled, top-p by sort": (sampled, packed, probabilities_by_sort, accept),
-        "sampled, compiled distribution": (sampled, packed, compiled, accept),
-        "sampled, compiled distribution and acceptance": (sampled, packed, compiled, compiled_accept),
+        "sampled (the product: compiled distribution)": (sampled, packed, product, accept),
+        "sampled, compiled distribution and acceptance": (sampled, packed, product, compiled_accept),
     }
     graphs = GraphCapture()
     captured = {}
     for name, (params, history, distribution, acceptance) in variants.items():
-        nextn.probabilities = distribution  # read when the round is recorded
+        spec.distribution = distribution  # read when the round is recorded
         nextn.accept_drafts = acceptance
         spec._history = (id(cache), history)
 

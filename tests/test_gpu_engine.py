@@ -93,3 +93,36 @@ def test_preflight_all_active_on_gpu():
     moe = next(c for c in report.checks if c.name == "moe_backend").evidence
     assert moe["gemv_calls"] > 0 and moe["tensor_core_calls"] > 0  # decode on GEMV, prefill on grouped kernels
     assert moe["prefill_products"] == "fp16"
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(0.6, 29, 0.95), (1.0, 0, 0.8), (0.9, 2000, 1.0)])
+def test_compiled_distribution_equals_the_eager_one(temperature, top_k, top_p):
+    """The NEXTN round's distribution on the GPU (torch.compile'd `probabilities`) against the eager
+    function on fresh random logits of a draft step and a verification window: the same support (the
+    same tokens kept by top-k and top-p) and the same probabilities to fp32 rounding."""
+    from solo.engine.sampling import CompiledDistribution, SamplingParams, probabilities
+
+    distribution = CompiledDistribution()
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    for rows in (1, 4):
+        logits = torch.randn(rows, 157184, device="cuda") * 3
+        logits[:, :7] = logits[:, 7:14]  # ties at the top-k boundary and in the top-p walk are legal
+        got, want = distribution(logits, params), probabilities(logits, params)
+        assert torch.equal(got > 0, want > 0)
+        assert float((got - want).abs().max()) < 1e-6 and torch.allclose(got.sum(-1), torch.ones(rows, device="cuda"))
+    assert distribution.settings == {(temperature, top_k, top_p)} and not distribution.eager_settings
+
+
+def test_sampled_speculation_in_graphs_runs_the_compiled_distribution(prompts):
+    """Sampled NEXTN rounds in CUDA graphs on the GPU draw from the compiled distribution (the graph
+    report says so) and emit tokens as a sampled plain decode does: valid, and as many as asked."""
+    engine = Engine.from_pretrained(BUNDLED, **GPU, speculative=SpeculativeConfig(), cuda_graphs=True, max_context=2048)
+    from solo.engine.sampling import SamplingParams
+
+    seed = int(torch.randint(0, 2**31 - 1, ()))
+    sampling = SamplingParams(temperature=0.6, top_k=29, top_p=0.95, seed=seed)
+    params = GenerationParams(max_tokens=48, ignore_eos=True, sampling=sampling)
+    out = engine.generate(prompts[0], params)
+    assert len(out.token_ids) == 48 and all(0 <= t < engine.model.config.vocab_size for t in out.token_ids)
+    report = engine.decoder.graph_report()
+    assert report["replays"] > 0 and report["distribution"] == {"compiled_settings": 1, "eager_settings": 0}

@@ -90,3 +90,25 @@ def test_the_top_k_softmax_equals_the_masked_softmax():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
         plain = probabilities(logits, SamplingParams(temperature=temperature))
         torch.testing.assert_close(plain, torch.softmax(scaled, dim=-1), rtol=1e-5, atol=1e-7)
+
+
+def test_the_round_compiles_its_distribution_on_gpus_only_and_past_the_limit_says_so(caplog):
+    """distribution_for: the eager reference on the CPU, CompiledDistribution on a GPU. Past the settings
+    torch.compile keeps, a new setting runs the eager function (counted, and logged), never a recompile
+    that torch would quietly refuse; greedy never reaches the compiled function."""
+    from solo.engine.sampling import CompiledDistribution, distribution_for
+
+    assert distribution_for("cpu") is probabilities
+    distribution = CompiledDistribution()
+    calls = []
+    distribution._compiled = lambda logits, params: calls.append(params) or probabilities(logits, params)
+    distribution.most = 2
+    logits = torch.randn(3, 1000) * 3
+    settings = [SamplingParams(temperature=t, top_k=50, top_p=0.9) for t in (0.5, 0.7, 0.9)]
+    for params in settings + settings:
+        assert torch.equal(distribution(logits, params), probabilities(logits, params))
+    distribution(logits, SamplingParams())  # greedy
+    assert calls == settings[:2] + settings[:2]
+    assert distribution.settings == {(0.5, 50, 0.9), (0.7, 50, 0.9)}
+    assert distribution.eager_settings == {(0.9, 50, 0.9)}
+    assert "run the eager distribution" in caplog.text

@@ -35,12 +35,13 @@ from solo.engine.decoder import LogprobReader, Round, TokenReader, pick_token
 from solo.engine.graphs import EagerStep, GraphCapture, graph_safe_generators
 from solo.engine.sampling import (
     LOGPROB_TOP,
+    CompiledDistribution,
     LogitAdjuster,
     SamplingParams,
+    distribution_for,
     logprob_distribution,
     make_generator,
     pack_logprobs,
-    probabilities,
     sample_from,
     unpack_logprobs,
 )
@@ -125,6 +126,8 @@ class NextNDecoder:
         self._round_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Generator | None]] = {}
         self.round_replays = 0
         self.eager_sampled_rounds = False
+        # what drafts and targets are drawn from (sampled rounds): compiled on a GPU (solo.engine.sampling)
+        self.distribution = distribution_for(model.device)
 
     @property
     def window(self) -> int:
@@ -163,7 +166,7 @@ class NextNDecoder:
             if params.greedy:
                 token = logits.argmax(-1)
             else:
-                q = probabilities(logits, params)
+                q = self.distribution(logits, params)
                 token = sample_from(q, generator)
                 dists.append(q)
             tokens.append(token)
@@ -223,6 +226,11 @@ class NextNDecoder:
         }
         if self.eager_sampled_rounds:
             report["sampled_rounds"] = "eager: no graph-safe generator registration in this torch"
+        if isinstance(self.distribution, CompiledDistribution):
+            report["distribution"] = {
+                "compiled_settings": len(self.distribution.settings),
+                "eager_settings": len(self.distribution.eager_settings),
+            }
         return report
 
     def state_for(self, cache: HybridCache) -> RoundState:
@@ -254,7 +262,7 @@ class NextNDecoder:
             target_probs = None
             accepted, last = accept_greedy(verify_logits, state.drafts)
         else:
-            target_probs = probabilities(verify_logits, params)
+            target_probs = self.distribution(verify_logits, params)
             accepted, last = accept_drafts(target_probs[None], state.draft_probs[None], state.drafts[None], generator)
         cache.rollback_kda(history, accepted + 1)
         state.emitted.copy_(torch.cat([state.drafts, last, accepted]))
