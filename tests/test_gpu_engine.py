@@ -125,4 +125,5 @@ def test_sampled_speculation_in_graphs_runs_the_compiled_distribution(prompts):
     out = engine.generate(prompts[0], params)
     assert len(out.token_ids) == 48 and all(0 <= t < engine.model.config.vocab_size for t in out.token_ids)
     report = engine.decoder.graph_report()
-    assert report["replays"] > 0 and report["distribution"] == {"compiled_settings": 1, "eager_settings": 0}
+    assert report["replays"] > 0 and report["distribution"]["compiled_settings"] >= 1
+    assert report["distribution"]["eager_settings"] == 0

@@ -4,6 +4,8 @@ top-k cut, so they enter the top-p walk after the list)."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -112,3 +114,23 @@ def test_the_round_compiles_its_distribution_on_gpus_only_and_past_the_limit_say
     assert distribution.settings == {(0.5, 50, 0.9), (0.7, 50, 0.9)}
     assert distribution.eager_settings == {(0.9, 50, 0.9)}
     assert "run the eager distribution" in caplog.text
+
+
+NO_CXX = shutil.which("c++") is None and shutil.which("g++") is None
+
+
+@pytest.mark.skipif(NO_CXX, reason="Inductor's CPU backend needs a C++ compiler")
+def test_the_compiled_distribution_equals_the_eager_one():
+    """CompiledDistribution really compiles (its own copy of `probabilities`, here with Inductor's CPU
+    backend; the GPU test runs the same on a GPU): the same support and the same probabilities to fp32
+    rounding, for a draft step's row and a verification window, with ties at the top-k boundary."""
+    from solo.engine.sampling import CompiledDistribution
+
+    distribution = CompiledDistribution()
+    params = SamplingParams(temperature=0.6, top_k=29, top_p=0.95)
+    for rows in (1, 4):
+        logits = torch.randn(rows, 4096) * 3
+        logits[:, :5] = logits[:, 5:10]
+        got, want = distribution(logits, params), probabilities(logits, params)
+        assert torch.equal(got > 0, want > 0) and float((got - want).abs().max()) < 1e-6
+    assert distribution.settings == {(0.6, 29, 0.95)} and not distribution.eager_settings

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -149,6 +150,15 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs
 
 
+def _own_copy(fn: Callable) -> Callable:
+    """fn with a code object of its own: torch.compile caches and limits compilations per code object,
+    so a CompiledDistribution's count of settings is exact whatever else compiled `probabilities`."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_compiled")
+    copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
+
+
 class CompiledDistribution:
     """`probabilities` through torch.compile, for the NEXTN round on a GPU: Inductor fuses its ops over
     the vocabulary (scale, exp, compare, where, sums over 157K columns, for every draft step and the
@@ -160,16 +170,16 @@ class CompiledDistribution:
     The sampling setting (temperature, top-k, top-p) is specialised as constants, as the CUDA graph that
     captures the round specialises it too, so every setting (and logits shape) is a compilation of its
     own; compiled in the graph's warm-up runs, before capture. torch.compile keeps at most
-    `torch._dynamo.config.recompile_limit` of them; settings past what that holds run the eager function
-    (`eager_settings` counts them; the decoder's graph report shows it). Greedy rounds need no
-    distribution and never come here."""
+    `torch._dynamo.config.recompile_limit` of them (per code object: this class compiles a copy of its
+    own); settings past what that holds run the eager function (`eager_settings` counts them; the
+    decoder's graph report shows it). Greedy rounds need no distribution and never come here."""
 
     SHAPES = 2  # logits shapes per setting: a draft step's [1, V] and the verification window's [S + 1, V]
 
     def __init__(self) -> None:
         import torch._dynamo
 
-        self._compiled = torch.compile(probabilities, dynamic=False)
+        self._compiled = torch.compile(_own_copy(probabilities), dynamic=False)
         limit = getattr(torch._dynamo.config, "recompile_limit", None) or torch._dynamo.config.cache_size_limit
         self.most = max(1, int(limit) // self.SHAPES)
         self.settings: set[tuple[float, int, float]] = set()
@@ -193,10 +203,20 @@ class CompiledDistribution:
         return self._compiled(logits, params)
 
 
+_GPU_DISTRIBUTION: CompiledDistribution | None = None
+
+
 def distribution_for(device: torch.device | str) -> Callable[[torch.Tensor, SamplingParams], torch.Tensor]:
     """The distribution function the NEXTN round uses on `device`: compiled on a GPU, else `probabilities`
-    (the CPU reference, where the tests check it against the oracles)."""
-    return CompiledDistribution() if torch.device(device).type == "cuda" else probabilities
+    (the CPU reference, where the tests check it against the oracles). One compiled function per process:
+    torch.compile's limit counts compilations of the function, not of its wrappers, so every decoder
+    shares it and its count of settings."""
+    global _GPU_DISTRIBUTION
+    if torch.device(device).type != "cuda":
+        return probabilities
+    if _GPU_DISTRIBUTION is None:
+        _GPU_DISTRIBUTION = CompiledDistribution()
+    return _GPU_DISTRIBUTION
 
 
 def top_p_drop_by_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
