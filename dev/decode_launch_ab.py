@@ -1,6 +1,6 @@
 """CUDA GEMV launch configurations A/B inside the whole decode step at full shape, in one process (lent GPU).
 
-    python3 dev/decode_launch_ab.py [--context 4096] [--json OUT.json]
+    python3 dev/decode_launch_ab.py [--context 4096] [--variants 'product,8 warps'] [--json OUT.json]
 
 `dev/step_kernels_probe.py` chose each projection's launch (warps, blocks per SM) alone. Inside the
 step under PDL a kernel's successor can only become resident early, and stream its weights while
@@ -32,13 +32,47 @@ from solo.engine.graphs import EagerStep, GraphCapture  # noqa: E402
 from solo.kernels.cuda_step import CudaGemv, GemvLaunch  # noqa: E402
 from solo.model.cache import HybridCache  # noqa: E402
 
-VARIANTS = {  # name -> (GemvLaunch fields applied to every CUDA GEMV; empty: the product's)
+VARIANTS = {  # name -> GemvLaunch fields applied to every CUDA GEMV (empty: the product's), or with
+    # "only": to the GEMVs whose names end with one of those suffixes (the others keep the product's)
     "product": {},
     "at most 2 blocks/SM": {"blocks_per_sm": 2},
     "at most 1 block/SM": {"blocks_per_sm": 1},
     "8 warps": {"warps": 8},
     "8 warps, 1 block/SM": {"warps": 8, "blocks_per_sm": 1},
+    # The output projections (2,560 rows, K 4,096: 320 tasks) take 16 warps, 72 registers a thread: one
+    # block an SM, so 132 blocks do 2-3 tasks one after another, each paying its scales' and residual's
+    # round trips (about 6 us a layer for 10.5 MB). With 8 or 4 warps three or more blocks fit an SM
+    # and every task has a block of its own.
+    "o_proj, MLA dense: 8 warps": {"only": ("o_proj", "dense"), "warps": 8},
+    "o_proj, MLA dense: 4 warps": {"only": ("o_proj", "dense"), "warps": 4},
+    "o_proj, MLA dense, MLP down: 8 warps": {"only": ("o_proj", "dense", "MLP down"), "warps": 8},
 }
+
+
+def launch_for(gemv: CudaGemv, variant: dict) -> GemvLaunch:
+    """The GemvLaunch a variant gives this GEMV."""
+    fields = dict(variant)
+    only = fields.pop("only", None)
+    if only is not None and not gemv.name.endswith(tuple(only)):
+        return GemvLaunch()
+    return dataclasses.replace(GemvLaunch(), **fields)
+
+
+def grids(gemvs: list[CudaGemv]) -> list[str]:
+    """Per kind of projection (name without its layer): rows, K, warps, grid, tasks and the most tasks a
+    block runs, of the one-token kernels built so far."""
+    seen: dict[str, str] = {}
+    for g in gemvs:
+        kind = g.name.split(" ", 2)[-1] if g.name.startswith("layer ") else g.name
+        for key, (_, grid, threads, _) in g._kernels.items():
+            if key[0] != 1 or kind in seen:
+                continue
+            tasks = -(-g.rows // 8)
+            seen[kind] = (
+                f"{kind:22s} rows {g.rows:6d} K {g.k:5d}: {threads // 32:2d} warps, grid {grid:4d}, "
+                f"{tasks:5d} tasks, at most {-(-tasks // grid)} a block"
+            )
+    return list(seen.values())
 
 
 def main() -> int:
@@ -64,12 +98,13 @@ def main() -> int:
     captured = {}
     for name in args.variants.split(","):
         for g in gemvs:
-            g.launch_config = dataclasses.replace(GemvLaunch(), **VARIANTS[name])
+            g.launch_config = launch_for(g, VARIANTS[name])
             g._kernels.clear()
         captured[name] = (
             graphs.capture(lambda: eager(ids1, pos1, cache))[0],
             graphs.capture(lambda: eager(ids4, pos4, cache, history))[0],
         )
+        print(f"{name}:", *grids(gemvs), sep="\n  ", flush=True)
     decode: dict[str, list[float]] = {name: [] for name in captured}
     verify: dict[str, list[float]] = {name: [] for name in captured}
     for _ in range(args.rounds):
