@@ -32,8 +32,8 @@ from solo.engine.graphs import EagerStep, GraphCapture  # noqa: E402
 from solo.kernels.cuda_step import CudaGemv, GemvLaunch  # noqa: E402
 from solo.model.cache import HybridCache  # noqa: E402
 
-VARIANTS = {  # name -> GemvLaunch fields applied to every CUDA GEMV (empty: the product's), or with
-    # "only": to the GEMVs whose names end with one of those suffixes (the others keep the product's)
+VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the product's), and under "for" more
+    # fields for the GEMVs whose names end with one of a tuple's suffixes
     "product": {},
     "at most 2 blocks/SM": {"blocks_per_sm": 2},
     "at most 1 block/SM": {"blocks_per_sm": 1},
@@ -43,18 +43,22 @@ VARIANTS = {  # name -> GemvLaunch fields applied to every CUDA GEMV (empty: the
     # block an SM, so 132 blocks do 2-3 tasks one after another, each paying its scales' and residual's
     # round trips (about 6 us a layer for 10.5 MB). With 8 or 4 warps three or more blocks fit an SM
     # and every task has a block of its own.
-    "o_proj, MLA dense: 8 warps": {"only": ("o_proj", "dense"), "warps": 8},
-    "o_proj, MLA dense: 4 warps": {"only": ("o_proj", "dense"), "warps": 4},
-    "o_proj, MLA dense, MLP down: 8 warps": {"only": ("o_proj", "dense", "MLP down"), "warps": 8},
+    "o_proj, MLA dense: 8 warps": {"for": {("o_proj", "dense"): {"warps": 8}}},
+    "o_proj, MLA dense: 4 warps": {"for": {("o_proj", "dense"): {"warps": 4}}},
+    "o_proj, MLA dense, MLP down: 8 warps": {"for": {("o_proj", "dense", "MLP down"): {"warps": 8}}},
+    # Every block of a persistent grid runs the same number of tasks (solo.kernels.cuda_step.persistent_grid):
+    # no last round of a few blocks with too few loads in flight (the KDA projections: 188 of 792 blocks)
+    "balanced grids": {"balanced": True},
+    "balanced grids, o_proj + MLA dense 8 warps": {"balanced": True, "for": {("o_proj", "dense"): {"warps": 8}}},
 }
 
 
 def launch_for(gemv: CudaGemv, variant: dict) -> GemvLaunch:
     """The GemvLaunch a variant gives this GEMV."""
-    fields = dict(variant)
-    only = fields.pop("only", None)
-    if only is not None and not gemv.name.endswith(tuple(only)):
-        return GemvLaunch()
+    fields = {k: v for k, v in variant.items() if k != "for"}
+    for suffixes, more in variant.get("for", {}).items():
+        if gemv.name.endswith(suffixes):
+            fields.update(more)
     return dataclasses.replace(GemvLaunch(), **fields)
 
 

@@ -47,12 +47,27 @@ def cuda_step_unavailable(device: torch.device | str) -> str | None:
 @dataclass(frozen=True)
 class GemvLaunch:
     """How one projection's kernel runs: warps per block (they split K; 0: chosen by `choose_launch`),
-    blocks per SM (at most; fewer where registers or shared memory allow fewer) and loads in flight
-    per lane (at most)."""
+    blocks per SM (at most; fewer where registers or shared memory allow fewer), loads in flight per
+    lane (at most) and whether the persistent grid is balanced (`persistent_grid`)."""
 
     warps: int = 0
     blocks_per_sm: int = 16
     max_in_flight: int = 8
+    balanced: bool = False
+
+
+def persistent_grid(tasks: int, resident: int, balanced: bool = False) -> int:
+    """Blocks of a persistent GEMV grid: block b runs tasks b, b + grid, ... With every resident block
+    (`resident`: blocks per SM x SMs) the last round of tasks can be a few blocks' while the others have
+    finished (e.g. the KDA projections' 2,564 tasks over 792 blocks, six an SM: 188 blocks run a fourth
+    task), with too few loads in flight to keep HBM busy. Balanced: as many rounds, over the fewest
+    blocks that need no more, so that every block runs that many tasks (fewer than `rounds` blocks one
+    task fewer): 641 blocks of 4 tasks there."""
+    grid = min(tasks, resident)
+    if balanced and grid > 0:
+        rounds = -(-tasks // grid)
+        grid = -(-tasks // rounds)
+    return grid
 
 
 def choose_launch(rows: int) -> GemvLaunch:
@@ -142,8 +157,7 @@ class CudaGemv:
             per_sm = min(cfg.blocks_per_sm, kernel.max_blocks_per_sm(threads, shared))
             if per_sm < 1:
                 raise RuntimeError(f"{self.name}: the CUDA GEMV does not fit on an SM with {cfg}")
-            tasks = -(-self.rows // 8)
-            grid = min(tasks, per_sm * self.sms)
+            grid = persistent_grid(-(-self.rows // 8), per_sm * self.sms, cfg.balanced)
             self._kernels[key] = (kernel, grid, threads, defines)
         return self._kernels[key]
 

@@ -1,0 +1,50 @@
+"""The CUDA step kernels' launch arithmetic (solo.kernels.cuda_step), on the CPU: the persistent grid
+(every task run once, by the block the kernel's loop gives it; the balanced grid no slower in rounds and
+even in its blocks' loads), the warps that split K and the loads kept in flight."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from solo.kernels.cuda_step import in_flight, persistent_grid, warps_for
+
+
+def rounds_per_block(tasks: int, grid: int) -> list[int]:
+    """Tasks each block runs, as gemv_decode.cu's loop assigns them (task = block, block + grid, ...)."""
+    counts = [0] * grid
+    for task in range(tasks):
+        counts[task % grid] += 1
+    return counts
+
+
+@pytest.mark.parametrize(
+    ("tasks", "resident"),
+    [(2564, 792), (320, 132), (320, 528), (96, 1056), (1537, 132 * 6)]
+    + [(random.randint(1, 5000), random.randint(1, 2000)) for _ in range(20)],
+)
+def test_the_balanced_grid_keeps_the_rounds_and_evens_the_blocks(tasks, resident):
+    plain, balanced = persistent_grid(tasks, resident), persistent_grid(tasks, resident, balanced=True)
+    assert plain == min(tasks, resident) and 1 <= balanced <= plain
+    full, even = rounds_per_block(tasks, plain), rounds_per_block(tasks, balanced)
+    assert sum(even) == tasks and max(even) == max(full)  # every task once, no more rounds
+    assert sum(c < max(even) for c in even) < max(even)  # fewer than `rounds` blocks run one task fewer
+    assert min(even) >= max(even) - 1
+
+
+def test_the_kda_projections_grid():
+    """The case the balanced grid is for: 2,564 tasks over 792 resident blocks (188 of them with a fourth
+    task) becomes 641 blocks of exactly 4."""
+    assert rounds_per_block(2564, persistent_grid(2564, 792)).count(4) == 188
+    assert persistent_grid(2564, 792, balanced=True) == 641
+    assert set(rounds_per_block(2564, 641)) == {4}
+
+
+def test_warps_divide_the_steps_and_the_ring_tiles_them():
+    for k in (768, 2560, 4096, 6144):
+        for wanted in (4, 8, 10, 16):
+            w = warps_for(k, wanted)
+            assert 1 <= w <= wanted and (k // 64) % w == 0
+            pf = in_flight(k // 64 // w, 8)
+            assert 1 <= pf <= 8 and (k // 64 // w) % pf == 0
