@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from solo.kernels.cuda_step import in_flight, persistent_grid, warps_for
+# solo.kernels.cuda_step imports Triton: imported inside the tests, not at collection, where it would
+# come before the modules that turn on Triton's CPU interpreter (they do so only if Triton is not loaded)
 
 
 def rounds_per_block(tasks: int, grid: int) -> list[int]:
@@ -25,6 +26,8 @@ def rounds_per_block(tasks: int, grid: int) -> list[int]:
     + [(random.randint(1, 5000), random.randint(1, 2000)) for _ in range(20)],
 )
 def test_the_balanced_grid_keeps_the_rounds_and_evens_the_blocks(tasks, resident):
+    from solo.kernels.cuda_step import persistent_grid
+
     plain, balanced = persistent_grid(tasks, resident), persistent_grid(tasks, resident, balanced=True)
     assert plain == min(tasks, resident) and 1 <= balanced <= plain
     full, even = rounds_per_block(tasks, plain), rounds_per_block(tasks, balanced)
@@ -36,12 +39,16 @@ def test_the_balanced_grid_keeps_the_rounds_and_evens_the_blocks(tasks, resident
 def test_the_kda_projections_grid():
     """The case the balanced grid is for: 2,564 tasks over 792 resident blocks (188 of them with a fourth
     task) becomes 641 blocks of exactly 4."""
+    from solo.kernels.cuda_step import persistent_grid
+
     assert rounds_per_block(2564, persistent_grid(2564, 792)).count(4) == 188
     assert persistent_grid(2564, 792, balanced=True) == 641
     assert set(rounds_per_block(2564, 641)) == {4}
 
 
 def test_warps_divide_the_steps_and_the_ring_tiles_them():
+    from solo.kernels.cuda_step import in_flight, warps_for
+
     for k in (768, 2560, 4096, 6144):
         for wanted in (4, 8, 10, 16):
             w = warps_for(k, wanted)
