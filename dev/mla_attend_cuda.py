@@ -23,16 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mla_probe import (  # noqa: E402  (dev/, beside this script)
     HEADS,
-    NOPE,
     RANK,
     ROPE,
     build_layers,
-    random_layers,
+    cache_of_copy,
+    lab_setup,
     shares_text,
     time_layers,
 )
 
-from solo.bench.decode import copy_bandwidth  # noqa: E402
 from solo.kernels.cuda_runtime import CudaKernel  # noqa: E402
 from solo.kernels.fused_mla import AttendLaunch, FusedMLA  # noqa: E402
 
@@ -85,13 +84,7 @@ def main() -> int:
     p.add_argument("--stages", default="2,4")
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    dev = torch.device("cuda")
-    copy_gbs = copy_bandwidth(dev) / 1e9
-    print(f"device-to-device copy bandwidth: {copy_gbs:.0f} GB/s ({torch.cuda.get_device_name()})", flush=True)
-    g = torch.Generator(device=dev).manual_seed(int(torch.randint(0, 2**31, ())))
-    contexts = [int(c) for c in args.contexts.split(",")]
-    layers = random_layers(dev, g, max(contexts) + 16)
-    width = HEADS * (NOPE + ROPE) + RANK + ROPE + HEADS
+    dev, copy_gbs, g, contexts, layers, width = lab_setup(args.contexts)
     variants = [("triton (product)", None)] + [(f"cuda {s} stages", int(s)) for s in args.stages.split(",")]
     rows = []
     for tokens in [int(t) for t in args.tokens.split(",")]:
@@ -113,9 +106,8 @@ def main() -> int:
                 if reference is None:
                     reference = got.clone()
                 rel = float((got - reference).norm() / reference.norm())
-                cache_bytes = ctx * (RANK + ROPE) * 2
                 row.update(us=seconds * 1e6, rel_err=rel, finite=finite, kernel_us=shares)
-                row["of_copy"] = cache_bytes / seconds / 1e9 / copy_gbs
+                row["of_copy"] = cache_of_copy(ctx, seconds, copy_gbs)
                 rows.append(row)
                 print(
                     f"T={tokens} ctx={ctx:6d} {name:18s}: {row['us']:7.2f} us per layer (cache {row['of_copy']:.0%} "

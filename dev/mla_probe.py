@@ -134,6 +134,22 @@ def shares_text(shares: dict[str, float]) -> str:
     return "prep/attend/combine " + "/".join(f"{shares.get(k, 0.0):.1f}" for k in ("prep", "attend", "combine")) + " us"
 
 
+def lab_setup(contexts: str) -> tuple[torch.device, float, torch.Generator, list[int], list[dict], int]:
+    """What the MLA lab scripts start from: the GPU, its copy bandwidth (printed), a fresh generator, the
+    contexts asked for, 7 random layers with room for the longest and the projection row's width."""
+    dev = torch.device("cuda")
+    copy_gbs = copy_bandwidth(dev) / 1e9
+    print(f"device-to-device copy bandwidth: {copy_gbs:.0f} GB/s ({torch.cuda.get_device_name()})", flush=True)
+    g = torch.Generator(device=dev).manual_seed(int(torch.randint(0, 2**31, ())))
+    sizes = [int(c) for c in contexts.split(",")]
+    return dev, copy_gbs, g, sizes, random_layers(dev, g, max(sizes) + 16), HEADS * (NOPE + ROPE) + RANK + ROPE + HEADS
+
+
+def cache_of_copy(context: int, seconds: float, copy_gbs: float) -> float:
+    """The latent and rope cache of `context` positions read in `seconds`, as a fraction of the copy bandwidth."""
+    return context * (RANK + ROPE) * 2 / seconds / 1e9 / copy_gbs
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--contexts", default="4096,32768")
@@ -141,13 +157,7 @@ def main() -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--variants", type=int, default=len(VARIANTS), help="run the first N variants only")
     args = p.parse_args()
-    dev = torch.device("cuda")
-    copy_gbs = copy_bandwidth(dev) / 1e9
-    print(f"device-to-device copy bandwidth: {copy_gbs:.0f} GB/s ({torch.cuda.get_device_name()})", flush=True)
-    g = torch.Generator(device=dev).manual_seed(int(torch.randint(0, 2**31, ())))
-    contexts = [int(c) for c in args.contexts.split(",")]
-    layers = random_layers(dev, g, max(contexts) + 16)
-    width = HEADS * (NOPE + ROPE) + RANK + ROPE + HEADS
+    dev, copy_gbs, g, contexts, layers, width = lab_setup(args.contexts)
     rows = []
     for tokens in [int(t) for t in args.tokens.split(",")]:
         proj = torch.randn(tokens, width, device=dev, generator=g).bfloat16()
@@ -173,8 +183,7 @@ def main() -> int:
                 if reference is None:
                     reference = got.clone()
                 rel = float((got - reference).norm() / reference.norm())
-                cache_bytes = ctx * (RANK + ROPE) * 2
-                row.update(us=seconds * 1e6, rel_err=rel, of_copy=cache_bytes / seconds / 1e9 / copy_gbs)
+                row.update(us=seconds * 1e6, rel_err=rel, of_copy=cache_of_copy(ctx, seconds, copy_gbs))
                 row.update(kernel_us=shares, attend=describe(recorder.compiled.get("mla_attend")))
                 rows.append(row)
                 print(

@@ -208,9 +208,8 @@ _GPU_DISTRIBUTION: CompiledDistribution | None = None
 
 def distribution_for(device: torch.device | str) -> Callable[[torch.Tensor, SamplingParams], torch.Tensor]:
     """The distribution function the NEXTN round uses on `device`: compiled on a GPU, else `probabilities`
-    (the CPU reference, where the tests check it against the oracles). One compiled function per process:
-    torch.compile's limit counts compilations of the function, not of its wrappers, so every decoder
-    shares it and its count of settings."""
+    (the CPU reference, where the tests check it against the oracles). One CompiledDistribution per
+    process: every decoder shares it, so a sampling setting compiles once, not once per decoder."""
     global _GPU_DISTRIBUTION
     if torch.device(device).type != "cuda":
         return probabilities
