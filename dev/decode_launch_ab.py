@@ -1,6 +1,8 @@
 """CUDA GEMV launch configurations A/B inside the whole decode step at full shape, in one process (lent GPU).
 
-    python3 dev/decode_launch_ab.py [--context 4096] [--variants 'product,8 warps'] [--json OUT.json]
+    python3 dev/decode_launch_ab.py [--context 4096] [--variants 'product;8 warps'] [--json OUT.json]
+
+(variants are separated by ';': their names hold commas)
 
 `dev/step_kernels_probe.py` chose each projection's launch (warps, blocks per SM) alone. Inside the
 step under PDL a kernel's successor can only become resident early, and stream its weights while
@@ -83,7 +85,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default=";".join(VARIANTS), help="names separated by ';'")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     model, times = load_full_shape("fused+cuda+pdl", 4)
@@ -100,7 +102,7 @@ def main() -> int:
     eager = EagerStep(model)
     graphs = GraphCapture()
     captured = {}
-    for name in args.variants.split(","):
+    for name in (v.strip() for v in args.variants.split(";")):
         for g in gemvs:
             g.launch_config = launch_for(g, VARIANTS[name])
             g._kernels.clear()
