@@ -116,6 +116,15 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "--moe-backend cuda, with the CUDA step kernels: no router launch), separate (its own kernel), or auto "
         "(default: fused where it can run)",
     )
+    p.add_argument(
+        "--moe-shared",
+        choices=("auto", "fused", "separate"),
+        default="auto",
+        action=OnceOnly,
+        help="one token's shared expert in the fused decode step: fused (inside the persistent MoE kernel, "
+        "with the router there: no shared gate_up and down launches), separate (its own kernels), or auto "
+        "(default: fused where it can run)",
+    )
     add_graph_options(p)
     p.add_argument(
         "--speculative-algorithm",
@@ -257,6 +266,7 @@ def load_options(args: argparse.Namespace) -> dict:
         pdl={"on": True, "off": False}.get(args.pdl),
         step_kernels=args.step_kernels,
         moe_router={"fused": True, "separate": False}.get(args.moe_router),
+        moe_shared={"fused": True, "separate": False}.get(args.moe_shared),
         verify_tokens=args.speculative_num_draft_tokens,
         speculative=speculative_config(args),
     )

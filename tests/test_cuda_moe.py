@@ -301,3 +301,142 @@ def test_the_router_inside_the_kernel_states_what_it_runs():
     with_router = _shared_bytes(sched, 2560, 768, 8, ling)
     assert with_router == _shared_bytes(sched, 2560, 768, 8)  # its scratch shares the gate_up partials' space
     assert with_router <= 232448  # an H200 block's opt-in shared memory
+
+
+def random_shared_expert(inter: int, limit: float | None):
+    """A block-FP8 shared expert of fresh random codes and 128x128 block scales."""
+    from solo.kernels.cuda_moe import SharedExpert
+
+    def fp8(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+        codes = torch.randn(rows, cols, device="cuda").clamp(-8, 8).to(torch.float8_e4m3fn)
+        scale = torch.rand(rows // 128, cols // 128, device="cuda") * 0.01 + 0.005
+        return codes, scale
+
+    gate_up, gate_up_scale = fp8(2 * inter, H)
+    down, down_scale = fp8(H, inter)
+    return SharedExpert(gate_up, gate_up_scale, down, down_scale, limit)
+
+
+def dequantize_block_fp8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return codes.float() * scale.repeat_interleave(128, 0).repeat_interleave(128, 1)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("shared_inter,limit", [(768, 7.0), (256, None), (512, 0.5)])
+def test_gpu_shared_expert_inside_the_kernel_updates_the_residual_as_the_separate_kernels(shared_inter, limit):
+    """One launch of router, routed experts and shared expert writes x + shared + routed in place. Against
+    the same kernel without the shared expert (same routing, same routed sum, exactly) and the shared
+    expert in fp32 from the normalised x it returns, rounded as the separate kernels round it: the shared
+    activations to bf16, the shared down to bf16, added to x, then the routed sum. The shared down's sums
+    add in another order than the reference's, so a value near a bf16 rounding boundary may move by one
+    step, rarely; also in a graph, across launches (the exchanged activations' tags advance)."""
+    from solo.kernels.cuda_moe import PersistentDecodeMoE
+    from solo.kernels.fused_router import FusedRouter
+
+    experts = random_mxfp4_experts(512, H, I, scales=(116, 126))
+    moe = PersistentDecodeMoE(experts, swiglu_limit=7.0)
+    shared = random_shared_expert(shared_inter, limit)
+    assert moe.shared_unsupported(8, shared) is None
+    weight = (torch.randn(512, H, device="cuda") * 0.02).to(torch.bfloat16)
+    norm_w = (1 + 0.1 * torch.randn(H, device="cuda")).to(torch.bfloat16)
+    counters = torch.zeros(3, dtype=torch.int32, device="cuda")
+    router = FusedRouter(weight, torch.randn(512, device="cuda") * 0.01, norm_w, 1e-6, 8, 8, 4, True, 2.5, counters[2:])
+    gu, dn = (
+        dequantize_block_fp8(shared.gate_up, shared.gate_up_scale),
+        dequantize_block_fp8(shared.down, shared.down_scale),
+    )
+
+    def expected(x: torch.Tensor, xn: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
+        h = xn.float() @ gu.T
+        g, u = h[:, :shared_inter], h[:, shared_inter:]
+        a = torch.nn.functional.silu(g)
+        if limit is not None:
+            a, u = a.clamp(max=limit), u.clamp(-limit, limit)
+        y = (a * u).to(torch.bfloat16).float() @ dn.T
+        return ((x.float() + y.to(torch.bfloat16).float()) + routed.float()).to(torch.bfloat16)
+
+    def check(got: torch.Tensor, want: torch.Tensor) -> None:
+        step = want.float().abs().clamp_min(1e-30) * 2.0**-7
+        diff = (got.float() - want.float()).abs()
+        assert bool((diff <= 2 * step).all()) and int((diff > 0).sum()) <= H // 100, int((diff > 0).sum())
+
+    for _ in range(3):
+        x = (3 * torch.randn(1, H, device="cuda")).to(torch.bfloat16)
+        routed, xn, ids, wts = moe.routed_forward(x, router, counters[0:2])
+        got = x.clone()
+        out, xn2, ids2, wts2 = moe.routed_forward(got, router, counters[0:2], shared=shared, out=got)
+        torch.cuda.synchronize()
+        assert out.data_ptr() == got.data_ptr()
+        assert torch.equal(xn2, xn) and torch.equal(ids2, ids) and torch.equal(wts2, wts)
+        assert not torch.equal(got, x)
+        check(got, expected(x, xn, routed))
+    assert counters[:2].tolist() == [6, 3]  # every launch counts as moe_router, the shared ones as moe_shared too
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.zeros_like(x)
+    with torch.cuda.graph(graph):
+        moe.routed_forward(stream, router, counters[0:2], shared=shared, out=stream)
+    for _ in range(3):
+        x = (3 * torch.randn(1, H, device="cuda")).to(torch.bfloat16)
+        stream.copy_(x)
+        graph.replay()
+        routed, xn, _, _ = moe.routed_forward(x, router, counters[0:2])
+        torch.cuda.synchronize()
+        check(stream, expected(x, xn, routed))
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_shared_expert_inside_the_kernel_refuses_what_it_cannot_run():
+    from solo.kernels.cuda_moe import PersistentDecodeMoE, SharedExpert
+
+    moe = PersistentDecodeMoE(random_mxfp4_experts(64, H, I))
+    good = random_shared_expert(768, None)
+    assert moe.shared_unsupported(8, good) is None
+    bf16 = SharedExpert(good.gate_up.to(torch.bfloat16), good.gate_up_scale, good.down, good.down_scale, None)
+    assert "block-FP8" in moe.shared_unsupported(8, bf16)
+    odd = random_shared_expert(384, None)  # not a multiple of 256
+    assert "multiple of 256" in moe.shared_unsupported(8, odd)
+    rows = SharedExpert(good.gate_up, good.gate_up_scale[:, :1].contiguous(), good.down, good.down_scale, None)
+    assert "block scales" in moe.shared_unsupported(8, rows)
+
+
+@pytest.mark.parametrize("blocks,hidden,inter,top_k", [(132, 2560, 768, 8), (114, 2560, 768, 8), (78, 2560, 768, 8)])
+@pytest.mark.parametrize("shared_inter", [768, 256])
+def test_the_shared_experts_tail_is_written_only_after_the_shared_expert_is_done(
+    blocks, hidden, inter, top_k, shared_inter
+):
+    """CPU: the shared expert's weights sit in the tail of each block's tile area; every copy group issued
+    before the block's wait lands wholly below the tail, the one at the wait reaches into it, and the
+    kernel's shared memory still fits an H200 block (Ling: 512 experts, router inside, 132 SMs)."""
+    from solo.kernels.cuda_moe import RouterSpec, _shared_bytes
+    from solo.kernels.cuda_moe_plan import shared_tail, with_shared_column
+
+    sched = decode_schedule(blocks, hidden, inter, top_k)
+    offset, waits = shared_tail(sched, hidden, inter, top_k, shared_inter)
+    tail = 16 * hidden + 8 * sched.max_down * shared_inter
+    assert offset % 128 == 0 and offset >= 0 and offset + tail <= sched.most_bytes
+    gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k)
+    pairs = top_k // 2
+    for b in range(blocks):
+        gu, dn, order = decode_row(sched.table[b].tolist(), sched.max_gate_up, sched.max_down, pairs)
+        ends = [
+            (code + 1) * gu_bytes
+            if code < sched.max_gate_up
+            else len(gu) * gu_bytes + (2 * (code - sched.max_gate_up) + 2) * len(dn) * dn_bytes // top_k
+            for code in order
+        ]
+        assert all(end <= offset for end in ends[: waits[b]])
+        assert waits[b] == len(order) or ends[waits[b]] > offset
+    table = with_shared_column(sched, waits).table
+    assert table.shape[1] == sched.table.shape[1] + 1 and table[:, -1].tolist() == waits
+    if blocks == 132:  # (on fewer SMs the routed tiles alone do not fit)
+        assert _shared_bytes(sched, hidden, inter, top_k, RouterSpec(512, 8, 4, True, blocks)) <= 232448
+
+
+def test_a_shared_expert_too_large_for_the_tile_area_is_refused():
+    from solo.kernels.cuda_moe_plan import shared_tail
+
+    sched = decode_schedule(132, 256, 256, 2)  # small tiles: 2 slots of a narrow expert
+    with pytest.raises(ValueError, match="exceed"):
+        shared_tail(sched, 256, 256, 2, 4096)

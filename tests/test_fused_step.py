@@ -233,3 +233,22 @@ def test_an_attention_cut_the_kernels_cannot_run_is_refused_naming_it(splits):
         with pytest.raises(ValueError, match="splits must be a power of two"):
             bad(*args, kv_offset=heads * (nope + rope), gate_offset=heads * (nope + rope) + rank + rope)
     FusedMLA(*args, kv_offset=heads * (nope + rope), gate_offset=heads * (nope + rope) + rank + rope)
+
+
+def test_the_shared_expert_inside_the_moe_kernel_is_refused_where_it_cannot_run_naming_the_fix(models):
+    """--moe-shared fused runs inside the persistent MoE kernel, with the router there: where that cannot
+    run (here: no GPU) it is an error naming the fix; auto keeps the shared expert's own kernels."""
+    from solo.fastpath.availability import DecodeStepUnavailable
+
+    config, _, fast = models
+    assert fast.decode_step.describe()["shared_in_experts"] == 0
+    assert "moe_shared" not in fast.decode_step.families_per_step()
+    model = load_random_model(config, "cpu", torch.bfloat16, int(torch.randint(0, 10_000, ())))
+    with pytest.raises(
+        DecodeStepUnavailable, match=r"^--moe-shared fused: no MoE layer runs its router inside.*auto\.$"
+    ):
+        accelerate(model, FastPathOptions(block_fp8="on", decode_step="fused", moe_shared=True))
+    with pytest.raises(DecodeStepUnavailable, match="drop --moe-router separate"):
+        accelerate(model, FastPathOptions(block_fp8="on", decode_step="fused", moe_shared=True, moe_router=False))
+    with pytest.raises(DecodeStepUnavailable, match="drop --decode-step reference or --moe-shared fused"):
+        accelerate(model, FastPathOptions(decode_step="reference", moe_shared=True))

@@ -85,8 +85,8 @@ STEPS = ("fused", "reference", "auto")
 # modifiers of the fused step, joined with '+': pdl (its kernels under PDL: one-token calls, and verification's
 # where the CUDA kernels serve it), pdlall (verification's always), triton / cuda / cuda1 (the step kernels;
 # cuda1: CUDA for one-token calls only, verification on Triton), seprouter (one token's MoE router in its own
-# kernel, not inside the persistent MoE kernel)
-STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1", "seprouter")
+# kernel, not inside the persistent MoE kernel), sepshared (the shared expert in its own kernels, not inside it)
+STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1", "seprouter", "sepshared")
 
 
 @dataclass
@@ -124,6 +124,10 @@ class Config:
     @property
     def moe_router(self) -> bool | None:
         return False if "seprouter" in self.modifiers else None
+
+    @property
+    def moe_shared(self) -> bool | None:
+        return False if "sepshared" in self.modifiers or "seprouter" in self.modifiers else None
 
 
 def parse_configs(text: str) -> list[Config]:
@@ -268,6 +272,7 @@ def load(args: argparse.Namespace, config: Config):
         step_kernel_tokens=config.step_kernel_tokens,
         pdl_verify=True if "pdlall" in config.modifiers else None,
         moe_router=config.moe_router,
+        moe_shared=config.moe_shared,
         verify_tokens=args.verify_tokens,
     )
     t0 = time.perf_counter()

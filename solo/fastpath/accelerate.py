@@ -59,6 +59,9 @@ class FastPathOptions:
     # kernels): no router launch and no kernel boundary before the experts. None (auto): where it can
     # run; True: required (an error where it cannot); False: the router's own kernel
     moe_router: bool | None = None
+    # the layer's shared expert inside the same persistent MoE kernel (with the router there): no shared
+    # gate_up and down launches. None (auto): where it can run; True: required; False: its own kernels
+    moe_shared: bool | None = None
 
     def __post_init__(self) -> None:
         if self.decode_step not in DECODE_STEPS:
@@ -105,6 +108,11 @@ def _install_decode_step(model: LingForCausalLM, options: FastPathOptions) -> No
                 "--moe-router fused runs inside the fused decode step; drop --decode-step reference or "
                 "--moe-router fused"
             )
+        if options.moe_shared:
+            raise DecodeStepUnavailable(
+                "--moe-shared fused runs inside the fused decode step; drop --decode-step reference or "
+                "--moe-shared fused"
+            )
         return
     from solo.fastpath.availability import fused_step_unavailable
 
@@ -122,6 +130,7 @@ def _install_decode_step(model: LingForCausalLM, options: FastPathOptions) -> No
                 cuda_tokens=options.step_kernel_tokens,
                 pdl_verify=options.pdl_verify,
                 moe_router=options.moe_router,
+                moe_shared=options.moe_shared,
             )
             model.decode_step.warmup()
             model.decode_step_note = ""
@@ -139,6 +148,10 @@ def _install_decode_step(model: LingForCausalLM, options: FastPathOptions) -> No
     if options.moe_router:
         raise DecodeStepUnavailable(
             f"--moe-router fused needs the fused decode step, which cannot run: {reason}. Use --moe-router auto."
+        )
+    if options.moe_shared:
+        raise DecodeStepUnavailable(
+            f"--moe-shared fused needs the fused decode step, which cannot run: {reason}. Use --moe-shared auto."
         )
     if options.decode_step == "fused":
         raise DecodeStepUnavailable(f"--decode-step fused: {reason}. Use --decode-step reference.")

@@ -58,6 +58,7 @@ FAMILIES = (
     "cuda_gemv",  # projections (decode, verification) on solo/kernels/cuda_step.py (step kernels "cuda")
     "cuda_router",
     "moe_router",  # one token's router inside the persistent MoE kernel (--moe-backend cuda, step kernels cuda)
+    "moe_shared",  # ... and the layer's shared expert in the same launch (--moe-shared)
 )
 
 
@@ -218,10 +219,17 @@ class _MoE:
             self.shared_gate_up, self.shared_down = _swiglu_pair(moe.shared_experts, step, f"layer {index} shared")
         # set by FusedDecodeStep where the persistent MoE kernel also runs one token's router (no router launch)
         self.routed_in_experts: FusedRouter | None = None
-        self.moe_router_counter = step.counter("moe_router")
+        # ... and the shared expert (no shared gate_up and down launches; the kernel updates x itself)
+        self.shared_in_experts: Any = None  # solo.kernels.cuda_moe.SharedExpert
+        self.moe_router_counter = step.counter("moe_router", 2)  # moe_router, moe_shared
         self.launch = step.launch
 
     def __call__(self, x: torch.Tensor) -> None:
+        if self.shared_in_experts is not None and x.shape[0] == 1:
+            self.experts.routed_forward(
+                x, self.routed_in_experts, self.moe_router_counter, self.launch, shared=self.shared_in_experts, out=x
+            )
+            return
         if self.routed_in_experts is not None and x.shape[0] == 1:
             routed, xn, _, _ = self.experts.routed_forward(
                 x, self.routed_in_experts, self.moe_router_counter, self.launch
@@ -234,6 +242,18 @@ class _MoE:
             return
         act = self.shared_gate_up(xn)
         self.shared_down(act, out=x, residual=x, addend=routed)
+
+    def shared_expert(self) -> Any:
+        """The shared expert's weights as the persistent MoE kernel takes them (a
+        solo.kernels.cuda_moe.SharedExpert), or None where it has none or its projections are not block-FP8."""
+        from solo.kernels.cuda_moe import SharedExpert
+
+        if self.shared_gate_up is None:
+            return None
+        gate_up, down = (getattr(k, "fused", k) for k in (self.shared_gate_up, self.shared_down))
+        if gate_up.scale_mode != 1 or down.scale_mode != 1 or gate_up.weight.dtype != torch.float8_e4m3fn:
+            return None
+        return SharedExpert(gate_up.weight, gate_up.scale, down.weight, down.scale, gate_up.limit)
 
 
 def _swiglu_pair(mlp: SwiGLUMLP, step: FusedDecodeStep, name: str) -> tuple[FusedGemv, FusedGemv]:
@@ -292,7 +312,8 @@ class FusedDecodeStep:
     `kernels`: "cuda" runs the projections and routers of calls of up to `cuda_tokens` tokens on
     solo.kernels.cuda_step's CUDA kernels (larger calls on Triton), "triton" all on Triton, "auto"
     CUDA where every one of them can run (Hopper, NVRTC, FP8 projections), else Triton with the
-    reason in `kernels_note`."""
+    reason in `kernels_note`. `moe_router` / `moe_shared`: one token's MoE router / also the shared
+    expert inside the persistent MoE kernel (None: where they can run; True: required; False: not)."""
 
     def __init__(
         self,
@@ -303,6 +324,7 @@ class FusedDecodeStep:
         cuda_tokens: int = 8,
         pdl_verify: bool | None = None,
         moe_router: bool | None = None,
+        moe_shared: bool | None = None,
     ) -> None:
         _check_model(model)
         if kernels not in STEP_KERNELS:
@@ -343,6 +365,12 @@ class FusedDecodeStep:
                 f"--moe-router fused runs with the CUDA step kernels, which cannot run here: {self.kernels_note}. "
                 "Use --moe-router auto."
             )
+        if moe_shared and moe_router is False:
+            raise StepKernelsUnavailable(
+                "--moe-shared fused runs inside the MoE kernel with its router; drop --moe-router separate"
+            )
+        self.moe_shared = moe_shared
+        self._shared_into_experts()
         if pdl_verify is None:  # where the CUDA GEMV serves the whole window (the kernels share this policy)
             pdl_verify = self.kernels == "cuda" and not self.kernels_note and self.cuda_tokens >= max(self.token_counts)
         self.launch.one_token_only = not pdl_verify
@@ -400,6 +428,31 @@ class FusedDecodeStep:
             return f"{len(refused)} of {len(refused) + len(swaps)} projections and routers stay on Triton: {refused[0]}"
         return None
 
+    def _shared_into_experts(self) -> None:
+        """Run each MoE layer's shared expert inside its persistent kernel where the router runs there
+        (all that can unless `moe_shared` is False; with True, all or an error naming why not)."""
+        if self.moe_shared is False:
+            return
+        moes = self.routers_in_experts()
+        chosen, refused = [], []
+        for moe in moes:
+            shared = moe.shared_expert()
+            if shared is None:
+                refused.append("the shared expert's projections are not block-FP8 (load with --block-fp8 on)")
+            elif (reason := moe.experts.shared_unsupported(moe.routed_in_experts.top_k, shared)) is not None:
+                refused.append(reason)
+            else:
+                chosen.append((moe, shared))
+        if self.moe_shared and (refused or not moes):
+            why = refused[0] if refused else f"no MoE layer runs its router inside the MoE kernel ({self.kernels_note})"
+            raise StepKernelsUnavailable(f"--moe-shared fused: {why}. Use --moe-shared auto.")
+        for moe, shared in chosen:
+            moe.shared_in_experts = shared
+
+    def shared_in_experts(self) -> list[_MoE]:
+        """The MoE layers whose shared expert runs inside the persistent MoE kernel (one token)."""
+        return [owner for owner in self.routers_in_experts() if owner.shared_in_experts is not None]
+
     def routers_in_experts(self) -> list[_MoE]:
         """The MoE layers whose one-token router runs inside the persistent MoE kernel."""
         return [owner for owner, attr in self._slots() if attr == "router" and owner.routed_in_experts is not None]
@@ -442,7 +495,11 @@ class FusedDecodeStep:
         families = {"rmsnorm"}
         for owner, attr in self._slots():
             inside = attr == "router" and owner.routed_in_experts is not None
+            if attr.startswith("shared_") and owner.shared_in_experts is not None:
+                continue  # (inside the MoE kernel: counted as moe_shared)
             families.add("moe_router" if inside else getattr(owner, attr).family)
+        if self.shared_in_experts():
+            families.add("moe_shared")
         for layer in self.layers:
             kda = isinstance(layer.attention, _KDAAttention)
             families |= {"kda"} if kda else {"mla_prep", "mla_attend", "mla_combine"}
@@ -505,6 +562,7 @@ class FusedDecodeStep:
             "step_kernels": self.kernels,
             "cuda_tokens": self.cuda_tokens if self.kernels == "cuda" else 0,
             "routers_in_experts": len(self.routers_in_experts()),
+            "shared_in_experts": len(self.shared_in_experts()),
             **({"step_kernels_note": self.kernels_note} if self.kernels_note else {}),
         }
 

@@ -31,7 +31,13 @@ from typing import Any
 
 import torch
 
-from solo.kernels.cuda_moe_plan import DecodeKernelConfig, DecodeSchedule, decode_schedule
+from solo.kernels.cuda_moe_plan import (
+    DecodeKernelConfig,
+    DecodeSchedule,
+    decode_schedule,
+    shared_tail,
+    with_shared_column,
+)
 from solo.kernels.moe import CompileEvidence, MXFP4Experts
 from solo.kernels.triton_moe import MoEConfig, TritonMoE
 
@@ -51,6 +57,7 @@ def persistent_compile_report() -> dict[str, Any]:
 
 SHARED_MEMORY_SLACK = 128
 SCORE_COPIES = 8  # copies of the router scores the blocks exchange (moe_decode.cu ROUTER)
+SH_COPIES = 8  # copies of the shared expert's activations the blocks exchange (moe_decode.cu SHARED)
 MAX_ACT_COPIES = 16
 
 
@@ -69,7 +76,7 @@ def _router_scratch_bytes(hidden: int, router: RouterSpec | None) -> int:
 def _shared_bytes(sched: DecodeSchedule, hidden: int, inter: int, top_k: int, router: RouterSpec | None = None) -> int:
     """Dynamic shared memory of one block: the Smem struct of moe_decode.cu (rounded up), then the tiles."""
     gu_warps, dn_warps = hidden // 128, inter // 128
-    bars = sched.max_gate_up + top_k // 2
+    bars = sched.max_gate_up + top_k // 2 + 2  # (+ SH_BAR, SH_FREE: counted always, 16 bytes)
     gate_up_or_router = max(sched.max_gate_up * gu_warps * 16 * 4, _router_scratch_bytes(hidden, router))
     partials = gate_up_or_router + sched.max_down * dn_warps * 8 * 4
     staged_act = top_k * inter * 2
@@ -98,6 +105,43 @@ class RouterSpec:
             "RENORM": int(self.renormalize),
             "SCORE_COPIES": SCORE_COPIES,
         }
+
+
+@dataclass(frozen=True)
+class SharedExpert:
+    """A layer's shared expert for the one-token launch (moe_decode.cu SHARED): the block-FP8 SwiGLU
+    MLP's weights as the fused step's projections hold them (solo.kernels.fused_gemv.FusedGemv)."""
+
+    gate_up: torch.Tensor  # [2 I, H] float8_e4m3fn: gate rows, then up rows
+    gate_up_scale: torch.Tensor  # [2 I / 128, H / 128] fp32
+    down: torch.Tensor  # [H, I] float8_e4m3fn
+    down_scale: torch.Tensor  # [H / 128, I / 128] fp32
+    limit: float | None  # SwiGLU clamp
+
+    @property
+    def inter(self) -> int:
+        return self.down.shape[1]
+
+
+def shared_unsupported(hidden: int, blocks: int, shared: SharedExpert) -> str | None:
+    """Why the persistent kernel cannot also run this shared expert (None: it can; the tile area is
+    checked when the kernel is built)."""
+    inter = shared.inter
+    if shared.gate_up.dtype != torch.float8_e4m3fn or shared.down.dtype != torch.float8_e4m3fn:
+        return "the fused shared expert runs block-FP8 weights (load with --block-fp8 on)"
+    if shared.gate_up.shape != (2 * inter, hidden) or shared.down.shape != (hidden, inter):
+        return f"the shared expert's shapes {tuple(shared.gate_up.shape)}, {tuple(shared.down.shape)} are not SwiGLU's"
+    blocks_gu, blocks_dn = (2 * inter // 128, hidden // 128), (hidden // 128, inter // 128)
+    if tuple(shared.gate_up_scale.shape) != blocks_gu or tuple(shared.down_scale.shape) != blocks_dn:
+        return "the fused shared expert takes 128x128 block scales"
+    tensors = (shared.gate_up, shared.down, shared.gate_up_scale, shared.down_scale)
+    if any(not t.is_contiguous() or t.data_ptr() % 16 for t in tensors):
+        return "the fused shared expert reads contiguous, 16-byte aligned weights and scales"
+    if inter % 256 or inter // 8 > blocks:
+        return (
+            f"the fused shared expert needs its intermediate size a multiple of 256, at most 8 x {blocks}; got {inter}"
+        )
+    return None
 
 
 def router_unsupported(hidden: int, top_k: int, spec: RouterSpec) -> str | None:
@@ -150,6 +194,7 @@ class PersistentDecodeMoE(TritonMoE):
         self._launches = torch.zeros(1, dtype=torch.int32, device=self.device)
         # ROUTER: the scores exchanged between blocks, tag << 32 | fp32 (tag 0xFFFFFFFF: none yet)
         self._scores = torch.full((SCORE_COPIES * self.num_experts,), -1, dtype=torch.int64, device=self.device)
+        self._shared_act: torch.Tensor | None = None  # SHARED: the shared activations exchanged, tagged
         self.blocks = torch.cuda.get_device_properties(self.device).multi_processor_count
         # per-block globaltimer stamps of the last two launches (DecodeKernelConfig.trace; moe_decode.cu T_*)
         self.trace = torch.zeros((2, self.blocks, 64), dtype=torch.int64, device=self.device)
@@ -174,11 +219,12 @@ class PersistentDecodeMoE(TritonMoE):
         self._kernels.clear()
 
     def kernel_for(
-        self, top_k: int, id64: bool, router: RouterSpec | None = None
+        self, top_k: int, id64: bool, router: RouterSpec | None = None, shared: SharedExpert | None = None
     ) -> tuple[Any, DecodeSchedule, torch.Tensor, int]:
         """Compile (or load from <solo cache>/cuda) and set up the kernel for top_k experts (that also
-        runs `router`, where given)."""
-        key = (top_k, id64, router)
+        runs `router`, and the shared expert of that shape, where given)."""
+        shared_key = (shared.inter, shared.limit is not None) if shared is not None else None
+        key = (top_k, id64, router, shared_key)
         if key in self._kernels:
             return self._kernels[key]
         from solo.kernels.cuda_runtime import CudaKernel
@@ -212,18 +258,33 @@ class PersistentDecodeMoE(TritonMoE):
             if reason is not None or router.blocks != self.blocks or id64:
                 raise RuntimeError(reason or "the fused router's grid is the kernel's, with int32 expert ids")
             defines.update(router.defines())
+        if shared is not None:
+            if router is None:
+                raise RuntimeError("the shared expert runs inside the kernel that also runs the router")
+            reason = self.shared_unsupported(top_k, shared)
+            if reason is not None:
+                raise RuntimeError(reason)
+            offset, waits = shared_tail(sched, self.hidden, self.inter, top_k, shared.inter)
+            sched = with_shared_column(sched, waits)
+            defines.update(
+                SHARED=1,
+                SHI=shared.inter,
+                SH_HAS_LIMIT=int(shared.limit is not None),
+                SH_COPIES=SH_COPIES,
+                SH_OFFSET=offset,
+            )
         kernel = CudaKernel(SOURCE, "moe_decode", defines, self.device)
         _BUILT.append({"seconds": kernel.compile.seconds, "cached": kernel.compile.cached, "path": kernel.compile.path})
-        shared = _shared_bytes(sched, self.hidden, self.inter, top_k, router)
+        smem = _shared_bytes(sched, self.hidden, self.inter, top_k, router)
         limit = torch.cuda.get_device_properties(self.device).shared_memory_per_block_optin
-        if shared > limit:
+        if smem > limit:
             raise RuntimeError(
-                f"the persistent decode kernel needs {shared} bytes of shared memory per block at these shapes "
+                f"the persistent decode kernel needs {smem} bytes of shared memory per block at these shapes "
                 f"({self.blocks} SMs); this GPU allows {limit}. Use --moe-backend triton."
             )
-        kernel.set_shared_bytes(shared)
+        kernel.set_shared_bytes(smem)
         threads = 32 * (self.hidden // 128 + self.inter // 128 + 2 + int(kc.trace))  # + observer warp
-        if kernel.max_blocks_per_sm(threads, shared) < 1:
+        if kernel.max_blocks_per_sm(threads, smem) < 1:
             raise RuntimeError("the persistent decode kernel does not fit on an SM here; use --moe-backend triton")
         entry = (kernel, sched, sched.table.to(self.device), threads)
         self._kernels[key] = entry
@@ -254,10 +315,17 @@ class PersistentDecodeMoE(TritonMoE):
         self._launch(kernel, table, threads, [xb, ids, wts], out, [None] * 8 + [0.0, 0.0])
 
     def _launch(
-        self, kernel: Any, table: torch.Tensor, threads: int, inputs: list, out: torch.Tensor, router: list
+        self,
+        kernel: Any,
+        table: torch.Tensor,
+        threads: int,
+        inputs: list,
+        out: torch.Tensor,
+        router: list,
+        shared: list | None = None,
     ) -> None:
-        """One launch of moe_decode: `inputs` x, ids, weights; `router` its ROUTER arguments (null
-        pointers and zeros without it)."""
+        """One launch of moe_decode: `inputs` x, ids, weights; `router` its ROUTER arguments, `shared`
+        its SHARED ones (null pointers and zeros without them)."""
         limit = float(self.swiglu_limit) if self.swiglu_limit is not None else 0.0
         kc = self.kernel_config
         kernel.launch(
@@ -276,6 +344,7 @@ class PersistentDecodeMoE(TritonMoE):
                 limit,
                 self.trace,
                 *router,
+                *(shared or [None] * 5 + [0.0]),
             ],
             dependent=kc.dependent_launch,
             cooperative=kc.cooperative,
@@ -297,25 +366,66 @@ class PersistentDecodeMoE(TritonMoE):
             return f"the persistent decode kernel needs an even top-k <= 8, got {router.top_k}"
         return router_unsupported(self.hidden, router.top_k, self.router_spec(router))
 
+    def shared_unsupported(self, top_k: int, shared: SharedExpert) -> str | None:
+        """Why the one-token launch with the router cannot also run `shared` (None: it can)."""
+        reason = shared_unsupported(self.hidden, self.blocks, shared)
+        if reason is not None:
+            return reason
+        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, self.kernel_config.order)
+        if sched.max_down < 2:
+            return "the fused shared expert needs a block with at least 2 down tiles (its scratch space)"
+        try:
+            shared_tail(sched, self.hidden, self.inter, top_k, shared.inter)
+        except ValueError as exc:
+            return f"the fused shared expert does not fit the kernel's shared memory: {exc}"
+        return None
+
     def routed_forward(
-        self, x: torch.Tensor, router: Any, count: torch.Tensor, launch: Any = None
+        self,
+        x: torch.Tensor,
+        router: Any,
+        count: torch.Tensor,
+        launch: Any = None,
+        shared: SharedExpert | None = None,
+        out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One token's router (post-attention RMSNorm, scores, grouped top-k: `router`, a FusedRouter)
         and routed experts in one launch. x: the residual stream [1, H] bf16. Returns (the routed
         sum [1, H], the normalised x [1, H], ids [1, top_k] int32, weights [1, top_k] fp32); `count`
-        (int32) is bumped once per launch on the device; `launch` (a solo.kernels.pdl.LaunchPolicy)
-        records the launch as family "moe_router"."""
+        (int32) is bumped once per launch on the device (and its next element too with `shared`);
+        `launch` (a solo.kernels.pdl.LaunchPolicy) records the launch as family "moe_router". With
+        `shared` the launch also runs that shared expert and the first result is the layer's new
+        residual stream, x + shared + routed, written to `out` (which may be x itself)."""
         if x.shape != (1, self.hidden) or x.dtype != torch.bfloat16 or x.stride(1) != 1 or x.data_ptr() % 16:
             raise ValueError(f"the fused router takes one 16-byte aligned bf16 row [1, {self.hidden}]")
         top_k = router.top_k
-        kernel, _, table, threads = self.kernel_for(top_k, False, self.router_spec(router))
-        out = torch.empty((1, self.hidden), dtype=torch.bfloat16, device=self.device)
+        if shared is not None and count.numel() < 2:
+            raise ValueError("with the shared expert the launch bumps two counters (moe_router, moe_shared)")
+        kernel, _, table, threads = self.kernel_for(top_k, False, self.router_spec(router), shared)
+        if out is None:
+            out = torch.empty((1, self.hidden), dtype=torch.bfloat16, device=self.device)
+        elif out.shape != (1, self.hidden) or out.dtype != torch.bfloat16 or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous bf16 [1, {self.hidden}]")
         xn = torch.empty_like(out)
         ids = torch.empty((1, top_k), dtype=torch.int32, device=self.device)
         wts = torch.empty((1, top_k), dtype=torch.float32, device=self.device)
         self.path_calls["persistent"] += 1
         scratch = [router.norm_weight, router.weight, router.bias, self._scores, xn, ids, wts, count]
-        self._launch(kernel, table, threads, [x, None, None], out, [*scratch, float(router.eps), float(router.scaling)])
+        shared_args = None
+        if shared is not None:
+            if self._shared_act is None or self._shared_act.numel() != SH_COPIES * shared.inter:
+                self._shared_act = torch.full((SH_COPIES * shared.inter,), -1, dtype=torch.int32, device=self.device)
+            limit = float(shared.limit) if shared.limit is not None else 0.0
+            shared_args = [
+                shared.gate_up,
+                shared.gate_up_scale,
+                shared.down,
+                shared.down_scale,
+                self._shared_act,
+                limit,
+            ]
+        router_args = [*scratch, float(router.eps), float(router.scaling)]
+        self._launch(kernel, table, threads, [x, None, None], out, router_args, shared_args)
         if launch is not None:
             launch.record("moe_router", kernel)
         return out, xn, ids, wts

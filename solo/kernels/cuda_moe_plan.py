@@ -104,3 +104,40 @@ def decode_schedule(blocks: int, hidden: int, inter: int, top_k: int, order: str
         table[b] = torch.tensor(row, dtype=torch.int32)
         block_bytes.append(len(gus) * gu_bytes + len(dns) * dn_bytes)
     return DecodeSchedule(table, max_gu, max_dn, block_bytes)
+
+
+def shared_tail(sched: DecodeSchedule, hidden: int, inter: int, top_k: int, shared_inter: int) -> tuple[int, list[int]]:
+    """Where the shared expert's weights go in each block's tile area (moe_decode.cu SHARED): the byte
+    offset of the tail (128-aligned) that holds a block's gate_up rows (16 rows of `hidden`) and its
+    shared down rows (8 per down tile, `shared_inter` wide), and per block the first copy group (in
+    issue order) whose bytes land in that tail, which the producer issues only once the shared expert
+    is done with it (the block's group count where none does). Raises ValueError where it does not fit."""
+    tail = 16 * hidden + 8 * sched.max_down * shared_inter
+    offset = (sched.most_bytes - tail) // 128 * 128
+    if offset < 0:
+        raise ValueError(f"the shared expert's {tail} bytes exceed the {sched.most_bytes}-byte tile area")
+    gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k)
+    slot_bytes = dn_bytes // top_k  # one slot's words and scales for one down tile
+    pairs = top_k // 2
+    waits = []
+    for row in sched.table.tolist():
+        n_gu, n_dn = row[0], row[1]
+        order = row[2 + sched.max_gate_up + sched.max_down :][: n_gu + (pairs if n_dn else 0)]
+        first = len(order)
+        for q, code in enumerate(order):
+            if code < sched.max_gate_up:
+                end = (code + 1) * gu_bytes
+            else:
+                p = code - sched.max_gate_up
+                end = n_gu * gu_bytes + (2 * p + 2) * n_dn * slot_bytes
+            if end > offset:
+                first = q
+                break
+        waits.append(first)
+    return offset, waits
+
+
+def with_shared_column(sched: DecodeSchedule, waits: list[int]) -> DecodeSchedule:
+    """The schedule with each block's first copy group into the shared tail as its row's last word."""
+    column = torch.tensor(waits, dtype=torch.int32).unsqueeze(1)
+    return DecodeSchedule(torch.cat([sched.table, column], dim=1), sched.max_gate_up, sched.max_down, sched.block_bytes)

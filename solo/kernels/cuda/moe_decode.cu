@@ -32,6 +32,17 @@
 // top-k by rank counting, in each warp, then over the warps' best), and the producer
 // issues the copies of the experts it chose.
 //
+// SHARED (with ROUTER): the layer's shared expert (block-FP8 SwiGLU MLP, intermediate SHI) runs in the
+// same launch, on the down warps, which wait for the routed activations anyway. Its weights do not
+// depend on the previous kernel: the producer copies them (block b < SHI / 8: gate_up rows 8b..8b+7 of
+// gate and of up; every block: the shared down rows of its own down tiles) into the tail of the tile
+// area before griddepcontrol.wait. Once the gate_up warps have normalised x, the down warps compute the
+// block's 8 shared SwiGLU activations, publish them tagged (bf16 bits, SH_COPIES copies), gather all SHI
+// of them (polling their tags), compute the shared down rows of the block's output rows and release the
+// tail (mbarrier SH_FREE: the producer issues the routed copies that land there only after it). The
+// kernel then writes the layer's new residual stream, x + shared + routed, rounded as the separate
+// kernels round it (the shared down's bf16 result added to x, then the routed sum's bf16 result).
+//
 // Products on the tensor cores (mma.m16n8k16, fp16 in, fp32 sums): the packed E2M1 words
 // (pack_e2m1_words) unpack to fp16 pairs equal to value * 2^-14, times the group's factor
 // 2^(s-113) they are the weights (exact for E8M0 scales s in [104, 128]). Shared-memory reads
@@ -88,8 +99,13 @@
 #define MAX_ITEMS ((MAX_DN * DN_WARPS + DOWN_WORKERS - 1) / DOWN_WORKERS)  // (down tile, K slice) items per warp
 #define STAGE_PIECES ((I / 2 + DOWN_WORKERS * 32 - 1) / (DOWN_WORKERS * 32))  // 16-byte pieces per lane per pair
 #define BAR_STAGED 8                    // a slot pair's activations are in shared memory (and all current)
-#define ROW_WORDS (2 + MAX_GU + MAX_DN + MAX_GU + PAIRS)
-#define NUM_BARS (MAX_GU + PAIRS)
+#ifndef SHARED
+#define SHARED 0
+#endif
+#define ROW_WORDS (2 + MAX_GU + MAX_DN + MAX_GU + PAIRS + SHARED)  // SHARED: + the first copy group into the tail
+#define NUM_BARS (MAX_GU + PAIRS + 2 * SHARED)
+#define SH_BAR (MAX_GU + PAIRS)         // SHARED: the shared expert's weights are in shared memory
+#define SH_FREE (SH_BAR + 1)            // SHARED: the down warps are done with them (DN_WARPS arrivals)
 #define BAR_FULL0 9                     // named barriers 9.. : gate_up tile i's partials ready (one buffer each)
 #if MAX_GU > 7
 #error "at most 7 gate_up tiles per block (named barriers 9..15)"
@@ -99,6 +115,9 @@
 #define BAR_ROUTER 4                    // ROUTER: the gate_up warps' steps (norm, scores, selection)
 #define BAR_ROUTED 7                    // ROUTER: the selected experts and weights are in shared memory
 #define BAR_SELECT 3                    // ROUTER: the selection warps' steps
+#define BAR_NORMED 2                    // SHARED: x is normalised (gate_up warps arrive, down warps wait);
+                                        // then the down warps' own steps
+#define BAR_SH 2
 #ifndef ROUTER
 #define ROUTER 0
 #endif
@@ -113,6 +132,14 @@
 #ifndef SCORE_COPIES
 #define SCORE_COPIES 8                           // copies of the exchanged scores (block b polls copy b % 8)
 #endif
+#if SHARED
+#define SH_TASKS (SHI / 8)                               // shared gate_up tasks: 8 gate + 8 up rows, block b < SH_TASKS
+#define SH_RPW ((8 * MAX_DN + DN_WARPS - 1) / DN_WARPS)  // shared down rows per down warp
+#define SH_PIECES (SHI / 256)                            // 8-column pieces of the shared down per lane
+#if SHI % 256 || SH_TASKS > NBLOCKS || SH_RPW > 32 || DN_WARPS * 16 > MAX_DN * DN_WARPS * 8
+#error "SHARED needs SHI a multiple of 256, SHI / 8 <= NBLOCKS, and 8 * MAX_DN >= 16 (scratch in dn_part)"
+#endif
+#endif
 #if SEL_WARPS * TOPK > SEL_WARPS * 32
 #error "top-k above 32"
 #endif
@@ -120,6 +147,9 @@
 #if E % 32 || SEL_WARPS > GU_WARPS || SEL_WARPS > 32 || H / 8 > GU_WARPS * 32
 #error "ROUTER needs E a multiple of 32, E / 32 <= H / 128 gate_up warps, E <= 1024"
 #endif
+#endif
+#if SHARED && !ROUTER
+#error "SHARED runs with ROUTER (the gate_up warps normalise x)"
 #endif
 #define INPUT_THREADS ((GU_WARPS + DN_WARPS + 1) * 32)  // the compute warps and the publisher
 #ifndef UNROLL_PAIRS
@@ -374,6 +404,170 @@ __device__ __forceinline__ unsigned long long rt_ld_relaxed(const unsigned long 
 }
 #endif
 
+
+#if SHARED
+// NW words of e4m3 codes (4 each, low byte first) times 4 * NW fp32 values, summed in fp32
+template <int NW>
+__device__ __forceinline__ float e4m3_dot(const u32 *ws, const float *x) {
+    float d = 0.f;
+#pragma unroll
+    for (int q = 0; q < NW; ++q) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            u32 pr;
+            asm("{\n\t.reg .b16 t;\n\tcvt.u16.u32 t, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, t;\n\t}" : "=r"(pr) : "r"(ws[q] >> (16 * h)));
+            float lo, hi;
+            asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+                : "=f"(lo), "=f"(hi)
+                : "r"(pr));
+            d = fmaf(lo, x[4 * q + 2 * h], d);
+            d = fmaf(hi, x[4 * q + 2 * h + 1], d);
+        }
+    }
+    return d;
+}
+
+// One step of a warp's transposed sum of 16 values: lanes with bit O set keep values O/2..O-1 (summed
+// with their partner's), the others 0..O/2-1, moved to the front.
+template <int O>
+__device__ __forceinline__ void keep_half(float *acc, int lane) {
+    const bool upper = lane & O;
+#pragma unroll
+    for (int i = 0; i < O / 2; ++i) {
+        const float send = upper ? acc[i] : acc[i + O / 2], keep = upper ? acc[i + O / 2] : acc[i];
+        acc[i] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, O);
+    }
+}
+
+__device__ __forceinline__ bool words_current(uint4 v, u32 tag) {
+    return (v.x & 0xFFFF0000u) == tag && (v.y & 0xFFFF0000u) == tag && (v.z & 0xFFFF0000u) == tag &&
+           (v.w & 0xFFFF0000u) == tag;
+}
+
+__device__ __forceinline__ bool bar_all(bool ok, u32 bar, u32 threads) {
+    u32 all_ok;
+    asm volatile(
+        "{\n.reg .pred pi, po;\nsetp.ne.u32 pi, %1, 0;\nbar.red.and.pred po, %2, %3, pi;\n"
+        "selp.u32 %0, 1, 0, po;\n}\n"
+        : "=r"(all_ok)
+        : "r"((u32)ok), "r"(bar), "r"(threads)
+        : "memory");
+    return all_ok != 0;
+}
+
+// The shared expert, by the down warps (dw: 0..DN_WARPS-1); see SHARED at the top. Returns the shared
+// down sum of output row dw * SH_RPW + lane of the block's down rows (lanes < SH_RPW).
+__device__ __forceinline__ float shared_expert(const uint4 *xs, float *scratch, const unsigned char *sh, bool weights,
+                                               u32 sh_bar, u32 free_bar, int dw, int lane, int n_dn, int first_row,
+                                               const float *__restrict__ gu_s, const float *__restrict__ dn_s,
+                                               u32 *sh_act, float limit, u32 tag) {
+    const int dtid = dw * 32 + lane;
+    asm volatile("bar.sync %0, %1;" ::"r"(BAR_NORMED), "r"((GU_WARPS + DN_WARPS) * 32) : "memory");
+    if (weights) bar_wait(sh_bar);
+    if (blockIdx.x < SH_TASKS) {
+        // ---- gate_up: lane chunk c (16 columns) of the 16 rows, block scales per chunk
+        float acc[16];
+#pragma unroll
+        for (int r = 0; r < 16; ++r) acc[r] = 0.f;
+        for (int c = dtid; c < H / 16; c += DN_WARPS * 32) {
+            float xf[16];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const uint4 v = xs[2 * c + h];
+                const u32 vw[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    xf[8 * h + 2 * q] = bf16_to_float(vw[q] & 0xFFFFu);
+                    xf[8 * h + 2 * q + 1] = bf16_to_float(vw[q] >> 16);
+                }
+            }
+            const float sg = __ldg(gu_s + (blockIdx.x * 8 / 128) * (H / 128) + c / 8);
+            const float su = __ldg(gu_s + ((SHI + blockIdx.x * 8) / 128) * (H / 128) + c / 8);
+#pragma unroll
+            for (int r = 0; r < 16; ++r) {
+                const uint4 w = *reinterpret_cast<const uint4 *>(sh + r * H + 16 * c);
+                const u32 ws[4] = {w.x, w.y, w.z, w.w};
+                acc[r] = fmaf(e4m3_dot<4>(ws, xf), r < 8 ? sg : su, acc[r]);
+            }
+        }
+        // the warp's 16 sums: each step keeps half the rows (lane bit o), so lane l ends with row l >> 1
+        keep_half<16>(acc, lane);
+        keep_half<8>(acc, lane);
+        keep_half<4>(acc, lane);
+        keep_half<2>(acc, lane);
+        acc[0] += __shfl_xor_sync(0xFFFFFFFFu, acc[0], 1);
+        if (!(lane & 1)) scratch[dw * 16 + (lane >> 1)] = acc[0];
+        asm volatile("bar.sync %0, %1;" ::"r"(BAR_SH), "r"(DN_WARPS * 32) : "memory");
+        if (dw == 0) {
+            u32 word = 0u;
+            if (lane < 8) {
+                float gate = 0.f, up = 0.f;
+#pragma unroll
+                for (int w = 0; w < DN_WARPS; ++w) gate += scratch[w * 16 + lane], up += scratch[w * 16 + 8 + lane];
+                float a = gate / (1.f + __expf(-gate));
+#if SH_HAS_LIMIT
+                a = fminf(a, limit);
+                up = fminf(fmaxf(up, -limit), limit);
+#endif
+                word = tag | (__float_as_uint(round_bf16(a * up)) >> 16);
+            }
+            word = __shfl_sync(0xFFFFFFFFu, word, lane & 7);
+            for (int k = lane >> 3; k < SH_COPIES; k += 4)
+                asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(sh_act + k * SHI + blockIdx.x * 8 + (lane & 7)),
+                             "r"(word)
+                             : "memory");
+        }
+    }
+    float mine = 0.f;
+    if (n_dn) {
+        // ---- every shared activation (8-column pieces lane + 32 j), polled until all are this launch's
+        const u32 *copy = sh_act + (blockIdx.x % SH_COPIES) * SHI;
+        uint4 a[SH_PIECES][2];
+#pragma unroll
+        for (int j = 0; j < SH_PIECES; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) a[j][h] = ld_cg4(copy + 8 * (lane + 32 * j) + 4 * h);
+        for (;;) {
+            bool ok = true;
+#pragma unroll
+            for (int j = 0; j < SH_PIECES; ++j) ok = ok && words_current(a[j][0], tag) && words_current(a[j][1], tag);
+            if (bar_all(ok, BAR_SH, DN_WARPS * 32)) break;
+            __nanosleep(POLL_NS);
+#pragma unroll
+            for (int j = 0; j < SH_PIECES; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    if (!words_current(a[j][h], tag)) a[j][h] = ld_cg4(copy + 8 * (lane + 32 * j) + 4 * h);
+        }
+        // ---- down: this warp's rows, lane pieces; the row's block scale per 128 columns
+        const unsigned char *rows = sh + 16 * H;
+#pragma unroll
+        for (int i = 0; i < SH_RPW; ++i) {
+            const int r = dw * SH_RPW + i;
+            if (r >= 8 * n_dn) break;
+            float d = 0.f;
+#pragma unroll
+            for (int j = 0; j < SH_PIECES; ++j) {
+                const int piece = lane + 32 * j;
+                const uint2 w = *reinterpret_cast<const uint2 *>(rows + r * SHI + 8 * piece);
+                const u32 aw[8] = {a[j][0].x, a[j][0].y, a[j][0].z, a[j][0].w, a[j][1].x, a[j][1].y, a[j][1].z, a[j][1].w};
+                float xf[8];
+#pragma unroll
+                for (int q = 0; q < 8; ++q) xf[q] = bf16_to_float(aw[q] & 0xFFFFu);
+                const float s = __ldg(dn_s + ((first_row + r) / 128) * (SHI / 128) + piece / 16);
+                const u32 ws[2] = {w.x, w.y};
+                d = fmaf(e4m3_dot<2>(ws, xf), s, d);
+            }
+            d = warp_sum(d);
+            if (lane == i) mine = d;
+        }
+    }
+    __syncwarp();
+    if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(free_bar) : "memory");
+    return mine;
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(NWARPS * 32, 1)
 moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
            const expert_id_t *__restrict__ ids,             // [TOPK]
@@ -396,8 +590,15 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
            unsigned short *__restrict__ xn_out,      // [H] normalised x for the shared expert (block 0)
            int *__restrict__ ids_out,                // [TOPK] the selection (block 0)
            float *__restrict__ wts_out,              // [TOPK]
-           int *__restrict__ count,                  // launch counter (the start-up check)
-           float eps, float scaling)
+           int *__restrict__ count,                  // launch counter (the start-up check); SHARED: 2 of them
+           float eps, float scaling,
+           // SHARED only (out is then x + shared + routed; it may be x itself):
+           const unsigned char *__restrict__ sh_gu_w,  // [2 SHI, H] e4m3: gate rows, then up rows
+           const float *__restrict__ sh_gu_s,        // [2 SHI / 128, H / 128] block scales
+           const unsigned char *__restrict__ sh_dn_w,  // [H, SHI] e4m3
+           const float *__restrict__ sh_dn_s,        // [H / 128, SHI / 128]
+           u32 *sh_act,                              // [SH_COPIES, SHI] tagged bf16 (tag << 16 | bits)
+           float sh_limit)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Smem &sm = *reinterpret_cast<Smem *>(smem_raw);
@@ -418,7 +619,8 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 
     if (threadIdx.x == 0) {
         for (int b = 0; b < NUM_BARS; ++b)
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sm.bars[b])));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&sm.bars[b])),
+                         "r"(SHARED && b == NUM_BARS - 1 ? DN_WARPS : 1));  // (SH_FREE: one arrival per down warp)
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     asm volatile("griddepcontrol.launch_dependents;");
@@ -440,11 +642,32 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         if (threadIdx.x < H / 8) rnw = ld_stream(norm_w + threadIdx.x * 8);
     }
 #endif
+#if SHARED
+    // the shared expert's weights into the tail of the tile area (SH_OFFSET): gate_up rows, then down rows
+    unsigned char *sh_tail = tiles + SH_OFFSET;
+    const u32 sh_bytes = (blockIdx.x < SH_TASKS ? 16 * H : 0) + 8 * n_dn * SHI;
+    if (warp == PRODUCER && lane == 0 && sh_bytes) {
+        u64 policy = 0;
+#if EVICT_FIRST
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
+        const u32 bar = smem_addr(&sm.bars[SH_BAR]);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(sh_bytes) : "memory");
+        if (blockIdx.x < SH_TASKS) {
+            bulk_copy(smem_addr(sh_tail), sh_gu_w + (size_t)blockIdx.x * 8 * H, 8 * H, bar, policy);
+            bulk_copy(smem_addr(sh_tail + 8 * H), sh_gu_w + (size_t)(SHI + blockIdx.x * 8) * H, 8 * H, bar, policy);
+        }
+        if (n_dn) bulk_copy(smem_addr(sh_tail + 16 * H), sh_dn_w + (size_t)dn_tile[0] * SHI, 8 * n_dn * SHI, bar, policy);
+    }
+#endif
     // Everything above is independent of the previous kernel; the routing, x and the
     // activation buffer are not.
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #if ROUTER
-    if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        atomicAdd(count, 1);
+        if (SHARED) atomicAdd(count + 1, 1);  // (the start-up check: the shared expert ran here)
+    }
 #endif
 #if TRACE
     u64 *trow = trace + ((__shfl_sync(0xFFFFFFFFu, lane == 0 ? __ldcg(launches) : 0u, 0) / NBLOCKS & 1) * NBLOCKS +
@@ -470,6 +693,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif
             const int groups = n_gu + (n_dn ? PAIRS : 0);
             for (int q = 0; q < groups; ++q) {
+#if SHARED
+                if (q == row[ROW_WORDS - 1]) bar_wait(smem_addr(&sm.bars[SH_FREE]));  // it lands in the shared tail
+#endif
                 const int code = order[q];
                 if (code < MAX_GU) {
                     const int i = code, slot = gu_tile[i] >> 16, r0 = gu_tile[i] & 0xFFFF;
@@ -504,6 +730,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     }
                 }
             }
+#if SHARED
+            if (row[ROW_WORDS - 1] >= groups) bar_wait(smem_addr(&sm.bars[SH_FREE]));  // (the barrier's phase completes)
+#endif
 #if TRACE
             trow[T_ISSUED] = globaltimer();
 #endif
@@ -609,6 +838,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 if (blockIdx.x == 0) reinterpret_cast<uint4 *>(xn_out)[tid] = packed;
             }
             asm volatile("bar.sync %0, %1;" ::"r"(BAR_ROUTER), "r"(GU_WARPS * 32) : "memory");
+#if SHARED
+            asm volatile("bar.arrive %0, %1;" ::"r"(BAR_NORMED), "r"((GU_WARPS + DN_WARPS) * 32) : "memory");
+#endif
 #if TRACE
             if (threadIdx.x == 0) trow[T_NORMED] = globaltimer();
 #endif
@@ -798,6 +1030,13 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             }
         }
 
+#if SHARED
+        float sh_row = 0.f;  // down warps: the shared down sum of their row dw * SH_RPW + lane
+        if (warp >= GU_WARPS)
+            sh_row = shared_expert(sm.x, &sm.dn_part[0][0][0], sh_tail, sh_bytes != 0, smem_addr(&sm.bars[SH_BAR]),
+                                   smem_addr(&sm.bars[SH_FREE]), warp - GU_WARPS, lane, n_dn, dn_tile[0], sh_gu_s,
+                                   sh_dn_s, sh_act, sh_limit, sm.launch << 16);
+#endif
         // ---- down, by every compute warp (the gate_up warps join after their last tile). Item (j, d) =
         // down tile j, K slice d: MMA rows 0-7 are slot 2p, rows 8-15 slot 2p+1, and B column n holds
         // slot 2p + ((n >> 1) & 1).
@@ -889,6 +1128,20 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             if (j < n_dn && t == 0) sm.dn_part[j][d][g] = ((g & 1) ? acc[k][1] : acc[k][0]) + other;
         }
         asm volatile("bar.sync %0, %1;" ::"r"(BAR_DOWN), "r"(DOWN_WORKERS * 32) : "memory");
+#if SHARED
+        // the new residual stream: x, plus the shared down rounded to bf16, plus the routed sum rounded
+        if (warp >= GU_WARPS && lane < SH_RPW) {
+            const int o = (warp - GU_WARPS) * SH_RPW + lane;  // = 8 j + output row
+            if (o < 8 * n_dn) {
+                float s = 0.f;
+#pragma unroll
+                for (int w = 0; w < DN_WARPS; ++w) s += sm.dn_part[o >> 3][w][o & 7];
+                const int r = dn_tile[0] + o;
+                const float res = bf16_to_float(ld_fresh_u16(x + r));
+                out[r] = float_to_bf16(res + round_bf16(sh_row) + round_bf16(s));
+            }
+        }
+#else
         if (warp == 0) {
             for (int o = lane; o < 8 * n_dn; o += 32) {  // o = 8 j + output row
                 float s = 0.f;
@@ -897,6 +1150,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 out[dn_tile[0] + o] = float_to_bf16(s);
             }
         }
+#endif
     }
 #endif  // PROBE == 1
     __syncthreads();
