@@ -122,8 +122,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         default="auto",
         action=OnceOnly,
         help="one token's shared expert in the fused decode step: fused (inside the persistent MoE kernel, "
-        "with the router there: no shared gate_up and down launches), separate (its own kernels), or auto "
-        "(default: fused where it can run)",
+        "with the router there: no shared gate_up and down launches; measured slower on the H200, for A/B "
+        "runs), separate (its own two kernels), or auto (default: separate)",
     )
     add_graph_options(p)
     p.add_argument(

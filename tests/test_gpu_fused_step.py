@@ -89,6 +89,46 @@ def test_every_fused_layer_matches_its_reference_layer(setup):
         assert launched[family] > 0, (family, launched)
 
 
+def test_the_shared_expert_inside_the_moe_kernel_matches_the_reference_layers(setup):
+    """--moe-shared fused (opt-in): one token's MoE layers run router, routed and shared experts in one
+    launch and update the residual stream in place. Layer by layer against the reference modules (as
+    above) and against the same step with the shared expert's own kernels; its launches are counted."""
+    from solo.checkpoint.synthetic import load_random_model
+    from solo.fastpath import FastPathOptions, accelerate
+    from solo.kernels.cuda_step import cuda_step_unavailable
+    from solo.model.cache import HybridCache
+
+    if cuda_step_unavailable("cuda") is not None:
+        pytest.skip("the persistent MoE kernel with its router runs with the CUDA step kernels (Hopper)")
+    config, seed, fused = setup
+    options = FastPathOptions(
+        moe_backend="cuda", lm_head="fp8", block_fp8="on", decode_step="fused", pdl=False, moe_shared=True
+    )
+    inside = accelerate(load_random_model(config, "cuda", torch.bfloat16, seed), options)
+    step = inside.decode_step
+    moes = step.shared_in_experts()
+    assert moes and len(moes) == len(step.routers_in_experts()) and step.describe()["shared_in_experts"] == len(moes)
+    assert fused.decode_step.describe()["shared_in_experts"] == 0  # (not by default)
+    positions = torch.arange(30, 31, device="cuda")
+    cos_sin = inside.rotary.cos_sin(positions, torch.bfloat16)
+    worst, apart = 0.0, 0.0
+    for mine, sep, layer in zip(step.layers, fused.decode_step.layers, inside.model.layers, strict=False):
+        caches = [HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True) for _ in range(3)]
+        x = torch.randn(1, config.hidden_size, device="cuda").to(torch.bfloat16)
+        with torch.inference_mode():
+            want = layer(x, positions, cos_sin, caches[0], None)
+            got, other = x.clone(), x.clone()
+            mine(got, positions, caches[1], None)
+            sep(other, positions, caches[2], None)
+        worst = max(worst, rel(got - x, want - x))
+        apart = max(apart, rel(got - x, other - x))
+    print(
+        f"\nshared expert inside: worst rel. err {worst:.1e} against the reference, {apart:.1e} against its own kernels"
+    )
+    assert worst < 2e-2 and apart < 1e-2
+    assert step.launches()["moe_shared"] == len(moes)
+
+
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_mla_layers_over_a_long_context_match_the_reference(setup, tokens):
     """The attention split over thousands of filled positions (tens of splits) and merged (the bound:

@@ -85,8 +85,9 @@ STEPS = ("fused", "reference", "auto")
 # modifiers of the fused step, joined with '+': pdl (its kernels under PDL: one-token calls, and verification's
 # where the CUDA kernels serve it), pdlall (verification's always), triton / cuda / cuda1 (the step kernels;
 # cuda1: CUDA for one-token calls only, verification on Triton), seprouter (one token's MoE router in its own
-# kernel, not inside the persistent MoE kernel), sepshared (the shared expert in its own kernels, not inside it)
-STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1", "seprouter", "sepshared")
+# kernel, not inside the persistent MoE kernel), inshared (the shared expert inside the persistent MoE kernel
+# too, --moe-shared fused; measured slower, for A/B runs)
+STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1", "seprouter", "inshared")
 
 
 @dataclass
@@ -127,7 +128,7 @@ class Config:
 
     @property
     def moe_shared(self) -> bool | None:
-        return False if "sepshared" in self.modifiers or "seprouter" in self.modifiers else None
+        return True if "inshared" in self.modifiers else None
 
 
 def parse_configs(text: str) -> list[Config]:

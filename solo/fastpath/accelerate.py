@@ -60,7 +60,8 @@ class FastPathOptions:
     # run; True: required (an error where it cannot); False: the router's own kernel
     moe_router: bool | None = None
     # the layer's shared expert inside the same persistent MoE kernel (with the router there): no shared
-    # gate_up and down launches. None (auto): where it can run; True: required; False: its own kernels
+    # gate_up and down launches. True: required (an error where it cannot run); None (auto) and False: its
+    # own kernels (the fused variant measured slower on the H200: docs/performance.md)
     moe_shared: bool | None = None
 
     def __post_init__(self) -> None:

@@ -428,6 +428,8 @@ class PersistentDecodeMoE(TritonMoE):
         self._launch(kernel, table, threads, [x, None, None], out, router_args, shared_args)
         if launch is not None:
             launch.record("moe_router", kernel)
+            if shared is not None:
+                launch.record("moe_shared", kernel)
         return out, xn, ids, wts
 
     def warmup(self, top_k: int = 8, max_tokens: int = 4) -> dict[str, Any]:
