@@ -50,6 +50,9 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "o_proj, MLA dense, MLP down: 8 warps": {"for": {("o_proj", "dense", "MLP down"): {"warps": 8}}},
     # Every block of a persistent grid runs the same number of tasks (solo.kernels.cuda_step.persistent_grid):
     # no last round of a few blocks with too few loads in flight (the KDA projections: 188 of 792 blocks)
+    # every load of a warp's task in flight where K allows (the KDA and MLA projections, K 2,560 over 4
+    # warps: 10 steps a warp, 5 in flight by default: the largest divisor of 10 up to 8)
+    "10 in flight": {"max_in_flight": 10},
     "balanced grids": {"balanced": True},
     "balanced grids, o_proj + MLA dense 8 warps": {"balanced": True, "for": {("o_proj", "dense"): {"warps": 8}}},
 }

@@ -91,9 +91,8 @@ def test_every_fused_layer_matches_its_reference_layer(setup):
 
 def test_the_shared_expert_inside_the_moe_kernel_matches_the_reference_layers(setup):
     """--moe-shared fused (opt-in): one token's MoE layers run router, routed and shared experts in one
-    launch and update the residual stream in place; and the lab's other order, the shared gate_up (its
-    own norm) before the MoE kernel. Layer by layer against the reference modules (as above) and
-    against the product's step; the fused launches are counted."""
+    launch and update the residual stream in place. Layer by layer against the reference modules (as
+    above) and against the product's step (the shared expert's own kernels); its launches are counted."""
     from solo.checkpoint.synthetic import load_random_model
     from solo.fastpath import FastPathOptions, accelerate
     from solo.kernels.cuda_step import cuda_step_unavailable
@@ -112,25 +111,21 @@ def test_the_shared_expert_inside_the_moe_kernel_matches_the_reference_layers(se
     assert fused.decode_step.describe()["shared_in_experts"] == 0  # (not by default)
     positions = torch.arange(30, 31, device="cuda")
     cos_sin = inside.rotary.cos_sin(positions, torch.bfloat16)
-    shared = {moe: moe.shared_in_experts for moe in moes}
-    for variant in ("inside", "gate_up first"):  # (the latter: the shared gate_up launched before the MoE kernel)
-        for moe in moes:
-            moe.shared_in_experts = shared[moe] if variant == "inside" else None
-            moe.gate_up_first = variant == "gate_up first"
-        worst, apart = 0.0, 0.0
-        for mine, sep, layer in zip(step.layers, fused.decode_step.layers, inside.model.layers, strict=False):
-            caches = [HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True) for _ in range(3)]
-            x = torch.randn(1, config.hidden_size, device="cuda").to(torch.bfloat16)
-            with torch.inference_mode():
-                want = layer(x, positions, cos_sin, caches[0], None)
-                got, other = x.clone(), x.clone()
-                mine(got, positions, caches[1], None)
-                sep(other, positions, caches[2], None)
-            worst = max(worst, rel(got - x, want - x))
-            apart = max(apart, rel(got - x, other - x))
-        print(f"\n{variant}: worst rel. err {worst:.1e} against the reference, {apart:.1e} against the product")
-        assert worst < 2e-2 and apart < 1e-2, variant
-    assert step.launches()["moe_shared"] == len(moes)
+    worst, apart = 0.0, 0.0
+    for mine, sep, layer in zip(step.layers, fused.decode_step.layers, inside.model.layers, strict=False):
+        caches = [HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True) for _ in range(3)]
+        x = torch.randn(1, config.hidden_size, device="cuda").to(torch.bfloat16)
+        with torch.inference_mode():
+            want = layer(x, positions, cos_sin, caches[0], None)
+            got, other = x.clone(), x.clone()
+            mine(got, positions, caches[1], None)
+            sep(other, positions, caches[2], None)
+        worst = max(worst, rel(got - x, want - x))
+        apart = max(apart, rel(got - x, other - x))
+    print(f"\nshared expert inside: worst rel. err {worst:.1e} against the reference, {apart:.1e} against the product")
+    assert worst < 2e-2 and apart < 1e-2
+    trunk = [layer.mlp for layer in step.layers]  # (the NEXTN layer's MoE is not run here)
+    assert step.launches()["moe_shared"] == sum(moe in trunk for moe in moes) > 0
 
 
 @pytest.mark.parametrize("tokens", [1, 4])

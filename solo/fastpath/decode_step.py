@@ -223,10 +223,6 @@ class _MoE:
         self.shared_in_experts: Any = None  # solo.kernels.cuda_moe.SharedExpert
         self.moe_router_counter = step.counter("moe_router", 2)  # moe_router, moe_shared
         self.launch = step.launch
-        self.norm, self.eps = norm, eps
-        # with the router inside the MoE kernel: the shared gate_up (its own RMSNorm of x) launched before
-        # that kernel rather than after it, from the normalised x it returns (dev/shared_order_ab.py)
-        self.gate_up_first = False
 
     def __call__(self, x: torch.Tensor) -> None:
         if self.shared_in_experts is not None and x.shape[0] == 1:
@@ -234,10 +230,7 @@ class _MoE:
                 x, self.routed_in_experts, self.moe_router_counter, self.launch, shared=self.shared_in_experts, out=x
             )
             return
-        act = None
         if self.routed_in_experts is not None and x.shape[0] == 1:
-            if self.gate_up_first and self.shared_gate_up is not None:
-                act = self.shared_gate_up(x, norm_weight=self.norm, eps=self.eps)
             routed, xn, _, _ = self.experts.routed_forward(
                 x, self.routed_in_experts, self.moe_router_counter, self.launch
             )
@@ -247,8 +240,7 @@ class _MoE:
         if self.shared_gate_up is None:
             x.add_(routed)
             return
-        if act is None:
-            act = self.shared_gate_up(xn)
+        act = self.shared_gate_up(xn)
         self.shared_down(act, out=x, residual=x, addend=routed)
 
     def shared_expert(self) -> Any:
