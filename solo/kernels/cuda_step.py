@@ -62,7 +62,8 @@ def persistent_grid(tasks: int, resident: int, balanced: bool = False) -> int:
     finished (e.g. the KDA projections' 2,564 tasks over 792 blocks, six an SM: 188 blocks run a fourth
     task), with too few loads in flight to keep HBM busy. Balanced: as many rounds, over the fewest
     blocks that need no more, so that every block runs that many tasks (fewer than `rounds` blocks one
-    task fewer): 641 blocks of 4 tasks there."""
+    task fewer): 641 blocks of 4 tasks there. Measured in the step it lost (2.534 against 2.510 ms at 32K,
+    docs/results/h200_launch_ab_oproj_balanced.log), so `GemvLaunch.balanced` stays off."""
     grid = min(tasks, resident)
     if balanced and grid > 0:
         rounds = -(-tasks // grid)
