@@ -1,7 +1,7 @@
 """Where one token's shared expert runs, A/B inside the whole decode step at full shape, in one process
 (lent GPU).
 
-    python3 dev/shared_order_ab.py [--context 32768] [--variants 'after;after, weights ahead'] [--json OUT]
+    python3 dev/shared_order_ab.py [--context 32768] [--variants 'after;inside'] [--json OUT]
 
 With the router inside the persistent MoE kernel, the layer's MoE part is that kernel, then the shared
 expert's gate_up (from the normalised x the kernel returns) and its down (+ routed + residual). The MoE
@@ -9,9 +9,6 @@ kernel fills every SM (shared memory and registers), so the kernel after it cann
 early under PDL and stream its first weights while it ends. Variants, each captured once and timed
 interleaved (same load, same clocks):
   after          the product: MoE kernel -> shared gate_up -> shared down
-  after, weights ahead
-                 the same, the MoE kernel's blocks asking the L2 for the shared gate_up's weights once
-                 their own copies have landed (the gate_up cannot start early: the MoE kernel fills the SMs)
   inside         the shared expert inside the MoE kernel (--moe-shared fused)
 A third order, the shared gate_up (its own RMSNorm of x) before the MoE kernel so that it could overlap
 the attention's output projection, measured 2.619 ms against 2.507 (after) and 2.772 (inside) at 32K
@@ -37,13 +34,12 @@ from solo.bench.decode import copy_bandwidth, time_graph  # noqa: E402
 from solo.engine.graphs import EagerStep, GraphCapture  # noqa: E402
 from solo.model.cache import HybridCache  # noqa: E402
 
-VARIANTS = ("after", "after, weights ahead", "inside")
+VARIANTS = ("after", "inside")
 
 
 def configure(moes: list, variant: str) -> None:
     for moe in moes:
         moe.shared_in_experts = moe.shared_expert() if variant == "inside" else None
-        moe.weights_ahead = variant == "after, weights ahead"
 
 
 def main() -> int:

@@ -364,8 +364,6 @@ def test_gpu_shared_expert_inside_the_kernel_updates_the_residual_as_the_separat
     for _ in range(3):
         x = (3 * torch.randn(1, H, device="cuda")).to(torch.bfloat16)
         routed, xn, ids, wts = moe.routed_forward(x, router, counters[0:2])
-        hinted = moe.routed_forward(x, router, counters[0:2], ahead=shared.gate_up)  # weights ahead: a hint only
-        assert all(torch.equal(a, b) for a, b in zip(hinted, (routed, xn, ids, wts), strict=True))
         got = x.clone()
         out, xn2, ids2, wts2 = moe.routed_forward(got, router, counters[0:2], shared=shared, out=got)
         torch.cuda.synchronize()
@@ -373,7 +371,7 @@ def test_gpu_shared_expert_inside_the_kernel_updates_the_residual_as_the_separat
         assert torch.equal(xn2, xn) and torch.equal(ids2, ids) and torch.equal(wts2, wts)
         assert not torch.equal(got, x)
         check(got, expected(x, xn, routed))
-    assert counters[:2].tolist() == [9, 3]  # every launch counts as moe_router, the shared ones as moe_shared too
+    assert counters[:2].tolist() == [6, 3]  # every launch counts as moe_router, the shared ones as moe_shared too
     graph = torch.cuda.CUDAGraph()
     stream = torch.zeros_like(x)
     with torch.cuda.graph(graph):

@@ -223,9 +223,6 @@ class _MoE:
         self.shared_in_experts: Any = None  # solo.kernels.cuda_moe.SharedExpert
         self.moe_router_counter = step.counter("moe_router", 2)  # moe_router, moe_shared
         self.launch = step.launch
-        # with the router inside the MoE kernel: its blocks ask the L2 for the shared gate_up's weights
-        # once their own have landed (dev/shared_order_ab.py)
-        self.weights_ahead = False
 
     def __call__(self, x: torch.Tensor) -> None:
         if self.shared_in_experts is not None and x.shape[0] == 1:
@@ -234,11 +231,8 @@ class _MoE:
             )
             return
         if self.routed_in_experts is not None and x.shape[0] == 1:
-            ahead = None
-            if self.weights_ahead and self.shared_gate_up is not None:
-                ahead = getattr(self.shared_gate_up, "fused", self.shared_gate_up).weight
             routed, xn, _, _ = self.experts.routed_forward(
-                x, self.routed_in_experts, self.moe_router_counter, self.launch, ahead=ahead
+                x, self.routed_in_experts, self.moe_router_counter, self.launch
             )
         else:
             xn, ids, weights = self.router(x)

@@ -323,11 +323,9 @@ class PersistentDecodeMoE(TritonMoE):
         out: torch.Tensor,
         router: list,
         shared: list | None = None,
-        ahead: torch.Tensor | None = None,
     ) -> None:
         """One launch of moe_decode: `inputs` x, ids, weights; `router` its ROUTER arguments, `shared`
-        its SHARED ones (null pointers and zeros without them); `ahead`: the next kernel's weights
-        (ROUTER: each block asks the L2 for its share once its own copies have landed)."""
+        its SHARED ones (null pointers and zeros without them)."""
         limit = float(self.swiglu_limit) if self.swiglu_limit is not None else 0.0
         kc = self.kernel_config
         kernel.launch(
@@ -347,8 +345,6 @@ class PersistentDecodeMoE(TritonMoE):
                 self.trace,
                 *router,
                 *(shared or [None] * 5 + [0.0]),
-                ahead,
-                ahead.nbytes if ahead is not None else 0,
             ],
             dependent=kc.dependent_launch,
             cooperative=kc.cooperative,
@@ -392,7 +388,6 @@ class PersistentDecodeMoE(TritonMoE):
         launch: Any = None,
         shared: SharedExpert | None = None,
         out: torch.Tensor | None = None,
-        ahead: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One token's router (post-attention RMSNorm, scores, grouped top-k: `router`, a FusedRouter)
         and routed experts in one launch. x: the residual stream [1, H] bf16. Returns (the routed
@@ -400,9 +395,7 @@ class PersistentDecodeMoE(TritonMoE):
         (int32) is bumped once per launch on the device (and its next element too with `shared`);
         `launch` (a solo.kernels.pdl.LaunchPolicy) records the launch as family "moe_router". With
         `shared` the launch also runs that shared expert and the first result is the layer's new
-        residual stream, x + shared + routed, written to `out` (which may be x itself). `ahead`: a
-        contiguous tensor (the next kernel's weights) the blocks ask the L2 for once their own weights
-        have landed (a hint: results do not change)."""
+        residual stream, x + shared + routed, written to `out` (which may be x itself)."""
         if x.shape != (1, self.hidden) or x.dtype != torch.bfloat16 or x.stride(1) != 1 or x.data_ptr() % 16:
             raise ValueError(f"the fused router takes one 16-byte aligned bf16 row [1, {self.hidden}]")
         top_k = router.top_k
@@ -432,9 +425,7 @@ class PersistentDecodeMoE(TritonMoE):
                 limit,
             ]
         router_args = [*scratch, float(router.eps), float(router.scaling)]
-        if ahead is not None and (not ahead.is_contiguous() or ahead.data_ptr() % 16 or ahead.nbytes >= 2**31):
-            raise ValueError("ahead must be a contiguous, 16-byte aligned tensor under 2 GiB")
-        self._launch(kernel, table, threads, [x, None, None], out, router_args, shared_args, ahead)
+        self._launch(kernel, table, threads, [x, None, None], out, router_args, shared_args)
         if launch is not None:
             launch.record("moe_router", kernel)
             if shared is not None:

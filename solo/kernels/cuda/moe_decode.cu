@@ -405,18 +405,6 @@ __device__ __forceinline__ unsigned long long rt_ld_relaxed(const unsigned long 
 #endif
 
 
-// Weights ahead: ask the L2 for share `share` of `shares` of nbytes contiguous bytes (whole 16-byte
-// units; p 16-byte aligned), one bulk prefetch per lane of a warp. A hint: nothing returned.
-__device__ __forceinline__ void prefetch_share_to_l2(const void *p, int nbytes, int share, int shares, int lane) {
-    const long long slice = ((long long)nbytes + 16 * shares - 1) / (16 * shares) * 16;
-    const long long size = (slice + 16 * 32 - 1) / (16 * 32) * 16;
-    const long long start = (long long)share * slice + lane * size;
-    const long long n = min(min(slice - lane * size, size), (long long)nbytes - start);
-    if (n > 0)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const unsigned char *)p + start), "r"((u32)n)
-                     : "memory");
-}
-
 #if SHARED
 // NW words of e4m3 codes (4 each, low byte first) times 4 * NW fp32 values, summed in fp32
 template <int NW>
@@ -610,10 +598,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
            const unsigned char *__restrict__ sh_dn_w,  // [H, SHI] e4m3
            const float *__restrict__ sh_dn_s,        // [H / 128, SHI / 128]
            u32 *sh_act,                              // [SH_COPIES, SHI] tagged bf16 (tag << 16 | bits)
-           float sh_limit,
-           // ROUTER only, weights ahead (null, 0: none): the next kernel's weights, which each block's
-           // producer asks the L2 for (its share) once its own copies have landed
-           const void *ahead, int ahead_bytes)
+           float sh_limit)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Smem &sm = *reinterpret_cast<Smem *>(smem_raw);
@@ -752,16 +737,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             trow[T_ISSUED] = globaltimer();
 #endif
         }
-#if ROUTER
-        if (ahead_bytes > 0) {
-            // the block's last copy group has landed: HBM has nothing more to do for this block, while the
-            // products, the exchange and the down phase still run, and the next kernel cannot start early
-            // (this kernel fills the SM): ask the L2 for this block's share of its weights
-            const int groups = n_gu + (n_dn ? PAIRS : 0);
-            if (groups) bar_wait(smem_addr(&sm.bars[order[groups - 1]]));
-            prefetch_share_to_l2(ahead, ahead_bytes, blockIdx.x, NBLOCKS, lane);
-        }
-#endif
 #if TRACE
     } else if (warp == OBSERVER) {
         if (lane == 0) {
