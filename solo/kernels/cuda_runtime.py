@@ -24,6 +24,7 @@ import torch
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 _COOPERATIVE = 2
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
+_PREFERRED_SHARED_MEMORY_CARVEOUT = 9  # CUfunction_attribute
 
 
 def cuda_cache_dir() -> Path:
@@ -209,6 +210,13 @@ class CudaKernel:
             f"set dynamic shared memory to {nbytes} bytes",
         )
         self._shared = nbytes
+
+    def set_carveout(self, percent: int) -> None:
+        """The share of an SM's largest shared memory this kernel prefers (the rest is L1); -1: the driver's choice."""
+        _check_cu(
+            driver().cuFuncSetAttribute(self._fn, _PREFERRED_SHARED_MEMORY_CARVEOUT, ctypes.c_int(percent)),
+            f"set the shared memory carveout to {percent}%",
+        )
 
     def max_blocks_per_sm(self, threads: int, shared_bytes: int) -> int:
         n = ctypes.c_int()

@@ -54,6 +54,7 @@ class GemvLaunch:
     blocks_per_sm: int = 16
     max_in_flight: int = 8
     balanced: bool = False
+    carveout: int = -1  # the share (%) of the SM's shared memory the kernel prefers, the rest L1; -1: the driver's
 
 
 def persistent_grid(tasks: int, resident: int, balanced: bool = False) -> int:
@@ -154,6 +155,8 @@ class CudaGemv:
             # gemv_decode.cu's struct Shared: xh [NTOK][K/2] u32, part [2][WARPS][2][8][NTOK], red [NTOK][WARPS] fp32
             shared = -(-(tokens * (2 * self.k + 128 * warps + 4 * warps)) // 16) * 16
             kernel.set_shared_bytes(shared)
+            if cfg.carveout >= 0:
+                kernel.set_carveout(cfg.carveout)
             threads = 32 * warps
             per_sm = min(cfg.blocks_per_sm, kernel.max_blocks_per_sm(threads, shared))
             if per_sm < 1:
