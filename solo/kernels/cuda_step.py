@@ -54,7 +54,7 @@ class GemvLaunch:
     blocks_per_sm: int = 16
     max_in_flight: int = 8
     balanced: bool = False
-    carveout: int = -1  # the share (%) of the SM's shared memory the kernel prefers, the rest L1; -1: the driver's
+    carveout: int = 50  # the share (%) of the SM's shared memory the kernel prefers, the rest L1; -1: the driver's
 
 
 def persistent_grid(tasks: int, resident: int, balanced: bool = False) -> int:
