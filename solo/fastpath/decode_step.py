@@ -447,7 +447,7 @@ class FusedDecodeStep:
                 refused.append(reason)
             else:
                 chosen.append((moe, shared))
-        if self.moe_shared and (refused or not moes):
+        if refused or not moes:
             why = refused[0] if refused else f"no MoE layer runs its router inside the MoE kernel ({self.kernels_note})"
             raise StepKernelsUnavailable(f"--moe-shared fused: {why}. Use --moe-shared auto.")
         for moe, shared in chosen:
