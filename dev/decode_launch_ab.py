@@ -54,9 +54,11 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # warps: 10 steps a warp, 5 in flight by default: the largest divisor of 10 up to 8)
     "10 in flight": {"max_in_flight": 10},
     # after the persistent MoE kernel (all of an SM's shared memory) the SMs keep its carveout unless the
-    # next kernel asks for another: the GEMVs' block scales then read through a 28 KB L1
+    # next kernel asks for another: the GEMVs' block scales then read through a 28 KB L1 (measured:
+    # docs/results/h200_carveout_ab.log)
     "carveout 25%": {"carveout": 25},
-    "carveout 50%": {"carveout": 50},
+    "carveout 50%": {"carveout": 50},  # (the product's since the sixth session)
+    "driver's carveout": {"carveout": -1},
     "balanced grids": {"balanced": True},
     "balanced grids, o_proj + MLA dense 8 warps": {"balanced": True, "for": {("o_proj", "dense"): {"warps": 8}}},
 }
