@@ -1,4 +1,5 @@
-"""CUDA GEMV launch configurations A/B inside the whole decode step at full shape, in one process (lent GPU).
+"""CUDA GEMV launch configurations A/B inside the whole decode step at full shape, in one process (lent GPU);
+also where one token's shared expert runs (variant "shared expert inside").
 
     python3 dev/decode_launch_ab.py [--context 4096] [--variants 'product;8 warps'] [--json OUT.json]
 
@@ -48,8 +49,6 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "o_proj, MLA dense: 8 warps": {"for": {("o_proj", "dense"): {"warps": 8}}},
     "o_proj, MLA dense: 4 warps": {"for": {("o_proj", "dense"): {"warps": 4}}},
     "o_proj, MLA dense, MLP down: 8 warps": {"for": {("o_proj", "dense", "MLP down"): {"warps": 8}}},
-    # Every block of a persistent grid runs the same number of tasks (solo.kernels.cuda_step.persistent_grid):
-    # no last round of a few blocks with too few loads in flight (the KDA projections: 188 of 792 blocks)
     # every load of a warp's task in flight where K allows (the KDA and MLA projections, K 2,560 over 4
     # warps: 10 steps a warp, 5 in flight by default: the largest divisor of 10 up to 8)
     "10 in flight": {"max_in_flight": 10},
@@ -59,14 +58,20 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "carveout 25%": {"carveout": 25},
     "carveout 50%": {"carveout": 50},  # (the product's since the sixth session)
     "driver's carveout": {"carveout": -1},
+    # Every block of a persistent grid runs the same number of tasks (solo.kernels.cuda_step.persistent_grid):
+    # no last round of a few blocks with too few loads in flight (the KDA projections: 188 of 792 blocks)
     "balanced grids": {"balanced": True},
     "balanced grids, o_proj + MLA dense 8 warps": {"balanced": True, "for": {("o_proj", "dense"): {"warps": 8}}},
+    # not a launch: one token's shared expert inside the persistent MoE kernel (--moe-shared fused) instead
+    # of its own two kernels after it (docs/results/h200_shared_order_ab.log)
+    "shared expert inside": {"shared_inside": True},
 }
+NOT_LAUNCH = ("for", "shared_inside")  # a variant's keys that are not GemvLaunch fields
 
 
 def launch_for(gemv: CudaGemv, variant: dict) -> GemvLaunch:
     """The GemvLaunch a variant gives this GEMV."""
-    fields = {k: v for k, v in variant.items() if k != "for"}
+    fields = {k: v for k, v in variant.items() if k not in NOT_LAUNCH}
     for suffixes, more in variant.get("for", {}).items():
         if gemv.name.endswith(suffixes):
             fields.update(more)
@@ -101,6 +106,7 @@ def main() -> int:
     step = model.decode_step
     device = model.device
     gemvs = [k for k in (getattr(o, a) for o, a in step._slots()) if isinstance(k, CudaGemv)]
+    moes = step.routers_in_experts()
     print(f"loaded in {times}; {len(gemvs)} CUDA GEMVs", flush=True)
     cache = HybridCache(model.config, args.context + 16, device, model.dtype, with_nextn=True)
     history = cache.new_history(4)
@@ -115,11 +121,15 @@ def main() -> int:
         for g in gemvs:
             g.launch_config = launch_for(g, VARIANTS[name])
             g._kernels.clear()
+        for moe in moes:
+            moe.shared_in_experts = moe.shared_expert() if VARIANTS[name].get("shared_inside") else None
         captured[name] = (
             graphs.capture(lambda: eager(ids1, pos1, cache))[0],
             graphs.capture(lambda: eager(ids4, pos4, cache, history))[0],
         )
         print(f"{name}:", *grids(gemvs), sep="\n  ", flush=True)
+    for moe in moes:
+        moe.shared_in_experts = None
     decode: dict[str, list[float]] = {name: [] for name in captured}
     verify: dict[str, list[float]] = {name: [] for name in captured}
     for _ in range(args.rounds):

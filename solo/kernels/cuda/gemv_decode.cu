@@ -45,13 +45,6 @@ __device__ __forceinline__ u16 to_bf16(float f) { return (u16)(__float_as_uint(r
 
 __device__ __forceinline__ uint4 ld_vec(const void *p) { return *reinterpret_cast<const uint4 *>(p); }
 
-// two e4m3 codes (low byte first) -> f16x2 (exact), low byte in the low half
-__device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 pair) {
-    u32 r;
-    asm("{\n\t.reg .b16 t;\n\tcvt.u16.u32 t, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, t;\n\t}" : "=r"(r) : "r"(pair));
-    return r;
-}
-
 __device__ __forceinline__ u32 f16x2(float lo, float hi) {
     u32 r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));

@@ -309,6 +309,19 @@ __device__ __forceinline__ void stage_issue(uint4 *ahead, const u32 *copy, int p
         if (stage_piece(d, lane, k) < I / 2) ahead[k] = ld_cg4(copy + 2 * p * I + 4 * stage_piece(d, lane, k));
 }
 
+// The AND of `ok` over the `threads` threads at named barrier `bar` (bar.red orders their shared-memory
+// stores like bar.sync)
+__device__ __forceinline__ bool bar_all(bool ok, u32 bar, u32 threads) {
+    u32 all_ok;
+    asm volatile(
+        "{\n.reg .pred pi, po;\nsetp.ne.u32 pi, %1, 0;\nbar.red.and.pred po, %2, %3, pi;\n"
+        "selp.u32 %0, 1, 0, po;\n}\n"
+        : "=r"(all_ok)
+        : "r"((u32)ok), "r"(bar), "r"(threads)
+        : "memory");
+    return all_ok != 0;
+}
+
 __device__ __forceinline__ bool piece_current(uint4 v, u32 tag) {
     return (v.x >> 16) == tag && (v.y >> 16) == tag && (v.z >> 16) == tag && (v.w >> 16) == tag;
 }
@@ -357,14 +370,7 @@ __device__ __forceinline__ int stage_finish(uint4 (*pending)[STAGE_PIECES], cons
 #if PROBE == 3
         ok = true;
 #endif
-        u32 all_ok;
-        asm volatile(
-            "{\n.reg .pred pi, po;\nsetp.ne.u32 pi, %1, 0;\nbar.red.and.pred po, %2, %3, pi;\n"
-            "selp.u32 %0, 1, 0, po;\n}\n"
-            : "=r"(all_ok)
-            : "r"((u32)ok), "r"(BAR_STAGED), "r"(DOWN_WORKERS * 32)
-            : "memory");
-        if (all_ok) return rounds;
+        if (bar_all(ok, BAR_STAGED, DOWN_WORKERS * 32)) return rounds;
         __nanosleep(POLL_NS);
         refresh_pairs(pending, copy, p, REFRESH_PENDING ? PAIRS - 1 : p, d, lane, tag);
     }
@@ -414,8 +420,7 @@ __device__ __forceinline__ float e4m3_dot(const u32 *ws, const float *x) {
     for (int q = 0; q < NW; ++q) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            u32 pr;
-            asm("{\n\t.reg .b16 t;\n\tcvt.u16.u32 t, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, t;\n\t}" : "=r"(pr) : "r"(ws[q] >> (16 * h)));
+            const u32 pr = e4m3x2_to_f16x2(ws[q] >> (16 * h));
             float lo, hi;
             asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
                 : "=f"(lo), "=f"(hi)
@@ -439,28 +444,13 @@ __device__ __forceinline__ void keep_half(float *acc, int lane) {
     }
 }
 
-__device__ __forceinline__ bool words_current(uint4 v, u32 tag) {
-    return (v.x & 0xFFFF0000u) == tag && (v.y & 0xFFFF0000u) == tag && (v.z & 0xFFFF0000u) == tag &&
-           (v.w & 0xFFFF0000u) == tag;
-}
-
-__device__ __forceinline__ bool bar_all(bool ok, u32 bar, u32 threads) {
-    u32 all_ok;
-    asm volatile(
-        "{\n.reg .pred pi, po;\nsetp.ne.u32 pi, %1, 0;\nbar.red.and.pred po, %2, %3, pi;\n"
-        "selp.u32 %0, 1, 0, po;\n}\n"
-        : "=r"(all_ok)
-        : "r"((u32)ok), "r"(bar), "r"(threads)
-        : "memory");
-    return all_ok != 0;
-}
-
 // The shared expert, by the down warps (dw: 0..DN_WARPS-1); see SHARED at the top. Returns the shared
 // down sum of output row dw * SH_RPW + lane of the block's down rows (lanes < SH_RPW).
 __device__ __forceinline__ float shared_expert(const uint4 *xs, float *scratch, const unsigned char *sh, bool weights,
                                                u32 sh_bar, u32 free_bar, int dw, int lane, int n_dn, int first_row,
                                                const float *__restrict__ gu_s, const float *__restrict__ dn_s,
-                                               u32 *sh_act, float limit, u32 tag) {
+                                               u32 *sh_act, float limit, u32 launch) {
+    const u32 tag = launch << 16;
     const int dtid = dw * 32 + lane;
     asm volatile("bar.sync %0, %1;" ::"r"(BAR_NORMED), "r"((GU_WARPS + DN_WARPS) * 32) : "memory");
     if (weights) bar_wait(sh_bar);
@@ -530,14 +520,14 @@ __device__ __forceinline__ float shared_expert(const uint4 *xs, float *scratch, 
         for (;;) {
             bool ok = true;
 #pragma unroll
-            for (int j = 0; j < SH_PIECES; ++j) ok = ok && words_current(a[j][0], tag) && words_current(a[j][1], tag);
+            for (int j = 0; j < SH_PIECES; ++j) ok = ok && piece_current(a[j][0], launch) && piece_current(a[j][1], launch);
             if (bar_all(ok, BAR_SH, DN_WARPS * 32)) break;
             __nanosleep(POLL_NS);
 #pragma unroll
             for (int j = 0; j < SH_PIECES; ++j)
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
-                    if (!words_current(a[j][h], tag)) a[j][h] = ld_cg4(copy + 8 * (lane + 32 * j) + 4 * h);
+                    if (!piece_current(a[j][h], launch)) a[j][h] = ld_cg4(copy + 8 * (lane + 32 * j) + 4 * h);
         }
         // ---- down: this warp's rows, lane pieces; the row's block scale per 128 columns
         const unsigned char *rows = sh + 16 * H;
@@ -1035,7 +1025,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         if (warp >= GU_WARPS)
             sh_row = shared_expert(sm.x, &sm.dn_part[0][0][0], sh_tail, sh_bytes != 0, smem_addr(&sm.bars[SH_BAR]),
                                    smem_addr(&sm.bars[SH_FREE]), warp - GU_WARPS, lane, n_dn, dn_tile[0], sh_gu_s,
-                                   sh_dn_s, sh_act, sh_limit, sm.launch << 16);
+                                   sh_dn_s, sh_act, sh_limit, sm.launch);
 #endif
         // ---- down, by every compute warp (the gate_up warps join after their last tile). Item (j, d) =
         // down tile j, K slice d: MMA rows 0-7 are slot 2p, rows 8-15 slot 2p+1, and B column n holds

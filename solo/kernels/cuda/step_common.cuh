@@ -39,6 +39,13 @@ __device__ __forceinline__ u32 ld_fresh_u16(const u16 *p) {
     return v;
 }
 
+// two e4m3 codes (low byte first) -> f16x2 (exact), low byte in the low half
+__device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 pair) {
+    u32 r;
+    asm("{\n\t.reg .b16 t;\n\tcvt.u16.u32 t, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, t;\n\t}" : "=r"(r) : "r"(pair));
+    return r;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
