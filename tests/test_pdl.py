@@ -141,3 +141,41 @@ def test_the_cli_refuses_a_router_inside_the_moe_kernel_it_cannot_run(capsys):
     assert main(args) != 0
     err = capsys.readouterr().err
     assert re.search("--moe-router fused needs the fused decode step, which cannot run: .*Use --moe-router auto", err)
+
+
+def test_the_policy_sets_its_carveout_on_the_kernels_it_launches(monkeypatch):
+    """A policy with a carveout asks the driver for it on every Triton kernel recorded under it (once per
+    function and value), its several-token view inherits it, and nothing is set where there is no CUDA
+    function (the interpreter's launch returns None) or no carveout was asked for."""
+    import solo.kernels.cuda_runtime as runtime
+
+    calls = []
+
+    class FakeDriver:
+        def cuFuncSetAttribute(self, fn, attribute, value):  # noqa: N802 (the driver's name)
+            calls.append((fn.value, attribute, value.value))
+            return 0
+
+    monkeypatch.setattr(runtime, "driver", lambda: FakeDriver())
+    monkeypatch.setattr(runtime, "_carveouts", {})
+    kernel = SimpleNamespace(metadata=SimpleNamespace(launch_pdl=False), function=0x1234)
+    policy = LaunchPolicy(True, one_token_only=True, carveout=50)
+    policy.record("kda", kernel)
+    policy.record("kda", kernel)  # already set: no second call
+    policy.at(4).record("kda", None)
+    assert policy.at(4).carveout == 50
+    assert calls == [(0x1234, 9, 50)]
+    LaunchPolicy(carveout=-1).record("kda", kernel)  # -1: back to the driver's choice
+    LaunchPolicy().record("kda", SimpleNamespace(metadata=SimpleNamespace(launch_pdl=False), function=0x99))
+    assert calls == [(0x1234, 9, 50), (0x1234, 9, -1)]
+    assert runtime.prefer_carveout(SimpleNamespace(), 50) is False
+
+
+def test_step_carveout_is_validated():
+    from solo.fastpath import FastPathOptions
+
+    assert FastPathOptions().step_carveout is None and FastPathOptions(step_carveout=-1).step_carveout == -1
+    with pytest.raises(ValueError, match="percentage 0..100"):
+        FastPathOptions(step_carveout=101)
+    assert parse_configs("cuda:fp8:fused+cuda+pdl+drvcarve")[0].step_carveout == -1
+    assert parse_configs("cuda:fp8:fused+cuda+pdl")[0].step_carveout is None
