@@ -86,9 +86,8 @@ STEPS = ("fused", "reference", "auto")
 # where the CUDA kernels serve it), pdlall (verification's always), triton / cuda / cuda1 (the step kernels;
 # cuda1: CUDA for one-token calls only, verification on Triton), seprouter (one token's MoE router in its own
 # kernel, not inside the persistent MoE kernel), inshared (the shared expert inside the persistent MoE kernel
-# too, --moe-shared fused; measured slower, for A/B runs), drvcarve (the step's Triton kernels and CUDA router
-# without a shared memory carveout of their own: the driver's, as before the seventh session)
-STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1", "seprouter", "inshared", "drvcarve")
+# too, --moe-shared fused; measured slower, for A/B runs)
+STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1", "seprouter", "inshared")
 
 
 @dataclass
@@ -130,10 +129,6 @@ class Config:
     @property
     def moe_shared(self) -> bool | None:
         return True if "inshared" in self.modifiers else None
-
-    @property
-    def step_carveout(self) -> int | None:
-        return -1 if "drvcarve" in self.modifiers else None
 
 
 def parse_configs(text: str) -> list[Config]:
@@ -279,7 +274,6 @@ def load(args: argparse.Namespace, config: Config):
         pdl_verify=True if "pdlall" in config.modifiers else None,
         moe_router=config.moe_router,
         moe_shared=config.moe_shared,
-        step_carveout=config.step_carveout,
         verify_tokens=args.verify_tokens,
     )
     t0 = time.perf_counter()

@@ -63,9 +63,6 @@ class FastPathOptions:
     # gate_up and down launches. True: required (an error where it cannot run); None (auto) and False: its
     # own kernels (the fused variant measured slower on the H200: docs/performance.md)
     moe_shared: bool | None = None
-    # the shared memory carveout (%) the fused step's Triton kernels and CUDA router ask for; -1: the
-    # driver's choice; None: the step's default (solo.fastpath.decode_step.STEP_CARVEOUT)
-    step_carveout: int | None = None
 
     def __post_init__(self) -> None:
         if self.decode_step not in DECODE_STEPS:
@@ -76,10 +73,6 @@ class FastPathOptions:
         backend_spec(self.moe_backend)  # an unknown backend is an error naming the known ones
         if self.step_kernels not in STEP_KERNELS:
             raise ValueError(f"unknown step kernels {self.step_kernels!r}; choose one of {', '.join(STEP_KERNELS)}")
-        if self.step_carveout is not None and not -1 <= self.step_carveout <= 100:
-            raise ValueError(
-                f"step_carveout is a percentage 0..100, or -1 for the driver's choice, not {self.step_carveout}"
-            )
         if not 1 <= self.step_kernel_tokens <= 8:
             raise ValueError(
                 f"step_kernel_tokens must be 1..8 (the CUDA step kernels' widest call), not {self.step_kernel_tokens}"
@@ -139,7 +132,6 @@ def _install_decode_step(model: LingForCausalLM, options: FastPathOptions) -> No
                 pdl_verify=options.pdl_verify,
                 moe_router=options.moe_router,
                 moe_shared=options.moe_shared,
-                **({} if options.step_carveout is None else {"carveout": options.step_carveout}),
             )
             model.decode_step.warmup()
             model.decode_step_note = ""

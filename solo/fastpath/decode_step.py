@@ -68,12 +68,6 @@ FAMILIES = (
 # has a selecting block of its own (router_decode.cu).
 ROUTER_CUDA_TOKENS = 8
 
-# The shared memory carveout (%) the step's Triton kernels and CUDA router ask for (the CUDA GEMVs take
-# theirs from GemvLaunch, 50 as well; -1 leaves it to the driver). After the persistent MoE kernel, which
-# takes an SM's whole shared memory, a kernel that states no preference may run in its configuration,
-# with 28 KB of L1 (docs/performance.md section 0).
-STEP_CARVEOUT = 50
-
 
 def _fuse_rows(linears: list[Linear], name: str) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
     """Concatenate the weights of Linears that read the same input into one [sum N, K] matrix (and
@@ -332,15 +326,13 @@ class FusedDecodeStep:
         pdl_verify: bool | None = None,
         moe_router: bool | None = None,
         moe_shared: bool | None = None,
-        carveout: int = STEP_CARVEOUT,
     ) -> None:
         _check_model(model)
         if kernels not in STEP_KERNELS:
             raise ValueError(f"unknown step kernels {kernels!r}; choose one of {', '.join(STEP_KERNELS)}")
         if pdl and (reason := pdl_unavailable(model.device)) is not None:
             raise PDLUnavailable(f"--pdl on: {reason}. Use --pdl off.")
-        # verification's PDL is set below, once the kernels are chosen
-        self.launch = LaunchPolicy(pdl, one_token_only=True, carveout=carveout)
+        self.launch = LaunchPolicy(pdl, one_token_only=True)  # verification's PDL: set below, once the kernels are
         self.cuda_tokens = cuda_tokens
         self.model = model
         self.config = model.config

@@ -27,27 +27,6 @@ _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
 _PREFERRED_SHARED_MEMORY_CARVEOUT = 9  # CUfunction_attribute
 
 
-_carveouts: dict[int, int] = {}  # CUfunction -> the carveout (%) set on it by prefer_carveout
-
-
-def prefer_carveout(kernel: object, percent: int) -> bool:
-    """Ask the driver to run `kernel` (a CudaKernel, or what a Triton launch returned) with `percent` of
-    an SM's largest shared memory as shared memory, the rest as L1 (-1: the driver's choice). Set once
-    per function and value. False where there is no CUDA function to set it on (Triton's interpreter)."""
-    handle = kernel.handle if isinstance(kernel, CudaKernel) else getattr(kernel, "function", None)
-    if not handle:
-        return False
-    if _carveouts.get(handle) != percent:
-        _check_cu(
-            driver().cuFuncSetAttribute(
-                ctypes.c_void_p(handle), _PREFERRED_SHARED_MEMORY_CARVEOUT, ctypes.c_int(percent)
-            ),
-            f"set the shared memory carveout to {percent}%",
-        )
-        _carveouts[handle] = percent
-    return True
-
-
 def cuda_cache_dir() -> Path:
     root = os.environ.get("SOLO_CACHE_DIR")
     return Path(os.path.expanduser(root) if root else os.path.expanduser("~/.cache/solo")) / "cuda"
@@ -234,12 +213,10 @@ class CudaKernel:
 
     def set_carveout(self, percent: int) -> None:
         """The share of an SM's largest shared memory this kernel prefers (the rest is L1); -1: the driver's choice."""
-        prefer_carveout(self, percent)
-
-    @property
-    def handle(self) -> int:
-        """The CUfunction (what `prefer_carveout` takes, as it takes Triton's compiled kernels')."""
-        return self._fn.value
+        _check_cu(
+            driver().cuFuncSetAttribute(self._fn, _PREFERRED_SHARED_MEMORY_CARVEOUT, ctypes.c_int(percent)),
+            f"set the shared memory carveout to {percent}%",
+        )
 
     def max_blocks_per_sm(self, threads: int, shared_bytes: int) -> int:
         n = ctypes.c_int()

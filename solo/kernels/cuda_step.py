@@ -296,10 +296,7 @@ class CudaRouter:
                 "WARPS": self.warps,
                 "EPW": 1,
             }
-            kernel = CudaKernel(ROUTER_SOURCE, "router_decode", defines, self.device)
-            if self.launch.carveout is not None:
-                kernel.set_carveout(self.launch.carveout)
-            self._kernels[tokens] = kernel
+            self._kernels[tokens] = CudaKernel(ROUTER_SOURCE, "router_decode", defines, self.device)
             self._scratch[tokens] = (  # per token count: graphs of each point at their own
                 torch.empty((tokens, f.num_experts), dtype=torch.float32, device=self.device),
                 torch.zeros(2, dtype=torch.int32, device=self.device),  # arrivals, selectors done

@@ -61,17 +61,8 @@ class LaunchPolicy:
     one-token calls (decode, NEXTN drafts) only; calls of several tokens (verification) launch plainly,
     which measured faster for them on the H200 (docs/performance.md section 0)."""
 
-    def __init__(
-        self,
-        pdl: bool = False,
-        prefetch: bool | None = None,
-        one_token_only: bool = False,
-        carveout: int | None = None,
-    ) -> None:
+    def __init__(self, pdl: bool = False, prefetch: bool | None = None, one_token_only: bool = False) -> None:
         self.pdl = pdl
-        # the shared memory carveout (%) set on every Triton kernel launched under this policy (-1: the
-        # driver's choice; None: not set). The decode step's CUDA kernels take theirs when built.
-        self.carveout = carveout
         # the router's weight prefetch into the L2 before the wait (solo.kernels.prefetch): on with PDL
         # unless set
         self.prefetch = pdl if prefetch is None else prefetch
@@ -85,16 +76,12 @@ class LaunchPolicy:
         if not self.pdl or not self.one_token_only or tokens == 1:
             return self
         if self._several is None:
-            self._several = LaunchPolicy(False, False, carveout=self.carveout)
+            self._several = LaunchPolicy(False, False)
         return self._several
 
     def record(self, family: str, compiled: object) -> None:
         """After a launch: `compiled` is what Triton's launch returned (None under the interpreter)."""
         metadata = getattr(compiled, "metadata", None)
-        if metadata is not None and self.carveout is not None:
-            from solo.kernels.cuda_runtime import prefer_carveout
-
-            prefer_carveout(compiled, self.carveout)
         flag = getattr(metadata, "launch_pdl", None)
         if flag is None:  # a solo.kernels.cuda_runtime.CudaKernel: the attribute of its last launch
             flag = getattr(compiled, "last_dependent", False)
