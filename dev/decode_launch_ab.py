@@ -62,6 +62,12 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # no last round of a few blocks with too few loads in flight (the KDA projections: 188 of 792 blocks)
     "balanced grids": {"balanced": True},
     "balanced grids, o_proj + MLA dense 8 warps": {"balanced": True, "for": {("o_proj", "dense"): {"warps": 8}}},
+    # the weights through a ring of shared-memory slots filled by bulk copies (gemv_decode.cu BULK): the
+    # bytes in flight bounded by shared memory, not by a lane's registers
+    "bulk": {"bulk": 1},
+    "bulk, 8 warps": {"bulk": 1, "warps": 8},
+    "bulk: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 1}}},
+    "bulk: o_proj, dense, downs": {"for": {("o_proj", "dense", "down"): {"bulk": 1}}},
     # not a launch: one token's shared expert inside the persistent MoE kernel (--moe-shared fused) instead
     # of its own two kernels after it (docs/results/h200_shared_order_ab.log)
     "shared expert inside": {"shared_inside": True},

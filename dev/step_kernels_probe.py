@@ -1,6 +1,6 @@
 """The CUDA step kernels (solo/kernels/cuda_step.py) against the Triton ones, shape by shape (lent GPU).
 
-    python3 dev/step_kernels_probe.py [--shapes qkvfgb,o_proj,...] [--json OUT.json] [--quick]
+    python3 dev/step_kernels_probe.py [--shapes qkvfgb,o_proj,...] [--json OUT.json] [--quick] [--bulk]
 
 1. Every one-token projection of Ling-3.0-flash's decode step (dev/fused_gemv_sweep.py's shapes and
    call kinds): the CUDA GEMV's output against the Triton FusedGemv's (relative error; the two sum
@@ -44,7 +44,16 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-def variants(name: str, quick: bool) -> list[GemvLaunch]:
+def variants(name: str, quick: bool, bulk: bool = False) -> list[GemvLaunch]:
+    if bulk:  # the product's choice against the weights through a ring of bulk copies (gemv_decode.cu BULK)
+        return [
+            GemvLaunch(),
+            GemvLaunch(bulk=1),
+            GemvLaunch(bulk=1, warps=8),
+            GemvLaunch(bulk=1, warps=16),
+            GemvLaunch(bulk=2),
+            GemvLaunch(bulk=2, warps=8),
+        ]
     out = [GemvLaunch()]  # the product's choice
     for warps in (4, 8, 16):
         for most in (4, 8):
@@ -55,7 +64,7 @@ def variants(name: str, quick: bool) -> list[GemvLaunch]:
     return list(dict.fromkeys(out))
 
 
-def shape_rows(name: str, copy_gbs: float, device: torch.device, quick: bool) -> dict:
+def shape_rows(name: str, copy_gbs: float, device: torch.device, quick: bool, bulk: bool = False) -> dict:
     rows, k, kind, _ = SHAPES[name]
     one = make(name, 1, device)[0]
     copies = max(2, -(-400_000_000 // one.nbytes()))
@@ -79,7 +88,7 @@ def shape_rows(name: str, copy_gbs: float, device: torch.device, quick: bool) ->
     want = triton_call(0).clone()
     secs = graph_seconds([lambda i=i: triton_call(i) for i in range(copies)])
     result["runs"].append({"impl": "triton", "us": secs * 1e6, "of_copy": nbytes / secs / 1e9 / copy_gbs})
-    for launch in variants(name, quick):
+    for launch in variants(name, quick, bulk):
         try:
             cudas = [CudaGemv(g, counter, launch) for g in gemvs]
             got = run_once(cudas[0], kw, outs[0]).clone()
@@ -91,7 +100,7 @@ def shape_rows(name: str, copy_gbs: float, device: torch.device, quick: bool) ->
         row = {"impl": "cuda", "launch": vars(launch), "us": secs * 1e6, "of_copy": nbytes / secs / 1e9 / copy_gbs}
         row["rel_err_vs_triton"] = rel(got, want)
         _, grid, threads, defines = next(iter(cudas[0]._kernels.values()))
-        row.update(grid=grid, warps=defines["WARPS"], in_flight=defines["PF"])
+        row.update(grid=grid, warps=defines["WARPS"], in_flight=defines["PF"], slots=defines.get("SLOTS", 0))
         result["runs"].append(row)
     best = min((r for r in result["runs"] if "us" in r), key=lambda r: r["us"])
     result["best"] = best
@@ -99,7 +108,8 @@ def shape_rows(name: str, copy_gbs: float, device: torch.device, quick: bool) ->
     print(
         f"{name:15s} {nbytes / 1e6:6.1f} MB  triton {tri['us']:6.2f} us ({tri['of_copy']:.0%})  "
         + "  ".join(
-            f"[{r['warps']}w pf{r['in_flight']} g{r['grid']}] {r['us']:6.2f} ({r['of_copy']:.0%}, "
+            f"[{r['warps']}w {'s' + str(r['slots']) if r['slots'] else 'pf' + str(r['in_flight'])} g{r['grid']}] "
+            f"{r['us']:6.2f} ({r['of_copy']:.0%}, "
             f"err {r['rel_err_vs_triton']:.1e})"
             for r in result["runs"][1:]
             if "us" in r
@@ -201,18 +211,20 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="three CUDA configurations per shape")
     p.add_argument("--router-tokens", default="1,4", help="token counts of the router part")
     p.add_argument("--only-routers", action="store_true")
+    p.add_argument("--bulk", action="store_true", help="the product's launch against bulk rings (no chain, routers)")
     args = p.parse_args()
     device = torch.device("cuda")
     copy_gbs = copy_bandwidth(device) / 1e9
     print(f"device-to-device copy bandwidth: {copy_gbs:.0f} GB/s ({torch.cuda.get_device_name()})", flush=True)
     report: dict = {"device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs, "torch": torch.__version__}
-    report["routers"] = {t: routers(copy_gbs, device, int(t)) for t in args.router_tokens.split(",")}
+    if not args.bulk:
+        report["routers"] = {t: routers(copy_gbs, device, int(t)) for t in args.router_tokens.split(",")}
     shapes = [] if args.only_routers else args.shapes.split(",")
-    if shapes:
+    if shapes and not args.bulk:
         report["chain"] = chain(copy_gbs, device)
     report["shapes"] = []
     for name in shapes:
-        report["shapes"].append(shape_rows(name, copy_gbs, device, args.quick))
+        report["shapes"].append(shape_rows(name, copy_gbs, device, args.quick, args.bulk))
         torch.cuda.empty_cache()
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

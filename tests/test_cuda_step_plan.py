@@ -55,3 +55,34 @@ def test_warps_divide_the_steps_and_the_ring_tiles_them():
             assert 1 <= w <= wanted and (k // 64) % w == 0
             pf = in_flight(k // 64 // w, 8)
             assert 1 <= pf <= 8 and (k // 64 // w) % pf == 0
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 8])
+@pytest.mark.parametrize(
+    ("rows", "k", "warps", "swiglu"),
+    [
+        (20512, 2560, 4, False),
+        (2560, 4096, 16, False),
+        (768, 2560, 10, True),
+        (2560, 6144, 16, False),
+        (2560, 768, 12, False),
+    ],
+)
+@pytest.mark.parametrize("per_sm", [1, 2, 3])
+def test_the_bulk_ring_fits_its_share_of_the_sm(rows, k, warps, swiglu, tokens, per_sm):
+    """gemv_decode.cu BULK's ring: at least two slots or none (the register path), within a block's share
+    of an SM's shared memory, no more slots than asked for or than the block has tasks (unless two)."""
+    from solo.kernels.cuda_step import SHARED_PER_BLOCK, SHARED_PER_SM, GemvLaunch, bulk_ring
+
+    tasks = -(-rows // 8)
+    for wanted in (2, 5, 12):
+        slots, shared = bulk_ring(tokens, k, warps, swiglu, GemvLaunch(bulk=per_sm, slots=wanted), tasks, 132)
+        if slots == 0:
+            assert shared == 0
+            continue
+        base = tokens * (2 * k + 132 * warps)
+        assert 2 <= slots <= max(2, min(wanted, -(-tasks // (per_sm * 132))))
+        assert base + slots * (2 if swiglu else 1) * 8 * (k + 64) <= shared
+        assert shared <= min(SHARED_PER_BLOCK, SHARED_PER_SM // per_sm - 1024) and shared % 128 == 0
+    # the KDA projections of one token: one block an SM holds 10 slots (210 KB in flight)
+    assert bulk_ring(1, 2560, 8, False, GemvLaunch(bulk=1), 2564, 132)[0] == 10

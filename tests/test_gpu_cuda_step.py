@@ -29,6 +29,9 @@ LAUNCHES = {  # the product's choice; 4 warps with 4 loads in flight; one block 
     "auto": {},
     "4 warps, 4 in flight": dict(warps=4, max_in_flight=4),
     "one block per SM": dict(warps=16, blocks_per_sm=1),
+    # the weights through a ring of shared-memory slots filled by bulk copies (gemv_decode.cu BULK)
+    "bulk ring": dict(bulk=1, warps=8),
+    "bulk ring, 2 blocks per SM, 2 slots": dict(bulk=2, slots=2),
 }
 
 
@@ -138,6 +141,26 @@ def test_swiglu_pair(launch, tokens):
     x = (torch.randn(tokens, k) * 2).to(torch.bfloat16)
     want = swiglu(project(x, wf[:half]), project(x, wf[half:]), 0.3)
     assert rows_rel(g(x.to(DEVICE)).cpu(), want) < 2e-2
+
+
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize(("rows", "k", "half"), [(20512, 2560, None), (1003, 4096, None), (1536, 2560, 768)])
+def test_the_bulk_ring_computes_what_the_registers_do(rows, k, half, tokens):
+    """The BULK variant changes where the weights wait, not the products or their order: bit for bit the
+    register path's outputs, rows past the last full task included, over slots refilled many times."""
+    import dataclasses
+
+    g, _ = gemv(rows, k, half=half, limit=0.5 if half else None, warps=8)
+    x = (torch.randn(tokens, k) * 2).to(torch.bfloat16).to(DEVICE)
+    residual = None if half else torch.randn(tokens, rows).to(torch.bfloat16).to(DEVICE)
+    want = g(x, residual=residual)
+    for bulk, slots in ((1, 12), (2, 2), (1, 3)):
+        g.launch_config = dataclasses.replace(g.launch_config, bulk=bulk, slots=slots)
+        g._kernels.clear()
+        got = g(x, residual=residual)
+        ran = next(iter(g._kernels.values()))[3].get("SLOTS", 0)
+        assert ran >= 2 or bulk == 2  # the ring ran (two blocks an SM: where two slots fit in half an SM)
+        assert torch.equal(got, want), (bulk, slots, ran)
 
 
 @pytest.mark.parametrize("tokens", [1, 4])

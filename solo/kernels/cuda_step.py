@@ -55,6 +55,10 @@ class GemvLaunch:
     max_in_flight: int = 8
     balanced: bool = False
     carveout: int = 50  # the share (%) of the SM's shared memory the kernel prefers, the rest L1; -1: the driver's
+    # > 0: the weights stream through a ring of shared-memory slots filled by bulk copies (gemv_decode.cu
+    # BULK), this many blocks an SM, each with as many slots as fit (at most `slots`); 0: loads into registers
+    bulk: int = 0
+    slots: int = 12
 
 
 def persistent_grid(tasks: int, resident: int, balanced: bool = False) -> int:
@@ -70,6 +74,31 @@ def persistent_grid(tasks: int, resident: int, balanced: bool = False) -> int:
         rounds = -(-tasks // grid)
         grid = -(-tasks // rounds)
     return grid
+
+
+# Shared memory a block may take on an SM of the H100 / H200 (232,448 bytes; 1 KB of each SM's 228 KB is
+# the driver's per block)
+SHARED_PER_SM = 233_472
+SHARED_PER_BLOCK = 232_448
+
+
+def bulk_ring(tokens: int, k: int, warps: int, swiglu: bool, cfg: GemvLaunch, tasks: int, sms: int) -> tuple[int, int]:
+    """(slots, dynamic shared bytes) of gemv_decode.cu's BULK ring: as many task slots as fit beside the
+    block's struct Shared in its share of an SM (cfg.bulk blocks an SM), at most cfg.slots and at most the
+    tasks a block runs; (0, 0) where fewer than two fit (the call then loads into registers)."""
+    base = tokens * (2 * k + 128 * warps + 4 * warps)
+    slot_bytes = (2 if swiglu else 1) * 8 * (k + 64)
+    budget = min(SHARED_PER_BLOCK, SHARED_PER_SM // cfg.bulk - 1024)
+    per_block = -(-tasks // (cfg.bulk * sms))
+
+    def size(slots: int) -> int:
+        barriers = -(-base // 8) * 8 + 8 * slots
+        return -(-barriers // 128) * 128 + slots * slot_bytes
+
+    slots = max(2, min(cfg.slots, per_block))
+    while slots >= 2 and size(slots) > budget:
+        slots -= 1
+    return (slots, size(slots)) if slots >= 2 else (0, 0)
 
 
 def choose_launch(rows: int) -> GemvLaunch:
@@ -151,14 +180,21 @@ class CudaGemv:
                 "WARPS": warps,
                 "PF": in_flight(self.k // 64 // warps, cfg.max_in_flight),
             }
-            kernel = CudaKernel(GEMV_SOURCE, "gemv_decode", defines, self.device)
             # gemv_decode.cu's struct Shared: xh [NTOK][K/2] u32, part [2][WARPS][2][8][NTOK], red [NTOK][WARPS] fp32
             shared = -(-(tokens * (2 * self.k + 128 * warps + 4 * warps)) // 16) * 16
+            slots = 0
+            if cfg.bulk:
+                tasks = -(-self.rows // 8)
+                slots, ring_shared = bulk_ring(tokens, self.k, warps, epi == EPI_SWIGLU, cfg, tasks, self.sms)
+                if slots:
+                    defines.update(BULK=1, SLOTS=slots)
+                    shared = ring_shared
+            kernel = CudaKernel(GEMV_SOURCE, "gemv_decode", defines, self.device)
             kernel.set_shared_bytes(shared)
             if cfg.carveout >= 0:
                 kernel.set_carveout(cfg.carveout)
             threads = 32 * warps
-            per_sm = min(cfg.blocks_per_sm, kernel.max_blocks_per_sm(threads, shared))
+            per_sm = min(cfg.bulk if slots else cfg.blocks_per_sm, kernel.max_blocks_per_sm(threads, shared))
             if per_sm < 1:
                 raise RuntimeError(f"{self.name}: the CUDA GEMV does not fit on an SM with {cfg}")
             grid = persistent_grid(-(-self.rows // 8), per_sm * self.sms, cfg.balanced)

@@ -23,6 +23,13 @@
 //     kernel launch when it starts its last task.
 // Block 0 bumps the launch counter (start-up checks read it).
 //
+// BULK (a lab variant, GemvLaunch.bulk): the weights stream into a ring of SLOTS task-sized slots of
+// shared memory by bulk copies (cp.async.bulk, one per row, completing on the slot's mbarrier), instead
+// of PF 16-byte loads per lane into registers: the bytes in flight per SM are bounded by shared memory
+// (about 200 KB), not by registers (a lane's ring). Thread 0 fills the first SLOTS slots before
+// griddepcontrol.wait and refills a slot once the block's warps have passed the task's barrier; the
+// products, their order and so every result are those of the register path.
+//
 // Defines: NTOK (tokens, 1..8; row strides of x, gate, out, residual, addend and xn_out are arguments),
 // K (input width, multiple of 64), ROWS (output rows; SwiGLU: the gate rows, W holds
 // [gate; up]), NORM (0 none, 1 RMSNorm over K, 2 gated per-group RMSNorm of GROUP <= 256), SCALE
@@ -40,6 +47,15 @@
 #define TASKS ((ROWS + 7) / 8)   // block tasks of 8 rows
 #define PIECES ((K / 8 + THREADS - 1) / THREADS)  // 8-element pieces of a token's x per thread
 #define LIVE ((NTOK + 1) / 2)       // lanes t < LIVE hold tokens of the product (2t, 2t + 1)
+#ifndef BULK
+#define BULK 0
+#endif
+#if BULK
+// a row's bytes in a slot: K + 64, so that rows g and g + 1 (lanes 4g..4g+7, one 8-lane phase of a
+// 16-byte shared load) fall in opposite halves of the banks
+#define RS (K + 64)
+#define SLOT_BYTES ((1 + SWIGLU) * 8 * RS)
+#endif
 
 __device__ __forceinline__ u16 to_bf16(float f) { return (u16)(__float_as_uint(round_bf16(f)) >> 16); }
 
@@ -63,7 +79,11 @@ struct Shared {
     u32 xh[NTOK][K / 2];                // the prologue's x as f16 pairs
     float part[2][WARPS][2][8][NTOK];   // per task parity, warp, gate/up, row, token: the K slices' sums
     float red[NTOK][WARPS];
+#if BULK
+    unsigned long long full[SLOTS];     // per slot: its task's bytes have landed
+#endif
 };
+#define RING_OFFSET ((sizeof(Shared) + 127) / 128 * 128)
 
 // ---- the prologue: x -> xh (f16 pairs), every load of every token issued before the first is used
 __device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, int x_stride,
@@ -166,6 +186,44 @@ __device__ __forceinline__ void issue(uint4 &gate_v, uint4 &up_v, const unsigned
 #endif
 }
 
+#if BULK
+__device__ __forceinline__ u32 shared_address(const void *p) { return (u32)__cvta_generic_to_shared(p); }
+
+// Task `task`'s weight rows (its 8 rows; SwiGLU: and their up rows) into ring slot `slot`, completing
+// on the slot's mbarrier. Rows past ROWS are not copied (their products are zeroed).
+__device__ __forceinline__ void fill_slot(unsigned char *ring, unsigned long long *full,
+                                          const unsigned char *__restrict__ w, int task, int slot) {
+    if (task >= TASKS) return;
+    const int rows = ROWS - task * 8 < 8 ? ROWS - task * 8 : 8;
+    const u32 bar = shared_address(&full[slot]);
+    const u32 dst = shared_address(ring + (size_t)slot * SLOT_BYTES);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                 "r"((u32)((1 + SWIGLU) * rows * K))
+                 : "memory");
+    for (int r = 0; r < rows; ++r) {
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         dst + r * RS),
+                     "l"(w + (size_t)(task * 8 + r) * K), "r"((u32)K), "r"(bar)
+                     : "memory");
+#if SWIGLU
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         dst + (8 + r) * RS),
+                     "l"(w + (size_t)(ROWS + task * 8 + r) * K), "r"((u32)K), "r"(bar)
+                     : "memory");
+#endif
+    }
+}
+
+__device__ __forceinline__ void slot_wait(const unsigned long long *bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT_%=;\n}\n" ::"r"(shared_address(bar)),
+        "r"(parity)
+        : "memory");
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS)
 gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stride apart)
             const u16 *__restrict__ nw,           // norm weight: [K] (NORM 1), [GROUP] (NORM 2)
@@ -185,23 +243,45 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
     const int g = lane >> 2, t = lane & 3;
     const u32 *xrow = sm.xh[g < NTOK ? g : NTOK - 1];  // this lane's B column: token g
 
-    uint4 ring[PF], ring_up[PF];
     int task = blockIdx.x;
+#if BULK
+    unsigned char *ring = smem_raw + RING_OFFSET;
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < SLOTS; ++b)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&sm.full[b])));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int j = 0; j < SLOTS; ++j) fill_slot(ring, sm.full, w, task + j * gridDim.x, j);
+    }
+#else
+    uint4 ring[PF], ring_up[PF];
 #pragma unroll
     for (int s0 = 0; s0 < PF; ++s0)
         if (task < TASKS) issue(ring[s0], ring_up[s0], w, task, s0, warp, lane);
+#endif
     // the weights do not depend on the previous kernel; everything below does
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
     prologue(sm, x, x_stride, nw, gate, gate_stride, xn_out, xn_stride, eps);
 
-    for (int parity = 0; task < TASKS; task += gridDim.x, parity ^= 1) {
+    for (int parity = 0, j = 0; task < TASKS; task += gridDim.x, parity ^= 1, ++j) {
         const int next = task + gridDim.x;
         if (next >= TASKS) asm volatile("griddepcontrol.launch_dependents;");  // this block's last task
+#if BULK
+        slot_wait(&sm.full[j % SLOTS], (u32)(j / SLOTS) & 1u);
+        const unsigned char *slot_row = ring + (size_t)(j % SLOTS) * SLOT_BYTES + g * RS;
+        const bool row_ok = task * 8 + g < ROWS;
+#endif
         // tokens 2t and 2t + 1 of gate row g (acc) and up row g (acc_up)
         float acc[2] = {0.0f, 0.0f}, acc_up[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int st = 0; st < SPW; ++st) {
+            const int col = (warp * SPW + st) * 64 + t * 16;
+#if BULK
+            const uint4 v = row_ok ? *reinterpret_cast<const uint4 *>(slot_row + col) : uint4{0u, 0u, 0u, 0u};
+#if SWIGLU
+            const uint4 vu = row_ok ? *reinterpret_cast<const uint4 *>(slot_row + 8 * RS + col) : uint4{0u, 0u, 0u, 0u};
+#endif
+#else
             const uint4 v = ring[st % PF];
 #if SWIGLU
             const uint4 vu = ring_up[st % PF];
@@ -211,7 +291,7 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
                 issue(ring[st % PF], ring_up[st % PF], w, task, st + PF, warp, lane);
             else if (next < TASKS)
                 issue(ring[st % PF], ring_up[st % PF], w, next, st + PF - SPW, warp, lane);
-            const int col = (warp * SPW + st) * 64 + t * 16;
+#endif
             const uint4 xa = *reinterpret_cast<const uint4 *>(xrow + col / 2);
             const uint4 xb = *reinterpret_cast<const uint4 *>(xrow + col / 2 + 4);
             const u32 xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
@@ -262,6 +342,12 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
             }
         }
         __syncthreads();
+#if BULK
+        if (threadIdx.x == 0) {  // every warp has read this task's slot: refill it, SLOTS tasks ahead
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            fill_slot(ring, sm.full, w, task + SLOTS * gridDim.x, j % SLOTS);
+        }
+#endif
         if (warp == 0) {
 #pragma unroll
             for (int tok0 = 0; tok0 < NTOK; tok0 += 4) {
