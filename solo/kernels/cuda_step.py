@@ -56,7 +56,9 @@ class GemvLaunch:
     balanced: bool = False
     carveout: int = 50  # the share (%) of the SM's shared memory the kernel prefers, the rest L1; -1: the driver's
     # > 0: the weights stream through a ring of shared-memory slots filled by bulk copies (gemv_decode.cu
-    # BULK), this many blocks an SM, each with as many slots as fit (at most `slots`); 0: loads into registers
+    # BULK), this many blocks an SM, each with as many slots as fit (at most `slots`; the kernel then asks
+    # for all of the shared memory, carveout 100); 0: loads into registers. Where fewer than two slots fit
+    # (several tokens of a wide K), the call loads into registers.
     bulk: int = 0
     slots: int = 12
 
@@ -191,8 +193,8 @@ class CudaGemv:
                     shared = ring_shared
             kernel = CudaKernel(GEMV_SOURCE, "gemv_decode", defines, self.device)
             kernel.set_shared_bytes(shared)
-            if cfg.carveout >= 0:
-                kernel.set_carveout(cfg.carveout)
+            if cfg.carveout >= 0:  # (a bulk ring is sized for all of its share of the SM's shared memory)
+                kernel.set_carveout(100 if slots else cfg.carveout)
             threads = 32 * warps
             per_sm = min(cfg.bulk if slots else cfg.blocks_per_sm, kernel.max_blocks_per_sm(threads, shared))
             if per_sm < 1:
