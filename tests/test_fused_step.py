@@ -118,6 +118,35 @@ def test_mla_attention_split_over_a_long_context_equals_the_reference(models, to
     assert mla_layers_against_reference(fast, context=context, tokens=tokens) < LONG_CONTEXT_BOUND
 
 
+@pytest.mark.parametrize("parts", [2, 4])
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_the_combine_cut_by_latent_columns_equals_the_reference(models, tokens, parts):
+    """The lab variant of the MLA combine (AttendLaunch.combine_rank_parts: slices of the latent columns,
+    the head's last program summing their partial outputs) merges as the product's does, twice in a row
+    (its per-head counters back at zero after each launch)."""
+    from dataclasses import replace
+
+    from solo.testing.attention import LONG_CONTEXT_BOUND, mla_layers_against_reference
+
+    _, _, fast = models
+    mlas = [layer.attention.mla for layer in fast.decode_step.layers if hasattr(layer.attention, "mla")]
+    assert mlas
+    saved = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
+    try:
+        for mla in mlas:
+            mla.ONE_TOKEN = replace(mla.ONE_TOKEN, combine_rank_parts=parts)
+            mla.WINDOW = replace(mla.WINDOW, combine_rank_parts=parts)
+        for _ in range(2):
+            context = int(torch.randint(86, 150, ()))
+            assert mla_layers_against_reference(fast, context=context, tokens=tokens) < LONG_CONTEXT_BOUND
+        for mla in mlas:
+            assert mla._combine_scratch  # the variant ran
+            assert all(int(arrived.abs().sum()) == 0 for _, arrived in mla._combine_scratch.values())
+    finally:
+        for mla, (one, window) in zip(mlas, saved, strict=True):
+            mla.ONE_TOKEN, mla.WINDOW = one, window
+
+
 def test_a_token_count_it_was_not_built_for_runs_the_reference_layers(models):
     config, _, fast = models
     before = fast.decode_step.launches()

@@ -278,6 +278,73 @@ def _mla_combine(
         store_rounded(o_ptr + t * stride_o + h * V + rv, out * gate, None)
 
 
+@triton.jit
+def _mla_combine_ranks(
+    part_ptr,
+    ml_ptr,
+    pos_ptr,
+    wuv_ptr,
+    gate_ptr,
+    stride_g,
+    o_ptr,
+    stride_o,
+    opart_ptr,
+    arrived_ptr,
+    count_ptr,
+    T: tl.constexpr,
+    HEADS: tl.constexpr,
+    RANK: tl.constexpr,
+    V: tl.constexpr,
+    V_BLOCK: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    PARTS: tl.constexpr,
+    MIN_CHUNK: tl.constexpr,
+    T_POW2: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """The combine cut by latent columns instead of value rows (a lab variant, AttendLaunch.
+    combine_rank_parts): program (head, part, token) merges the splits' partials of its RANK / PARTS
+    latent columns, so every partial is read once (_mla_combine's programs of a head each read all of the
+    head's partials: 4x the bytes at 128 value rows, 32 a program), and multiplies them by its columns of
+    w_uv (loaded before the wait: weights) into a partial output of every value row. The head's last
+    program to finish (a counter per row, acquire-release) sums the PARTS partial outputs in part order,
+    then rounds and gates as _mla_combine does, and resets the counter for the next launch."""
+    h = tl.program_id(0)
+    part = tl.program_id(1)
+    t = tl.program_id(2)
+    R_PER: tl.constexpr = RANK // PARTS
+    rr = part * R_PER + tl.arange(0, R_PER)
+    rv = tl.arange(0, V_BLOCK)
+    v_ok = rv < V
+    w = tl.load(wuv_ptr + (h * V + rv)[:, None] * RANK + rr[None, :], mask=v_ok[:, None], other=0.0)
+    after_previous_kernel(PDL)
+    if h == 0 and part == 0 and t == 0:
+        tl.atomic_add(count_ptr, 1)
+    length = tl.max(tl.load(pos_ptr + tl.arange(0, T_POW2), mask=tl.arange(0, T_POW2) < T, other=-1), axis=0) + 1
+    used = tl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)  # as in _mla_attend
+    row = t * HEADS + h
+    rs = tl.arange(0, SPLITS)
+    ok = rs < used
+    m = tl.load(ml_ptr + (rs * BLOCK_M + row) * 2, mask=ok, other=float("-inf"))
+    lsum = tl.load(ml_ptr + (rs * BLOCK_M + row) * 2 + 1, mask=ok, other=0.0)
+    acc = tl.load(part_ptr + (rs * BLOCK_M + row)[:, None] * RANK + rr[None, :], mask=ok[:, None], other=0.0)
+    top = tl.max(m, axis=0)
+    weight = tl.where(m == float("-inf"), 0.0, tl.exp(m - top))
+    latent = round_bf16(tl.sum(acc * weight[:, None], axis=0) / tl.sum(lsum * weight, axis=0))
+    partial = tl.sum(w.to(tl.float32) * latent[None, :], axis=1)  # [V_BLOCK]: this part's share of each row
+    tl.store(opart_ptr + (row * PARTS + part) * V_BLOCK + rv, partial)
+    tl.debug_barrier()  # every thread's share stored before the release below
+    arrived = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu")
+    if arrived == PARTS - 1:  # the head's last program: the others' partial outputs are visible (L2 reads)
+        total = tl.zeros((V_BLOCK,), dtype=tl.float32)
+        for q in tl.static_range(PARTS):
+            total += tl.load(opart_ptr + (row * PARTS + q) * V_BLOCK + rv, cache_modifier=".cg")
+        gate = round_bf16(tl.sigmoid(tl.load(gate_ptr + t * stride_g + h).to(tl.float32)))
+        store_rounded(o_ptr + t * stride_o + h * V + rv, round_bf16(total) * gate, v_ok)
+        tl.atomic_xchg(arrived_ptr + row, 0, sem="relaxed", scope="gpu")
+
+
 @dataclass(frozen=True)
 class AttendLaunch:
     """How one call's attention and combine are cut; `FusedMLA` keeps one for a token (decode, NEXTN
@@ -305,6 +372,9 @@ class AttendLaunch:
     combine_chunk: int = 16  # splits the combine merges per step (its loads in flight; registers)
     combine_warps: int = 8
     maxnreg: int | None = None  # the attention's registers per thread at most (two blocks an SM at 128)
+    # > 0: the combine cut into this many slices of the latent columns (_mla_combine_ranks: every partial
+    # read once, a last-arriving program per head); 0: programs of v_per_program value rows (_mla_combine)
+    combine_rank_parts: int = 0
 
 
 class FusedMLA:
@@ -360,6 +430,7 @@ class FusedMLA:
         for c in (self.ONE_TOKEN, self.WINDOW):
             if c.splits < 16 or c.splits & (c.splits - 1) or c.splits % min(c.combine_chunk, c.splits):
                 raise ValueError(f"{c}: splits must be a power of two, at least 16, and a multiple of combine_chunk")
+            self._check_rank_parts(c)
         self.w_uk = w_uk.contiguous()
         self.w_uv = w_uv.contiguous()
         self.kv_norm = kv_norm_weight
@@ -371,6 +442,12 @@ class FusedMLA:
         self.kv_offset, self.gate_offset = kv_offset, gate_offset  # columns of kv_a and g in proj
         self.launch = launch
         self._scratch: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
+        self._combine_scratch: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _check_rank_parts(self, c: AttendLaunch) -> None:
+        parts = c.combine_rank_parts
+        if parts and (parts & (parts - 1) or self.rank % parts or (self.rank // parts) & (self.rank // parts - 1)):
+            raise ValueError(f"{c}: combine_rank_parts must be a power of two cutting the rank into powers of two")
 
     def config(self, tokens: int) -> AttendLaunch:
         return self.ONE_TOKEN if tokens == 1 else self.WINDOW
@@ -505,6 +582,8 @@ class FusedMLA:
         block_m = part.shape[1]
         launch = self.launch.at(t)
         gate = proj[:, self.gate_offset :]
+        if config.combine_rank_parts:
+            return self._combine_ranks(config, t, positions, part, ml, gate, out, launch)
         v_per = min(config.v_per_program, self.v_dim & -self.v_dim)  # a power of two dividing v_head_dim
         token_programs = config.combine_token_programs and t > 1
         compiled = _mla_combine[(self.heads, self.v_dim // v_per, t if token_programs else 1)](
@@ -528,6 +607,56 @@ class FusedMLA:
             T_POW2=triton.next_power_of_2(t),
             TOKEN_PROGRAMS=token_programs,
             CH=min(config.combine_chunk, config.splits),
+            PDL=launch.pdl,
+            num_warps=config.combine_warps,
+            **launch.options,
+        )
+        launch.record("mla_combine", compiled)
+        return out
+
+    def _combine_ranks(
+        self,
+        config: AttendLaunch,
+        t: int,
+        positions: torch.Tensor,
+        part: torch.Tensor,
+        ml: torch.Tensor,
+        gate: torch.Tensor,
+        out: torch.Tensor,
+        launch: LaunchPolicy,
+    ) -> torch.Tensor:
+        """The combine as _mla_combine_ranks: programs (head, slice of the latent columns, token)."""
+        self._check_rank_parts(config)
+        parts, v_block = config.combine_rank_parts, triton.next_power_of_2(self.v_dim)
+        key = (t, parts)
+        if key not in self._combine_scratch:  # (per call shape: graphs point at them)
+            self._combine_scratch[key] = (
+                torch.empty((t * self.heads, parts, v_block), dtype=torch.float32, device=part.device),
+                torch.zeros(t * self.heads, dtype=torch.int32, device=part.device),  # zero between launches
+            )
+        opart, arrived = self._combine_scratch[key]
+        compiled = _mla_combine_ranks[(self.heads, parts, t)](
+            part,
+            ml,
+            positions,
+            self.w_uv,
+            gate,
+            gate.stride(0),
+            out,
+            out.stride(0),
+            opart,
+            arrived,
+            self.counter[2:3],
+            T=t,
+            HEADS=self.heads,
+            RANK=self.rank,
+            V=self.v_dim,
+            V_BLOCK=v_block,
+            SPLITS=config.splits,
+            BLOCK_M=part.shape[1],
+            PARTS=parts,
+            MIN_CHUNK=config.min_chunk,
+            T_POW2=triton.next_power_of_2(t),
             PDL=launch.pdl,
             num_warps=config.combine_warps,
             **launch.options,
