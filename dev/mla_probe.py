@@ -2,7 +2,7 @@
 CUDA graph, over launch configurations (`AttendLaunch`: splits, positions per step and per split,
 pipelining stages, row tiles, operand type, the combine's value rows per program).
 
-    python3 dev/mla_probe.py [--contexts 4096,32768] [--tokens 1,4] [--variants N] [--json OUT.json]
+    python3 dev/mla_probe.py [--contexts 4096,32768] [--tokens 1,4] [--variants N | --pick 0,5,6] [--json OUT.json]
 
 32 heads, rank 512, rope 64, v 128; 7 layers with their own latent caches (over the L2 at 32K),
 filled with fresh random values up to the context. Each variant's outputs are compared with the
@@ -38,6 +38,10 @@ VARIANTS: list[dict] = [
     {"warps": 16, "stages": 3},
     {"warps": 16, "block_l": 32, "stages": 4},
     {"warps": 16, "combine_warps": 16},
+    # the combine cut by latent columns (every partial read once, the head's last program finishing)
+    {"combine_rank_parts": 4},
+    {"combine_rank_parts": 2},
+    {"combine_rank_parts": 4, "combine_warps": 4},
 ]
 
 
@@ -156,6 +160,7 @@ def main() -> int:
     p.add_argument("--tokens", default="1,4")
     p.add_argument("--json", default=None)
     p.add_argument("--variants", type=int, default=len(VARIANTS), help="run the first N variants only")
+    p.add_argument("--pick", default=None, help="run these variants only (indices, e.g. 0,5,6; 0 is the product)")
     args = p.parse_args()
     dev, copy_gbs, g, contexts, layers, width = lab_setup(args.contexts)
     rows = []
@@ -164,7 +169,8 @@ def main() -> int:
         for ctx in contexts:
             positions = torch.arange(ctx - tokens, ctx, device=dev)
             reference = None
-            for variant in VARIANTS[: args.variants]:
+            picked = [VARIANTS[int(i)] for i in args.pick.split(",")] if args.pick else VARIANTS[: args.variants]
+            for variant in picked:
                 recorder = Recorder()
                 mlas = build_layers(FusedMLA, layers, recorder)
                 for m in mlas:

@@ -141,6 +141,34 @@ def test_mla_layers_over_a_long_context_match_the_reference(setup, tokens):
     assert worst < LONG_CONTEXT_BOUND
 
 
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_the_combine_cut_by_latent_columns_matches_the_reference(setup, tokens):
+    """The lab variant of the MLA combine (AttendLaunch.combine_rank_parts) at full width on the GPU: the
+    head's last program, found by an acquire-release counter, sums the slices' outputs; twice, so that
+    the counters it leaves at zero are checked too."""
+    from dataclasses import replace
+
+    from solo.testing.attention import LONG_CONTEXT_BOUND, mla_layers_against_reference
+
+    _, _, fused = setup
+    mlas = [layer.attention.mla for layer in fused.decode_step.layers if hasattr(layer.attention, "mla")]
+    saved = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
+    try:
+        for mla in mlas:
+            mla.ONE_TOKEN = replace(mla.ONE_TOKEN, combine_rank_parts=4)
+            mla.WINDOW = replace(mla.WINDOW, combine_rank_parts=4)
+        for _ in range(2):
+            context = int(torch.randint(2000, 3000, ()))
+            worst = mla_layers_against_reference(fused, context=context, tokens=tokens)
+            print(f"\nMLA (combine in 4 slices) at {context} positions, {tokens} token(s): worst rel. err {worst:.1e}")
+            assert worst < LONG_CONTEXT_BOUND
+        assert all(mla._combine_scratch for mla in mlas)
+        assert all(int(a.abs().sum()) == 0 for mla in mlas for _, a in mla._combine_scratch.values())
+    finally:
+        for mla, (one, window) in zip(mlas, saved, strict=True):
+            mla.ONE_TOKEN, mla.WINDOW = one, window
+
+
 def test_greedy_decode_in_graphs_replays_the_fused_step_exactly(setup):
     """The engine's greedy loop on the fused step inside CUDA graphs emits exactly the tokens of the
     fused step run eagerly, token by token (same kernels, fixed-order reductions: deterministic), and
