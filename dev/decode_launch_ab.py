@@ -68,11 +68,15 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "bulk, 8 warps": {"bulk": 1, "warps": 8},
     "bulk: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 1}}},
     "bulk: o_proj, dense, downs": {"for": {("o_proj", "dense", "down"): {"bulk": 1}}},
+    # not a GEMV launch: the MLA combine cut by latent columns (AttendLaunch.combine_rank_parts), one token
+    # and verification
+    "MLA combine in 4 latent slices": {"mla": {"combine_rank_parts": 4}},
+    "bulk + MLA combine in 4 latent slices": {"bulk": 1, "mla": {"combine_rank_parts": 4}},
     # not a launch: one token's shared expert inside the persistent MoE kernel (--moe-shared fused) instead
     # of its own two kernels after it (docs/results/h200_shared_order_ab.log)
     "shared expert inside": {"shared_inside": True},
 }
-NOT_LAUNCH = ("for", "shared_inside")  # a variant's keys that are not GemvLaunch fields
+NOT_LAUNCH = ("for", "shared_inside", "mla")  # a variant's keys that are not GemvLaunch fields
 
 
 def launch_for(gemv: CudaGemv, variant: dict) -> GemvLaunch:
@@ -113,6 +117,8 @@ def main() -> int:
     device = model.device
     gemvs = [k for k in (getattr(o, a) for o, a in step._slots()) if isinstance(k, CudaGemv)]
     moes = step.routers_in_experts()
+    mlas = [layer.attention.mla for layer in step.layers if hasattr(layer.attention, "mla")]
+    mla_launches = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
     print(f"loaded in {times}; {len(gemvs)} CUDA GEMVs", flush=True)
     cache = HybridCache(model.config, args.context + 16, device, model.dtype, with_nextn=True)
     history = cache.new_history(4)
@@ -129,6 +135,9 @@ def main() -> int:
             g._kernels.clear()
         for moe in moes:
             moe.shared_in_experts = moe.shared_expert() if VARIANTS[name].get("shared_inside") else None
+        for mla, (one, window) in zip(mlas, mla_launches, strict=True):
+            mla.ONE_TOKEN = dataclasses.replace(one, **VARIANTS[name].get("mla", {}))
+            mla.WINDOW = dataclasses.replace(window, **VARIANTS[name].get("mla", {}))
         captured[name] = (
             graphs.capture(lambda: eager(ids1, pos1, cache))[0],
             graphs.capture(lambda: eager(ids4, pos4, cache, history))[0],

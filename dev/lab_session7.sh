@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The seventh session's lab variants, measured on the lent H200 in two calls (each under the 10-minute
+# limit; chain them while the machine is warm). Writes logs and JSON under $OUT.
+#   part 1: GPU tests of both variants, then each alone (dev/step_kernels_probe.py --bulk, dev/mla_probe.py)
+#   part 2: both inside the whole decode step at 32K, one process (dev/decode_launch_ab.py)
+# Variants: gemv_decode.cu BULK (GemvLaunch.bulk: the weights through a ring of shared-memory slots filled
+# by bulk copies) and the MLA combine cut by latent columns (AttendLaunch.combine_rank_parts).
+set -uo pipefail
+export PYTHONPATH=$PWD SOLO_CACHE_DIR=/tmp/solo_cache PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+part=${1:-1}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader | tee "$OUT/gpu_$part.txt"
+if [ "$part" = 1 ]; then
+    timeout 260 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_cuda_step.py \
+        tests/test_gpu_fused_step.py -k "bulk or combine_cut or norm_projection or swiglu or gated" \
+        > "$OUT/gpu_tests_lab7.log" 2>&1
+    echo "tests rc=$?"; tail -5 "$OUT/gpu_tests_lab7.log"
+    timeout 150 python3 dev/step_kernels_probe.py --bulk --json "$OUT/probe_bulk.json" \
+        --shapes qkvfgb,o_proj,mla_proj,mla_dense,shared_gate_up,shared_down,dense_gate_up,dense_down \
+        2>&1 | tee "$OUT/probe_bulk.log" | grep -v "^  "
+    timeout 150 python3 dev/mla_probe.py --pick 0,5,6,7 --json "$OUT/mla_probe_combine.json" 2>&1 \
+        | tee "$OUT/mla_probe_combine.log"
+else
+    timeout 560 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_lab7.json" --variants \
+        "product;bulk;bulk, 8 warps;bulk: qkvfgb, q|kv_a|g, MLP;bulk: o_proj, dense, downs;MLA combine in 4 latent slices;bulk + MLA combine in 4 latent slices" \
+        2>&1 | tee "$OUT/launch_ab_lab7.log"
+fi
