@@ -26,7 +26,7 @@
 // BULK (a lab variant, GemvLaunch.bulk): the weights stream into a ring of SLOTS task-sized slots of
 // shared memory by bulk copies (cp.async.bulk, one per row, completing on the slot's mbarrier), instead
 // of PF 16-byte loads per lane into registers: the bytes in flight per SM are bounded by shared memory
-// (about 200 KB), not by registers (a lane's ring). Thread 0 fills the first SLOTS slots before
+// (about 200 KB), not by registers (a lane's ring). Warp 0 fills the first SLOTS slots before
 // griddepcontrol.wait and refills a slot once the block's warps have passed the task's barrier; the
 // products, their order and so every result are those of the register path.
 //
@@ -190,27 +190,26 @@ __device__ __forceinline__ void issue(uint4 &gate_v, uint4 &up_v, const unsigned
 __device__ __forceinline__ u32 shared_address(const void *p) { return (u32)__cvta_generic_to_shared(p); }
 
 // Task `task`'s weight rows (its 8 rows; SwiGLU: and their up rows) into ring slot `slot`, completing
-// on the slot's mbarrier. Rows past ROWS are not copied (their products are zeroed).
+// on the slot's mbarrier; called by every lane of warp 0: lane 0 arms the barrier, then lane r copies row
+// r (SwiGLU: lane 8 + r its up row). Rows past ROWS are not copied (their products are zeroed).
 __device__ __forceinline__ void fill_slot(unsigned char *ring, unsigned long long *full,
-                                          const unsigned char *__restrict__ w, int task, int slot) {
+                                          const unsigned char *__restrict__ w, int task, int slot, int lane) {
     if (task >= TASKS) return;
     const int rows = ROWS - task * 8 < 8 ? ROWS - task * 8 : 8;
     const u32 bar = shared_address(&full[slot]);
     const u32 dst = shared_address(ring + (size_t)slot * SLOT_BYTES);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                 "r"((u32)((1 + SWIGLU) * rows * K))
-                 : "memory");
-    for (int r = 0; r < rows; ++r) {
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                         dst + r * RS),
-                     "l"(w + (size_t)(task * 8 + r) * K), "r"((u32)K), "r"(bar)
+    if (lane == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                     "r"((u32)((1 + SWIGLU) * rows * K))
                      : "memory");
-#if SWIGLU
+    __syncwarp();
+    const int r = lane & 7;
+    if (lane < 8 * (1 + SWIGLU) && r < rows) {
+        const size_t src_row = (size_t)(lane < 8 ? 0 : ROWS) + task * 8 + r;
         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                         dst + (8 + r) * RS),
-                     "l"(w + (size_t)(ROWS + task * 8 + r) * K), "r"((u32)K), "r"(bar)
+                         dst + lane * RS),
+                     "l"(w + src_row * K), "r"((u32)K), "r"(bar)
                      : "memory");
-#endif
     }
 }
 
@@ -246,11 +245,14 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
     int task = blockIdx.x;
 #if BULK
     unsigned char *ring = smem_raw + RING_OFFSET;
-    if (threadIdx.x == 0) {
-        for (int b = 0; b < SLOTS; ++b)
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&sm.full[b])));
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        for (int j = 0; j < SLOTS; ++j) fill_slot(ring, sm.full, w, task + j * gridDim.x, j);
+    if (warp == 0) {
+        if (lane == 0) {
+            for (int b = 0; b < SLOTS; ++b)
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&sm.full[b])));
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncwarp();
+        for (int j = 0; j < SLOTS; ++j) fill_slot(ring, sm.full, w, task + j * gridDim.x, j, lane);
     }
 #else
     uint4 ring[PF], ring_up[PF];
@@ -343,9 +345,9 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
         }
         __syncthreads();
 #if BULK
-        if (threadIdx.x == 0) {  // every warp has read this task's slot: refill it, SLOTS tasks ahead
+        if (warp == 0) {  // every warp has read this task's slot: refill it, SLOTS tasks ahead
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            fill_slot(ring, sm.full, w, task + SLOTS * gridDim.x, j % SLOTS);
+            fill_slot(ring, sm.full, w, task + SLOTS * gridDim.x, j % SLOTS, lane);
         }
 #endif
         if (warp == 0) {
