@@ -66,6 +66,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # bytes in flight bounded by shared memory, not by a lane's registers
     "bulk": {"bulk": 1},
     "bulk, 8 warps": {"bulk": 1, "warps": 8},
+    # fewer slots: room on the SM for the block to become resident while the previous kernel (e.g. the
+    # shared expert's down, two blocks of 12 warps an SM) still runs, and request its first slots then
+    "bulk, at most 8 slots": {"bulk": 1, "slots": 8},
+    "bulk, at most 5 slots": {"bulk": 1, "slots": 5},
     "bulk: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 1}}},
     "bulk: o_proj, dense, downs": {"for": {("o_proj", "dense", "down"): {"bulk": 1}}},
     # not a GEMV launch: the MLA combine cut by latent columns (AttendLaunch.combine_rank_parts), one token
