@@ -18,7 +18,7 @@ if [ "$part" = 1 ]; then
     timeout 150 python3 dev/step_kernels_probe.py --bulk --json "$OUT/probe_bulk.json" \
         --shapes qkvfgb,o_proj,mla_proj,mla_dense,shared_gate_up,shared_down,dense_gate_up,dense_down \
         2>&1 | tee "$OUT/probe_bulk.log" | grep -v "^  "
-    timeout 150 python3 dev/mla_probe.py --pick 0,5,6,7 --json "$OUT/mla_probe_combine.json" 2>&1 \
+    timeout 150 python3 dev/mla_probe.py --pick 0,5,6,7,8,9 --json "$OUT/mla_probe_combine.json" 2>&1 \
         | tee "$OUT/mla_probe_combine.log"
 else
     timeout 560 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_lab7.json" --variants \

@@ -42,6 +42,10 @@ VARIANTS: list[dict] = [
     {"combine_rank_parts": 4},
     {"combine_rank_parts": 2},
     {"combine_rank_parts": 4, "combine_warps": 4},
+    # one token's 32 heads in two programs of 16 per split (the two read the split's rows together, the
+    # second mostly from the L2): half the accumulator, two programs an SM to overlap their chains
+    {"rows_per_program": 16},
+    {"rows_per_program": 16, "combine_rank_parts": 4},
 ]
 
 
