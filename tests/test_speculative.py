@@ -92,9 +92,14 @@ def test_greedy_identical_at_every_acceptance_split(tiny, head, corrupt, fresh_i
 
 def test_stop_inside_a_verification_window(tiny, fresh_ids):
     plain = Engine.from_pretrained(tiny, lm_head="fp32")
-    prompt = fresh_ids(8).tolist()
     params = GenerationParams(max_tokens=40, ignore_eos=True)
-    free = plain.generate(prompt, params).token_ids
+    for _ in range(20):  # a continuation with none of the tokenizer's own EOS ids where the stops are put
+        prompt = fresh_ids(8).tolist()
+        free = plain.generate(prompt, params).token_ids
+        if not set(free[:12]) & set(plain.tokenizer.eos_ids):
+            break
+    else:
+        pytest.fail("20 prompts in a row continued with an EOS token within 12 tokens")
     decoder = OracleDraftDecoder(plain.model, prompt + free, corrupt=0.0, seed=0)
     spec = Engine(plain.model, plain.tokenizer, decoder)
     for stop_at in (2, 5, 6, 11):  # fully accepted windows: most stops fall inside one
