@@ -4,6 +4,7 @@ even in its blocks' loads), the warps that split K and the loads kept in flight.
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -75,14 +76,16 @@ def test_the_bulk_ring_fits_its_share_of_the_sm(rows, k, warps, swiglu, tokens, 
     from solo.kernels.cuda_step import SHARED_PER_BLOCK, SHARED_PER_SM, GemvLaunch, bulk_ring
 
     tasks = -(-rows // 8)
-    for wanted in (2, 5, 12):
-        slots, shared = bulk_ring(tokens, k, warps, swiglu, GemvLaunch(bulk=per_sm, slots=wanted), tasks, 132)
+    for wanted, scales in itertools.product((2, 5, 12), (False, True)):
+        cfg = GemvLaunch(bulk=per_sm, slots=wanted)
+        slots, shared = bulk_ring(tokens, k, warps, swiglu, cfg, tasks, 132, scales=scales)
         if slots == 0:
             assert shared == 0
             continue
         base = tokens * (2 * k + 132 * warps)
         assert 2 <= slots <= max(2, min(wanted, -(-tasks // (per_sm * 132))))
-        assert base + slots * (2 if swiglu else 1) * 8 * (k + 64) <= shared
-        assert shared <= min(SHARED_PER_BLOCK, SHARED_PER_SM // per_sm - 1024) and shared % 128 == 0
+        slot = (2 if swiglu else 1) * (8 * (k + 64) + (4 * -(-k // 128) if scales else 0))
+        assert base + slots * slot <= shared
+        assert shared <= min(SHARED_PER_BLOCK, SHARED_PER_SM // per_sm - 1024) and shared % 16 == 0
     # the KDA projections of one token: one block an SM holds 10 slots (210 KB in flight)
     assert bulk_ring(1, 2560, 8, False, GemvLaunch(bulk=1), 2564, 132)[0] == 10

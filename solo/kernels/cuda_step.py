@@ -84,12 +84,15 @@ SHARED_PER_SM = 233_472
 SHARED_PER_BLOCK = 232_448
 
 
-def bulk_ring(tokens: int, k: int, warps: int, swiglu: bool, cfg: GemvLaunch, tasks: int, sms: int) -> tuple[int, int]:
+def bulk_ring(
+    tokens: int, k: int, warps: int, swiglu: bool, cfg: GemvLaunch, tasks: int, sms: int, scales: bool = False
+) -> tuple[int, int]:
     """(slots, dynamic shared bytes) of gemv_decode.cu's BULK ring: as many task slots as fit beside the
     block's struct Shared in its share of an SM (cfg.bulk blocks an SM), at most cfg.slots and at most the
-    tasks a block runs; (0, 0) where fewer than two fit (the call then loads into registers)."""
+    tasks a block runs; (0, 0) where fewer than two fit (the call then loads into registers). `scales`:
+    each slot holds its task's row of block scales too (SCALE_IN_SLOT)."""
     base = tokens * (2 * k + 128 * warps + 4 * warps)
-    slot_bytes = (2 if swiglu else 1) * 8 * (k + 64)
+    slot_bytes = (2 if swiglu else 1) * (8 * (k + 64) + (4 * -(-k // 128) if scales else 0))
     budget = min(SHARED_PER_BLOCK, SHARED_PER_SM // cfg.bulk - 1024)
     per_block = -(-tasks // (cfg.bulk * sms))
 
@@ -187,9 +190,13 @@ class CudaGemv:
             slots = 0
             if cfg.bulk:
                 tasks = -(-self.rows // 8)
-                slots, ring_shared = bulk_ring(tokens, self.k, warps, epi == EPI_SWIGLU, cfg, tasks, self.sms)
+                kb = -(-self.k // 128)
+                scales = f.scale_mode == 1 and kb % 4 == 0 and self.rows % 8 == 0 and f.scale.data_ptr() % 16 == 0
+                slots, ring_shared = bulk_ring(
+                    tokens, self.k, warps, epi == EPI_SWIGLU, cfg, tasks, self.sms, scales=scales
+                )
                 if slots:
-                    defines.update(BULK=1, SLOTS=slots)
+                    defines.update(BULK=1, SLOTS=slots, SCALE_IN_SLOT=int(scales))
                     shared = ring_shared
             kernel = CudaKernel(GEMV_SOURCE, "gemv_decode", defines, self.device)
             kernel.set_shared_bytes(shared)

@@ -54,7 +54,17 @@
 // a row's bytes in a slot: K + 64, so that rows g and g + 1 (lanes 4g..4g+7, one 8-lane phase of a
 // 16-byte shared load) fall in opposite halves of the banks
 #define RS (K + 64)
-#define SLOT_BYTES ((1 + SWIGLU) * 8 * RS)
+// SCALE_IN_SLOT (set by the host where the block scales' rows are whole, aligned 16-byte pieces): the
+// task's row of block scales (SwiGLU: and its up rows') travels in the slot too, read from shared memory;
+// beside a ring the L1 is 28 KB
+#ifndef SCALE_IN_SLOT
+#define SCALE_IN_SLOT 0
+#endif
+#if SCALE_IN_SLOT && (SCALE != 1 || KB % 4 || ROWS % 8)
+#error "SCALE_IN_SLOT needs block scales in rows of whole 16-byte pieces and ROWS a multiple of 8"
+#endif
+#define WEIGHT_BYTES ((1 + SWIGLU) * 8 * RS)
+#define SLOT_BYTES (WEIGHT_BYTES + (SCALE_IN_SLOT ? (1 + SWIGLU) * KB * 4 : 0))
 #endif
 
 __device__ __forceinline__ u16 to_bf16(float f) { return (u16)(__float_as_uint(round_bf16(f)) >> 16); }
@@ -191,18 +201,29 @@ __device__ __forceinline__ u32 shared_address(const void *p) { return (u32)__cvt
 
 // Task `task`'s weight rows (its 8 rows; SwiGLU: and their up rows) into ring slot `slot`, completing
 // on the slot's mbarrier; called by every lane of warp 0: lane 0 arms the barrier, then lane r copies row
-// r (SwiGLU: lane 8 + r its up row). Rows past ROWS are not copied (their products are zeroed).
+// r (SwiGLU: lane 8 + r its up row) and, with SCALE_IN_SLOT, lane 16 (and 17) the scale rows. Rows past
+// ROWS are not copied (their products are zeroed).
 __device__ __forceinline__ void fill_slot(unsigned char *ring, unsigned long long *full,
-                                          const unsigned char *__restrict__ w, int task, int slot, int lane) {
+                                          const unsigned char *__restrict__ w, const float *__restrict__ s,
+                                          int task, int slot, int lane) {
     if (task >= TASKS) return;
     const int rows = ROWS - task * 8 < 8 ? ROWS - task * 8 : 8;
     const u32 bar = shared_address(&full[slot]);
     const u32 dst = shared_address(ring + (size_t)slot * SLOT_BYTES);
     if (lane == 0)
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                     "r"((u32)((1 + SWIGLU) * rows * K))
+                     "r"((u32)((1 + SWIGLU) * (rows * K + (SCALE_IN_SLOT ? KB * 4 : 0))))
                      : "memory");
     __syncwarp();
+#if SCALE_IN_SLOT
+    if (lane == 16 || (SWIGLU && lane == 17)) {  // the 8 rows (and their up rows) share one row of scales
+        const float *src = s + (size_t)((lane == 16 ? task * 8 : ROWS + task * 8) / 128) * KB;
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         dst + WEIGHT_BYTES + (lane - 16) * KB * 4),
+                     "l"(src), "r"((u32)(KB * 4)), "r"(bar)
+                     : "memory");
+    }
+#endif
     const int r = lane & 7;
     if (lane < 8 * (1 + SWIGLU) && r < rows) {
         const size_t src_row = (size_t)(lane < 8 ? 0 : ROWS) + task * 8 + r;
@@ -252,7 +273,7 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         }
         __syncwarp();
-        for (int j = 0; j < SLOTS; ++j) fill_slot(ring, sm.full, w, task + j * gridDim.x, j, lane);
+        for (int j = 0; j < SLOTS; ++j) fill_slot(ring, sm.full, w, s, task + j * gridDim.x, j, lane);
     }
 #else
     uint4 ring[PF], ring_up[PF];
@@ -270,7 +291,11 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
         if (next >= TASKS) asm volatile("griddepcontrol.launch_dependents;");  // this block's last task
 #if BULK
         slot_wait(&sm.full[j % SLOTS], (u32)(j / SLOTS) & 1u);
-        const unsigned char *slot_row = ring + (size_t)(j % SLOTS) * SLOT_BYTES + g * RS;
+        const unsigned char *slot_base = ring + (size_t)(j % SLOTS) * SLOT_BYTES;
+        const unsigned char *slot_row = slot_base + g * RS;
+#if SCALE_IN_SLOT
+        const float *slot_scales = reinterpret_cast<const float *>(slot_base + WEIGHT_BYTES);
+#endif
         const bool row_ok = task * 8 + g < ROWS;
 #endif
         // tokens 2t and 2t + 1 of gate row g (acc) and up row g (acc_up)
@@ -315,11 +340,19 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
 #if SCALE == 1
             const int row = task * 8 + g;
             const int kb = ((warp * SPW + st) * 64) / 128;
+#if BULK && SCALE_IN_SLOT
+            const float sg = row < ROWS ? slot_scales[kb] : 0.0f;
+#else
             const float sg = row < ROWS ? __ldg(s + (row / 128) * KB + kb) : 0.0f;
+#endif
             acc[0] = fmaf(c[0] + d[0], sg, acc[0]);
             if (NTOK > 1) acc[1] = fmaf(c[1] + d[1], sg, acc[1]);
 #if SWIGLU
+#if BULK && SCALE_IN_SLOT
+            const float su = row < ROWS ? slot_scales[KB + kb] : 0.0f;
+#else
             const float su = row < ROWS ? __ldg(s + ((row + ROWS) / 128) * KB + kb) : 0.0f;
+#endif
             acc_up[0] = fmaf(c[2] + d[2], su, acc_up[0]);
             if (NTOK > 1) acc_up[1] = fmaf(c[3] + d[3], su, acc_up[1]);
 #endif
@@ -347,7 +380,7 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
 #if BULK
         if (warp == 0) {  // every warp has read this task's slot: refill it, SLOTS tasks ahead
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            fill_slot(ring, sm.full, w, task + SLOTS * gridDim.x, j % SLOTS, lane);
+            fill_slot(ring, sm.full, w, s, task + SLOTS * gridDim.x, j % SLOTS, lane);
         }
 #endif
         if (warp == 0) {
