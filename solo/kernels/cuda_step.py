@@ -91,6 +91,8 @@ def bulk_ring(
     block's struct Shared in its share of an SM (cfg.bulk blocks an SM), at most cfg.slots and at most the
     tasks a block runs; (0, 0) where fewer than two fit (the call then loads into registers). `scales`:
     each slot holds its task's row of block scales too (SCALE_IN_SLOT)."""
+    if scales and -(-k // 128) % 4:
+        raise ValueError(f"K = {k}: a row of block scales is not whole 16-byte pieces (SCALE_IN_SLOT)")
     base = tokens * (2 * k + 128 * warps + 4 * warps)
     slot_bytes = (2 if swiglu else 1) * (8 * (k + 64) + (4 * -(-k // 128) if scales else 0))
     budget = min(SHARED_PER_BLOCK, SHARED_PER_SM // cfg.bulk - 1024)
