@@ -76,11 +76,13 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # and verification
     "MLA combine in 4 latent slices": {"mla": {"combine_rank_parts": 4}},
     "bulk + MLA combine in 4 latent slices": {"bulk": 1, "mla": {"combine_rank_parts": 4}},
+    # one token's 32 heads in two attention programs of 16 per split (verification as the product's)
+    "MLA one token: heads in two programs": {"mla_one": {"rows_per_program": 16}},
     # not a launch: one token's shared expert inside the persistent MoE kernel (--moe-shared fused) instead
     # of its own two kernels after it (docs/results/h200_shared_order_ab.log)
     "shared expert inside": {"shared_inside": True},
 }
-NOT_LAUNCH = ("for", "shared_inside", "mla")  # a variant's keys that are not GemvLaunch fields
+NOT_LAUNCH = ("for", "shared_inside", "mla", "mla_one")  # a variant's keys that are not GemvLaunch fields
 
 
 def launch_for(gemv: CudaGemv, variant: dict) -> GemvLaunch:
@@ -140,7 +142,7 @@ def main() -> int:
         for moe in moes:
             moe.shared_in_experts = moe.shared_expert() if VARIANTS[name].get("shared_inside") else None
         for mla, (one, window) in zip(mlas, mla_launches, strict=True):
-            mla.ONE_TOKEN = dataclasses.replace(one, **VARIANTS[name].get("mla", {}))
+            mla.ONE_TOKEN = dataclasses.replace(one, **VARIANTS[name].get("mla", {}), **VARIANTS[name].get("mla_one", {}))
             mla.WINDOW = dataclasses.replace(window, **VARIANTS[name].get("mla", {}))
         captured[name] = (
             graphs.capture(lambda: eager(ids1, pos1, cache))[0],

@@ -22,6 +22,6 @@ if [ "$part" = 1 ]; then
         | tee "$OUT/mla_probe_combine.log"
 else
     timeout 560 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_lab7.json" --variants \
-        "product;bulk;bulk, 8 warps;bulk, at most 8 slots;bulk, at most 5 slots;bulk: qkvfgb, q|kv_a|g, MLP;bulk: o_proj, dense, downs;MLA combine in 4 latent slices;bulk + MLA combine in 4 latent slices" \
+        "product;bulk;bulk, 8 warps;bulk, at most 8 slots;bulk, at most 5 slots;bulk: qkvfgb, q|kv_a|g, MLP;bulk: o_proj, dense, downs;MLA combine in 4 latent slices;bulk + MLA combine in 4 latent slices;MLA one token: heads in two programs" \
         2>&1 | tee "$OUT/launch_ab_lab7.log"
 fi
