@@ -141,9 +141,10 @@ def main() -> int:
             g._kernels.clear()
         for moe in moes:
             moe.shared_in_experts = moe.shared_expert() if VARIANTS[name].get("shared_inside") else None
+        both, one_only = VARIANTS[name].get("mla", {}), VARIANTS[name].get("mla_one", {})
         for mla, (one, window) in zip(mlas, mla_launches, strict=True):
-            mla.ONE_TOKEN = dataclasses.replace(one, **VARIANTS[name].get("mla", {}), **VARIANTS[name].get("mla_one", {}))
-            mla.WINDOW = dataclasses.replace(window, **VARIANTS[name].get("mla", {}))
+            mla.ONE_TOKEN = dataclasses.replace(one, **{**both, **one_only})
+            mla.WINDOW = dataclasses.replace(window, **both)
         captured[name] = (
             graphs.capture(lambda: eager(ids1, pos1, cache))[0],
             graphs.capture(lambda: eager(ids4, pos4, cache, history))[0],
