@@ -2,12 +2,14 @@
 against the router inside the persistent MoE kernel (moe_decode.cu ROUTER), at Ling-3.0-flash shapes
 (512 experts in 8 groups keep 4, top-8, H 2560, I 768), with a per-block trace of the fused one.
 
-    python3 dev/moe_router_ab.py [--rounds 3] [--calls 16] [--score-poll-ns 64,0,200]
+    python3 dev/moe_router_ab.py [--rounds 3] [--calls 16] [--score-poll-ns 64,0,200] [--fast-select]
 
 Each side: `--calls` different tokens, router then experts, captured in one CUDA graph (every call
 chooses its experts from its own x, so most are not in the L2), median replay / calls; rounds
 alternate the sides. The choices are checked: the same experts, the same weights within fp32
 rounding, the same routed output (the fused kernel's own routing given to the plain kernel).
+`--fast-select` adds the selection over the kept groups' warps only (DecodeKernelConfig.fast_select),
+checked bit for bit against the fused kernel's full ranking (experts, weights, output), and traced too.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def main() -> int:
         default="64",
         help="comma-separated back-offs between polls of the exchanged scores, each timed as a variant",
     )
+    p.add_argument("--fast-select", action="store_true", help="also the selection over the kept groups only")
     args = p.parse_args()
     dev = torch.device("cuda")
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}")
@@ -95,41 +98,56 @@ def main() -> int:
     timer = Timer(dev)
     polls = [int(v) for v in args.score_poll_ns.split(",")]
     variants = {
-        f"router inside the MoE kernel{'' if i == 0 else f' [score_poll_ns={v}]'}": v for i, v in enumerate(polls)
+        f"router inside the MoE kernel{'' if i == 0 else f' [score_poll_ns={v}]'}": DecodeKernelConfig(score_poll_ns=v)
+        for i, v in enumerate(polls)
     }
+    if args.fast_select:
+        fast = DecodeKernelConfig(score_poll_ns=polls[0], fast_select=True)
+        for x in xs:  # bit for bit the full ranking's choices and output
+            moe.set_kernel_config(DecodeKernelConfig(score_poll_ns=polls[0]))
+            want = [t.clone() for t in inside(x)]
+            moe.set_kernel_config(fast)
+            got = inside(x)
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), "fast selection differs"
+        print(f"checks: the fast selection equals the full ranking in {len(xs)} of {len(xs)} calls")
+        variants["router inside the MoE kernel [fast selection]"] = fast
     results: dict[str, list[float]] = {"router kernel + MoE kernel": [], **{name: [] for name in variants}}
     for r in range(args.rounds):
         moe.set_kernel_config(DecodeKernelConfig(score_poll_ns=polls[0]))
         results["router kernel + MoE kernel"].append(timer([lambda x=x: plain(x) for x in xs]))
-        for name, poll in variants.items():
-            moe.set_kernel_config(DecodeKernelConfig(score_poll_ns=poll))
+        for name, config in variants.items():
+            moe.set_kernel_config(config)
             results[name].append(timer([lambda x=x: inside(x) for x in xs]))
         print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in results.items()))
     print(f"\none token, us per router + MoE (median of replays / {args.calls}; rounds):")
     for k, v in results.items():
         print(f"  {k:52s} {statistics.median(v):7.2f}   {[round(t, 2) for t in v]}")
 
-    moe.set_kernel_config(DecodeKernelConfig(trace=True, score_poll_ns=polls[0]))
-    inside(xs[0])
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for x in xs:
-            inside(x)
-    graph.replay()
-    torch.cuda.synchronize()
-    tr = moe.trace.cpu()
-    last = int(tr[1, :, 1].max() > tr[0, :, 1].max())
-    cur = tr[last]
-    start = cur[:, 0].min()
-    rel_t = (cur - start).double() / 1000.0
-    print("\ntrace of the last fused call (us from the first block's start: min, median, max over blocks)")
-    print(f"  previous call's last block ended {(tr[1 - last][:, 1].max() - start) / 1000.0:+.2f} us from it")
-    for col, name in TRACE_ROWS:
-        c = rel_t[:, col]
-        if bool((cur[:, col] == 0).all()):
-            continue
-        c = c[cur[:, col] > 0]
-        print(f"  {name:48s}: {c.min():6.2f} {c.median():6.2f} {c.max():6.2f}")
+    traced = {"": DecodeKernelConfig(trace=True, score_poll_ns=polls[0])}
+    if args.fast_select:
+        traced[" (fast selection)"] = DecodeKernelConfig(trace=True, score_poll_ns=polls[0], fast_select=True)
+    for label, config in traced.items():
+        moe.set_kernel_config(config)
+        inside(xs[0])
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for x in xs:
+                inside(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        tr = moe.trace.cpu()
+        last = int(tr[1, :, 1].max() > tr[0, :, 1].max())
+        cur = tr[last]
+        start = cur[:, 0].min()
+        rel_t = (cur - start).double() / 1000.0
+        print(f"\ntrace of the last fused call{label} (us from the first block's start: min, median, max over blocks)")
+        print(f"  previous call's last block ended {(tr[1 - last][:, 1].max() - start) / 1000.0:+.2f} us from it")
+        for col, name in TRACE_ROWS:
+            c = rel_t[:, col]
+            if bool((cur[:, col] == 0).all()):
+                continue
+            c = c[cur[:, col] > 0]
+            print(f"  {name:48s}: {c.min():6.2f} {c.median():6.2f} {c.max():6.2f}")
     return 0
 
 

@@ -252,6 +252,7 @@ class PersistentDecodeMoE(TritonMoE):
             "PROBE": kc.probe_code,
             "REFRESH_PENDING": int(kc.refresh_pending),
             "UNROLL_PAIRS": int(kc.unroll_pairs),
+            "FAST_SELECT": int(kc.fast_select),
         }
         if router is not None:
             reason = router_unsupported(self.hidden, top_k, router)

@@ -29,6 +29,9 @@ class DecodeKernelConfig:
     act_copies: int = 8  # copies of the activations in global memory (reads spread over more L2 slices)
     refresh_pending: bool = True  # each poll round reloads the stale activations of every pair not yet staged
     unroll_pairs: bool = True  # the down loop over slot pairs unrolled (False: one copy of its code)
+    # with the router inside: only the kept groups' warps rank their experts, and only their best are
+    # candidates (moe_decode.cu FAST_SELECT; the same choices, fewer instructions)
+    fast_select: bool = False
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property

@@ -132,6 +132,13 @@
 #ifndef SCORE_COPIES
 #define SCORE_COPIES 8                           // copies of the exchanged scores (block b polls copy b % 8)
 #endif
+// FAST_SELECT (a variant, DecodeKernelConfig.fast_select): where groups are whole warps, the warps of the
+// discarded groups (zero keys only) skip the in-warp ranking and the kept warps' best are the only
+// candidates (KEEP x warps-per-group x TOPK, 64 at Ling shapes, instead of 128), each ranked by 4 threads;
+// the same experts in the same order as the full ranking, whose zero keys can never rank below TOPK
+#ifndef FAST_SELECT
+#define FAST_SELECT 0
+#endif
 #if SHARED
 #define SH_TASKS (SHI / 8)                               // shared gate_up tasks: 8 gate + 8 up rows, block b < SH_TASKS
 #define SH_RPW ((8 * MAX_DN + DN_WARPS - 1) / DN_WARPS)  // shared down rows per down warp
@@ -144,6 +151,7 @@
 #error "top-k above 32"
 #endif
 #define GSIZE (E / GROUPS)
+#define FAST_SEL (FAST_SELECT && KEEP < GROUPS && GSIZE >= 32)  // (elsewhere the full ranking runs)
 #if E % 32 || SEL_WARPS > GU_WARPS || SEL_WARPS > 32 || H / 8 > GU_WARPS * 32
 #error "ROUTER needs E a multiple of 32, E / 32 <= H / 128 gate_up warps, E <= 1024"
 #endif
@@ -877,6 +885,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 const float sc = __uint_as_float((u32)v);
                 const float biased = sc + __ldg(bias + me);
                 u32 key = rt_key(biased);
+#if FAST_SEL
+                u32 kept_groups = 0xFFFFFFFFu;  // bit g: group g is kept
+#endif
 #if KEEP < GROUPS
                 {
                     // the two largest biased scores of my group's lanes in this warp, then of its warps
@@ -910,11 +921,20 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     }
                     const float mine = __shfl_sync(0xFFFFFFFFu, gs, group);
                     int rank = 0;
+#if FAST_SEL
+                    int lane_rank = 0;  // lane g < GROUPS: group g's rank
+#endif
 #pragma unroll
                     for (int g = 0; g < GROUPS; ++g) {
                         const float other = __shfl_sync(0xFFFFFFFFu, gs, g);
                         rank += (other > mine || (other == mine && g < group)) ? 1 : 0;
+#if FAST_SEL
+                        lane_rank += (other > gs || (other == gs && g < lane)) ? 1 : 0;
+#endif
                     }
+#if FAST_SEL
+                    kept_groups = __ballot_sync(0xFFFFFFFFu, lane < GROUPS && lane_rank < KEEP);
+#endif
                     if (rank >= KEEP) key = 0u;
 #undef WPG
                 }
@@ -926,6 +946,52 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 // this warp's best TOPK, in order: each lane's rank among the warp's 32 (ties: the lower
                 // lane, which is the lower index), and the first TOPK write themselves down. Ranks
                 // compare (key, ~index) as one 64-bit value: unique, so no branch for ties.
+#if FAST_SEL
+#define SEL_WPG (GSIZE / 32)
+#define SEL_CANDS (KEEP * SEL_WPG * TOPK)
+#define SEL_SUB 4  // threads ranking one candidate
+#if SEL_CANDS * SEL_SUB > SEL_WARPS * 32 || KEEP * SEL_WPG > SEL_WARPS
+#error "FAST_SELECT: too many candidates for the selecting warps"
+#endif
+                const int group_of_warp = me / GSIZE;
+                // the kept groups' warps, numbered in group order: rows of sm.rt.key
+                const int kept_row = __popc(kept_groups & ((1u << group_of_warp) - 1u)) * SEL_WPG + warp % SEL_WPG;
+                if ((kept_groups >> group_of_warp) & 1u) {  // (warp-uniform: a group is whole warps)
+                    int wrank = 0;
+#pragma unroll
+                    for (int j = 0; j < 32; ++j) {
+                        const u32 kj = __shfl_sync(0xFFFFFFFFu, key, j);
+                        wrank += (int)((kj > key) | ((kj == key) & (j < lane)));
+                    }
+                    if (wrank < TOPK) {
+                        sm.rt.key[kept_row][wrank] = (u64)key << 32 | (u32)~me;
+                        sm.rt.score[kept_row][wrank] = sc;
+                    }
+                }
+                asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
+                {
+                    const int cand = me / SEL_SUB, sub = me % SEL_SUB;
+                    u64 ck = 0;
+                    int grank = 0;
+                    if (cand < SEL_CANDS) {
+                        ck = sm.rt.key[cand / TOPK][cand % TOPK];
+#pragma unroll
+                        for (int i = 0; i < (SEL_CANDS + SEL_SUB - 1) / SEL_SUB; ++i) {
+                            const int j = i * SEL_SUB + sub;
+                            if (j < SEL_CANDS) grank += (int)(sm.rt.key[j / TOPK][j % TOPK] > ck);
+                        }
+                    }
+                    grank += __shfl_xor_sync(0xFFFFFFFFu, grank, 1);
+                    grank += __shfl_xor_sync(0xFFFFFFFFu, grank, 2);
+                    if (cand < SEL_CANDS && sub == 0 && grank < TOPK) {
+                        sm.rt.sel_idx[grank] = (int)~(u32)ck;
+                        sm.rt.sel_score[grank] = sm.rt.score[cand / TOPK][cand % TOPK];
+                    }
+                }
+#undef SEL_WPG
+#undef SEL_CANDS
+#undef SEL_SUB
+#else
                 int wrank = 0;
 #pragma unroll
                 for (int j = 0; j < 32; ++j) {
@@ -954,6 +1020,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                         sm.rt.sel_score[grank] = sm.rt.score[cand / TOPK][cand % TOPK];
                     }
                 }
+#endif
                 asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
                 if (warp == 0) {
                     // weights: the unbiased scores, summed in rank order as router_decode.cu does
