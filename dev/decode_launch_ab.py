@@ -33,7 +33,7 @@ from verify_kernels_ab import load_full_shape  # noqa: E402
 from solo.bench.decode import copy_bandwidth, time_graph  # noqa: E402
 from solo.engine.graphs import EagerStep, GraphCapture  # noqa: E402
 from solo.kernels.cuda_moe_plan import DecodeKernelConfig  # noqa: E402
-from solo.kernels.cuda_step import CudaGemv, GemvLaunch  # noqa: E402
+from solo.kernels.cuda_step import CudaGemv, CudaRouter, GemvLaunch  # noqa: E402
 from solo.model.cache import HybridCache  # noqa: E402
 
 VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the product's), and under "for" more
@@ -79,9 +79,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "bulk + MLA combine in 4 latent slices": {"bulk": 1, "mla": {"combine_rank_parts": 4}},
     # one token's 32 heads in two attention programs of 16 per split (verification as the product's)
     "MLA one token: heads in two programs": {"mla_one": {"rows_per_program": 16}},
-    # not a GEMV launch: the MoE kernel's selection over the kept groups' warps only (FAST_SELECT)
-    "MoE fast selection": {"fast_select": True},
-    "bulk + MoE fast selection": {"bulk": 1, "fast_select": True},
+    # not a GEMV launch: the selection over the kept groups' warps only (FAST_SELECT), in the MoE kernel
+    # (one token) and in the CUDA router (verification)
+    "fast selection": {"fast_select": True},
+    "bulk + fast selection": {"bulk": 1, "fast_select": True},
     # not a launch: one token's shared expert inside the persistent MoE kernel (--moe-shared fused) instead
     # of its own two kernels after it (docs/results/h200_shared_order_ab.log)
     "shared expert inside": {"shared_inside": True},
@@ -127,6 +128,7 @@ def main() -> int:
     step = model.decode_step
     device = model.device
     gemvs = [k for k in (getattr(o, a) for o, a in step._slots()) if isinstance(k, CudaGemv)]
+    routers = [k for k in (getattr(o, a) for o, a in step._slots()) if isinstance(k, CudaRouter)]
     moes = step.routers_in_experts()
     mlas = [layer.attention.mla for layer in step.layers if hasattr(layer.attention, "mla")]
     mla_launches = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
@@ -147,6 +149,9 @@ def main() -> int:
         for moe in moes:
             moe.shared_in_experts = moe.shared_expert() if VARIANTS[name].get("shared_inside") else None
             moe.experts.set_kernel_config(DecodeKernelConfig(fast_select=VARIANTS[name].get("fast_select", False)))
+        for router in routers:
+            router.fast_select = VARIANTS[name].get("fast_select", False)
+            router._kernels.clear()
         both, one_only = VARIANTS[name].get("mla", {}), VARIANTS[name].get("mla_one", {})
         for mla, (one, window) in zip(mlas, mla_launches, strict=True):
             mla.ONE_TOKEN = dataclasses.replace(one, **{**both, **one_only})

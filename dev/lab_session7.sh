@@ -12,7 +12,7 @@ part=${1:-1}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader | tee "$OUT/gpu_$part.txt"
 if [ "$part" = 1 ]; then
     timeout 260 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_cuda_step.py \
-        tests/test_gpu_fused_step.py tests/test_cuda_moe.py -k "bulk or combine_cut or norm_projection or swiglu or gated or router_inside" \
+        tests/test_gpu_fused_step.py tests/test_cuda_moe.py -k "bulk or combine_cut or norm_projection or swiglu or gated or router" \
         > "$OUT/gpu_tests_lab7.log" 2>&1
     echo "tests rc=$?"; tail -5 "$OUT/gpu_tests_lab7.log"
     timeout 150 python3 dev/step_kernels_probe.py --bulk --json "$OUT/probe_bulk.json" \
@@ -23,6 +23,6 @@ if [ "$part" = 1 ]; then
         | tee "$OUT/mla_probe_combine.log"
 else
     timeout 560 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_lab7.json" --variants \
-        "product;bulk;bulk, 8 warps;bulk, at most 8 slots;bulk, at most 5 slots;bulk: qkvfgb, q|kv_a|g, MLP;bulk: o_proj, dense, downs;MLA combine in 4 latent slices;bulk + MLA combine in 4 latent slices;MLA one token: heads in two programs;MoE fast selection;bulk + MoE fast selection" \
+        "product;bulk;bulk, 8 warps;bulk, at most 8 slots;bulk, at most 5 slots;bulk: qkvfgb, q|kv_a|g, MLP;bulk: o_proj, dense, downs;MLA combine in 4 latent slices;bulk + MLA combine in 4 latent slices;MLA one token: heads in two programs;fast selection;bulk + fast selection" \
         2>&1 | tee "$OUT/launch_ab_lab7.log"
 fi

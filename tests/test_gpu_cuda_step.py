@@ -204,9 +204,12 @@ ROUTER_SHAPES = {  # (experts, groups, groups kept, top-k, renormalise)
         ("256 in 4 groups keep 2", 4),
     ],
 )
-def test_the_router_chooses_as_the_reference(shape, tokens):
+@pytest.mark.parametrize("fast_select", [False, True])
+def test_the_router_chooses_as_the_reference(shape, tokens, fast_select):
     """The model's Router in fp32 on the same normalised input, every token of the call (each selected
-    by its own block); drawn again when a run comes within rounding of a tie."""
+    by its own block); drawn again when a run comes within rounding of a tie. `fast_select`: the
+    selection ranks only the kept groups' warps (router_select.cuh FAST_SELECT, where groups are whole
+    warps): the same choices as the full ranking, bit for bit."""
     from solo.checkpoint.synthetic import synthetic_config
     from solo.kernels.cuda_step import CudaRouter
     from solo.kernels.fused_router import FusedRouter
@@ -251,7 +254,11 @@ def test_the_router_chooses_as_the_reference(shape, tokens):
             counters[1:2],
         )
         router = CudaRouter(fused, counters[2:3])
+        router.fast_select = fast_select
         xn, ids, wts = router(x.to(DEVICE))
+        if fast_select:  # bit for bit the full ranking's
+            full = CudaRouter(fused, counters[2:3])
+            assert all(torch.equal(a, b) for a, b in zip(full(x.to(DEVICE)), (xn, ids, wts), strict=True))
         want_w, want_ids = ref(xn_ref)
         assert torch.equal(xn.cpu(), xn_ref)
         assert torch.equal(ids.cpu().long(), want_ids)

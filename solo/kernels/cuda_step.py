@@ -302,6 +302,9 @@ class CudaRouter:
 
     MIN_WARPS = 4  # per block; at least E / 32 (one expert per lane selects), so 16 at 512 experts
     family = "cuda_router"
+    # the selection over the kept groups' warps only (router_select.cuh FAST_SELECT; the same choices):
+    # a variant for A/B runs, set before the first call
+    fast_select = False
 
     def __init__(self, fused: FusedRouter, counter: torch.Tensor, max_tokens: int = MAX_TOKENS) -> None:
         if not 1 <= max_tokens <= MAX_TOKENS:
@@ -342,6 +345,7 @@ class CudaRouter:
                 "RENORM": int(f.renormalize),
                 "WARPS": self.warps,
                 "EPW": 1,
+                "FAST_SELECT": int(self.fast_select),
             }
             self._kernels[tokens] = CudaKernel(ROUTER_SOURCE, "router_decode", defines, self.device)
             self._scratch[tokens] = (  # per token count: graphs of each point at their own

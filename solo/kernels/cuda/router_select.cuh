@@ -13,6 +13,18 @@
 #define GSIZE (E / GROUPS)
 #define SEL_WPG (GSIZE >= 32 ? GSIZE / 32 : 1)  // warps per group
 #define SEL_NEG_INF __int_as_float(0xff800000)
+// FAST_SELECT (a variant, CudaRouter.fast_select): where groups are whole warps, only the kept groups'
+// warps rank their experts (the others hold zero keys) and only their best are candidates (KEEP x SEL_WPG
+// x TOPK: 64 at Ling shapes, not 128), each ranked by 4 threads; the same choices bit for bit, as a zero
+// key never ranks within the top TOPK (moe_decode.cu has the same for one token)
+#ifndef FAST_SELECT
+#define FAST_SELECT 0
+#endif
+#define SEL_FAST (FAST_SELECT && KEEP < GROUPS && GSIZE >= 32)
+#define SEL_CANDS (KEEP * SEL_WPG * TOPK)
+#if SEL_FAST && (SEL_CANDS * 4 > E || KEEP * SEL_WPG > E / 32)
+#error "FAST_SELECT: too many candidates for the selecting warps"
+#endif
 
 #if E % 32 || E > 1024 || GROUPS > 32 || TOPK > 32
 #error "the selection needs E a multiple of 32 up to 1024, at most 32 groups and TOPK <= 32"
@@ -44,6 +56,9 @@ __device__ __forceinline__ void select_sync() {
 __device__ __forceinline__ void select_top(SelectScratch &s, float sc, float biased, int warp, int lane) {
     const int me = warp * 32 + lane;
     u32 key = order_key(biased);
+#if SEL_FAST
+    u32 kept_groups = 0u;  // bit g: group g is kept
+#endif
 #if KEEP < GROUPS
     {
         // the two largest biased scores of my group's lanes in this warp, then of its warps
@@ -76,14 +91,60 @@ __device__ __forceinline__ void select_top(SelectScratch &s, float sc, float bia
         }
         const float mine = __shfl_sync(0xFFFFFFFFu, gs, group);
         int rank = 0;
+#if SEL_FAST
+        int lane_rank = 0;  // lane g < GROUPS: group g's rank
+#endif
 #pragma unroll
         for (int g = 0; g < GROUPS; ++g) {
             const float other = __shfl_sync(0xFFFFFFFFu, gs, g);
             rank += (other > mine || (other == mine && g < group)) ? 1 : 0;
+#if SEL_FAST
+            lane_rank += (other > gs || (other == gs && g < lane)) ? 1 : 0;
+#endif
         }
+#if SEL_FAST
+        kept_groups = __ballot_sync(0xFFFFFFFFu, lane < GROUPS && lane_rank < KEEP);
+#endif
         if (rank >= KEEP) key = 0u;
     }
 #endif
+#if SEL_FAST
+    {
+        const int group = me / GSIZE;  // (a whole warp's: groups are whole warps here)
+        const int row = __popc(kept_groups & ((1u << group) - 1u)) * SEL_WPG + warp % SEL_WPG;
+        if ((kept_groups >> group) & 1u) {
+            int wrank = 0;
+#pragma unroll
+            for (int j = 0; j < 32; ++j) {
+                const u32 kj = __shfl_sync(0xFFFFFFFFu, key, j);
+                wrank += (int)((kj > key) | ((kj == key) & (j < lane)));
+            }
+            if (wrank < TOPK) {
+                s.key[row][wrank] = (u64)key << 32 | (u32)~me;
+                s.score[row][wrank] = sc;
+            }
+        }
+        select_sync();
+        const int cand = me / 4, sub = me % 4;
+        u64 ck = 0;
+        int grank = 0;
+        if (cand < SEL_CANDS) {
+            ck = s.key[cand / TOPK][cand % TOPK];
+#pragma unroll
+            for (int i = 0; i < (SEL_CANDS + 3) / 4; ++i) {
+                const int j = 4 * i + sub;
+                if (j < SEL_CANDS) grank += (int)(s.key[j / TOPK][j % TOPK] > ck);
+            }
+        }
+        grank += __shfl_xor_sync(0xFFFFFFFFu, grank, 1);
+        grank += __shfl_xor_sync(0xFFFFFFFFu, grank, 2);
+        if (cand < SEL_CANDS && sub == 0 && grank < TOPK) {
+            s.idx[grank] = (int)~(u32)ck;
+            s.sel_score[grank] = s.score[cand / TOPK][cand % TOPK];
+        }
+        select_sync();
+    }
+#else
     // this warp's best TOPK, in order: each lane's rank among the warp's 32 (ties: the lower lane, which
     // is the lower index), and the first TOPK write themselves down
     int wrank = 0;
@@ -113,6 +174,7 @@ __device__ __forceinline__ void select_top(SelectScratch &s, float sc, float bia
         }
     }
     select_sync();
+#endif
 }
 
 // Lane r < TOPK of a selecting warp: the r-th expert and its weight (renormalised if RENORM, before the
