@@ -1,28 +1,35 @@
 #!/usr/bin/env bash
-# The seventh session's lab variants, measured on the lent H200 in two calls (each under the 10-minute
+# The seventh session's lab variants, measured on the lent H200 in three calls (each under the 10-minute
 # limit; chain them while the machine is warm). Writes logs and JSON under $OUT.
-#   part 1: GPU tests of both variants, then each alone (dev/step_kernels_probe.py --bulk, dev/mla_probe.py)
-#   part 2: both inside the whole decode step at 32K, one process (dev/decode_launch_ab.py)
+#   part 1: GPU tests of the variants, then each alone (dev/moe_router_ab.py --fast-select,
+#           dev/step_kernels_probe.py --bulk, dev/mla_probe.py)
+#   part 2: the bulk GEMV variants inside the whole decode step at 32K, one process (dev/decode_launch_ab.py)
+#   part 3: the MLA and selection variants (and the bulk ring with them) the same way
 # Variants: gemv_decode.cu BULK (GemvLaunch.bulk: the weights through a ring of shared-memory slots filled
-# by bulk copies) and the MLA combine cut by latent columns (AttendLaunch.combine_rank_parts).
+# by bulk copies), the MLA combine cut by latent columns (AttendLaunch.combine_rank_parts), one token's MLA
+# heads in two programs, the selection over the kept groups (FAST_SELECT, MoE kernel and CUDA router).
 set -uo pipefail
 export PYTHONPATH=$PWD SOLO_CACHE_DIR=/tmp/solo_cache PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 part=${1:-1}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader | tee "$OUT/gpu_$part.txt"
 if [ "$part" = 1 ]; then
-    timeout 260 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_cuda_step.py \
+    timeout 230 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_cuda_step.py \
         tests/test_gpu_fused_step.py tests/test_cuda_moe.py -k "bulk or combine_cut or norm_projection or swiglu or gated or router" \
         > "$OUT/gpu_tests_lab7.log" 2>&1
     echo "tests rc=$?"; tail -5 "$OUT/gpu_tests_lab7.log"
-    timeout 150 python3 dev/step_kernels_probe.py --bulk --json "$OUT/probe_bulk.json" \
+    timeout 130 python3 dev/step_kernels_probe.py --bulk --json "$OUT/probe_bulk.json" \
         --shapes qkvfgb,o_proj,mla_proj,mla_dense,shared_gate_up,shared_down,dense_gate_up,dense_down \
         2>&1 | tee "$OUT/probe_bulk.log" | grep -v "^  "
-    timeout 100 python3 dev/moe_router_ab.py --fast-select 2>&1 | tee "$OUT/moe_router_fast_select.log"
-    timeout 150 python3 dev/mla_probe.py --pick 0,5,6,7,8,9 --json "$OUT/mla_probe_combine.json" 2>&1 \
+    timeout 80 python3 dev/moe_router_ab.py --fast-select 2>&1 | tee "$OUT/moe_router_fast_select.log"
+    timeout 130 python3 dev/mla_probe.py --pick 0,5,6,7,8,9 --json "$OUT/mla_probe_combine.json" 2>&1 \
         | tee "$OUT/mla_probe_combine.log"
+elif [ "$part" = 2 ]; then
+    timeout 560 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_lab7_bulk.json" --variants \
+        "product;bulk;bulk, 8 warps;bulk, at most 8 slots;bulk, at most 5 slots;bulk: qkvfgb, q|kv_a|g, MLP;bulk: o_proj, dense, downs" \
+        2>&1 | tee "$OUT/launch_ab_lab7_bulk.log"
 else
-    timeout 560 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_lab7.json" --variants \
-        "product;bulk;bulk, 8 warps;bulk, at most 8 slots;bulk, at most 5 slots;bulk: qkvfgb, q|kv_a|g, MLP;bulk: o_proj, dense, downs;MLA combine in 4 latent slices;bulk + MLA combine in 4 latent slices;MLA one token: heads in two programs;fast selection;bulk + fast selection" \
-        2>&1 | tee "$OUT/launch_ab_lab7.log"
+    timeout 560 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_lab7_other.json" --variants \
+        "product;MLA combine in 4 latent slices;MLA one token: heads in two programs;fast selection;bulk + MLA combine in 4 latent slices;bulk + fast selection" \
+        2>&1 | tee "$OUT/launch_ab_lab7_other.log"
 fi
