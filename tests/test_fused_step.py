@@ -118,6 +118,28 @@ def test_mla_attention_split_over_a_long_context_equals_the_reference(models, to
     assert mla_layers_against_reference(fast, context=context, tokens=tokens) < LONG_CONTEXT_BOUND
 
 
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_the_transposed_attention_equals_the_reference(models, tokens):
+    """The lab variant of the MLA attention with its products transposed (AttendLaunch.transposed:
+    positions on the MMA's M side, rows on its N side) against the reference, over several splits."""
+    from dataclasses import replace
+
+    from solo.testing.attention import LONG_CONTEXT_BOUND, mla_layers_against_reference
+
+    _, _, fast = models
+    mlas = [layer.attention.mla for layer in fast.decode_step.layers if hasattr(layer.attention, "mla")]
+    saved = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
+    try:
+        for mla in mlas:
+            mla.ONE_TOKEN = replace(mla.ONE_TOKEN, transposed=True)
+            mla.WINDOW = replace(mla.WINDOW, transposed=True)
+        context = int(torch.randint(86, 150, ()))
+        assert mla_layers_against_reference(fast, context=context, tokens=tokens) < LONG_CONTEXT_BOUND
+    finally:
+        for mla, (one, window) in zip(mlas, saved, strict=True):
+            mla.ONE_TOKEN, mla.WINDOW = one, window
+
+
 @pytest.mark.parametrize("parts", [2, 4])
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_the_combine_cut_by_latent_columns_equals_the_reference(models, tokens, parts):

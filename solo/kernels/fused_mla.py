@@ -209,6 +209,80 @@ def _mla_attend(
 
 
 @triton.jit
+def _mla_attend_t(
+    q_ptr,
+    pos_ptr,
+    latent_ptr,
+    rope_ptr,
+    part_ptr,
+    ml_ptr,
+    count_ptr,
+    scale,
+    T: tl.constexpr,
+    HEADS: tl.constexpr,
+    RANK: tl.constexpr,
+    ROPE: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    ROW_BLOCK: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    MIN_CHUNK: tl.constexpr,
+    BF16_DOTS: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """_mla_attend with the products transposed (a lab variant, AttendLaunch.transposed): the chunk's
+    positions are the products' M side and the rows (token x head) their N side, scores^T = keys . q^T
+    [BLOCK_L, ROW_BLOCK] and out^T += values^T . p^T [RANK, ROW_BLOCK]. One token's 32 heads then fill
+    tiles of 64 or more rows without padding, the shape Hopper's warpgroup MMA takes. Same arithmetic,
+    partials and layout as _mla_attend (the sums' order inside the products aside)."""
+    after_previous_kernel(PDL)
+    DOT: tl.constexpr = tl.bfloat16 if BF16_DOTS else tl.float16
+    s = tl.program_id(0)
+    rp = tl.program_id(1)
+    if s == 0 and rp == 0:
+        tl.atomic_add(count_ptr, 1)
+    ROWS: tl.constexpr = T * HEADS
+    r_all = tl.arange(0, BLOCK_M)
+    length = tl.max(tl.load(pos_ptr + r_all // HEADS, mask=r_all < ROWS, other=-1), axis=0) + 1
+    rm = rp * ROW_BLOCK + tl.arange(0, ROW_BLOCK)
+    m_ok = rm < ROWS
+    row_pos = tl.load(pos_ptr + rm // HEADS, mask=m_ok, other=-1)
+    used = tl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)  # as in _mla_attend
+    chunk = (length + used - 1) // used
+    chunk = (chunk + BLOCK_L - 1) // BLOCK_L * BLOCK_L
+    start = s * chunk
+    end = tl.minimum(start + chunk, length)
+    if s >= used:
+        return
+    m_i = tl.full((ROW_BLOCK,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((ROW_BLOCK,), dtype=tl.float32)
+    acc = tl.zeros((RANK, ROW_BLOCK), dtype=tl.float32)  # the partial output, transposed
+    rd = tl.arange(0, RANK)
+    rr = tl.arange(0, ROPE)
+    q_rows = q_ptr + rm[None, :] * (RANK + ROPE)
+    q_lat = tl.load(q_rows + rd[:, None], mask=m_ok[None, :], other=0.0).to(DOT)  # [RANK, ROW_BLOCK]
+    q_rope = tl.load(q_rows + RANK + rr[:, None], mask=m_ok[None, :], other=0.0).to(DOT)
+    for l0 in range(start, end, BLOCK_L):
+        rl = l0 + tl.arange(0, BLOCK_L)
+        l_ok = rl < end
+        kv = tl.load(latent_ptr + rl[:, None] * RANK + rd[None, :], mask=l_ok[:, None], other=0.0).to(DOT)
+        kr = tl.load(rope_ptr + rl[:, None] * ROPE + rr[None, :], mask=l_ok[:, None], other=0.0).to(DOT)
+        scores = tl.dot(kv, q_lat) + tl.dot(kr, q_rope)  # [BLOCK_L, ROW_BLOCK]
+        visible = l_ok[:, None] & (rl[:, None] <= row_pos[None, :])
+        scores = tl.where(visible, scores * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(scores - m_safe[None, :])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha[None, :] + tl.dot(tl.trans(kv), round_bf16(p).to(DOT))
+        m_i = m_new
+    tl.store(part_ptr + (s * BLOCK_M + rm)[None, :] * RANK + rd[:, None], acc, mask=m_ok[None, :])
+    tl.store(ml_ptr + (s * BLOCK_M + rm) * 2, m_i, mask=m_ok)
+    tl.store(ml_ptr + (s * BLOCK_M + rm) * 2 + 1, l_i, mask=m_ok)
+
+
+@triton.jit
 def _mla_combine(
     part_ptr,
     ml_ptr,
@@ -375,6 +449,9 @@ class AttendLaunch:
     # > 0: the combine cut into this many slices of the latent columns (_mla_combine_ranks: every partial
     # read once, a last-arriving program per head); 0: programs of v_per_program value rows (_mla_combine)
     combine_rank_parts: int = 0
+    # the attention's products transposed (_mla_attend_t: positions on the MMA's M side, rows on its N
+    # side, so that one token's heads need no padding for the warpgroup MMA); a lab variant
+    transposed: bool = False
 
 
 class FusedMLA:
@@ -537,6 +614,36 @@ class FusedMLA:
         d_parts = max(1, row_block * self.rank // budget)
         while self.rank % (d_parts * 16):
             d_parts //= 2
+        if config.transposed:
+            if d_parts != 1:
+                raise ValueError(f"{config}: the transposed attention computes every value column of its rows")
+            compiled = _mla_attend_t[(config.splits, block_m // row_block)](
+                q,
+                positions,
+                latent_cache,
+                rope_cache,
+                part,
+                ml,
+                self.counter[1:2],
+                self.scale,
+                T=t,
+                HEADS=self.heads,
+                RANK=self.rank,
+                ROPE=self.rope,
+                SPLITS=config.splits,
+                BLOCK_M=block_m,
+                ROW_BLOCK=row_block,
+                BLOCK_L=config.block_l,
+                MIN_CHUNK=config.min_chunk,
+                BF16_DOTS=config.bf16_dots,
+                PDL=launch.pdl,
+                num_warps=config.warps,
+                num_stages=config.stages,
+                **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
+                **launch.options,
+            )
+            launch.record("mla_attend", compiled)
+            return
         rows_adjacent = config.rows_adjacent and block_m > row_block
         grid = (config.splits, d_parts, block_m // row_block)
         compiled = _mla_attend[grid[::-1] if rows_adjacent else grid](
