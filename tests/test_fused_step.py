@@ -118,10 +118,12 @@ def test_mla_attention_split_over_a_long_context_equals_the_reference(models, to
     assert mla_layers_against_reference(fast, context=context, tokens=tokens) < LONG_CONTEXT_BOUND
 
 
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("tokens", [1, 4])
-def test_the_transposed_attention_equals_the_reference(models, tokens):
-    """The lab variant of the MLA attention with its products transposed (AttendLaunch.transposed:
-    positions on the MMA's M side, rows on its N side) against the reference, over several splits."""
+def test_splits_of_several_steps_equal_the_reference(models, tokens, transposed):
+    """Splits of several steps each (16 positions a step, at least 64 a split: the online softmax
+    rescales what earlier steps summed), for the product's attention and the lab variant with its
+    products transposed (AttendLaunch.transposed: positions on the MMA's M side, rows on its N side)."""
     from dataclasses import replace
 
     from solo.testing.attention import LONG_CONTEXT_BOUND, mla_layers_against_reference
@@ -131,9 +133,9 @@ def test_the_transposed_attention_equals_the_reference(models, tokens):
     saved = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
     try:
         for mla in mlas:
-            mla.ONE_TOKEN = replace(mla.ONE_TOKEN, transposed=True)
-            mla.WINDOW = replace(mla.WINDOW, transposed=True)
-        context = int(torch.randint(86, 150, ()))
+            mla.ONE_TOKEN = replace(mla.ONE_TOKEN, transposed=transposed, min_chunk=64, block_l=16)
+            mla.WINDOW = replace(mla.WINDOW, transposed=transposed, min_chunk=64, block_l=16)
+        context = int(torch.randint(150, 250, ()))  # 3 or 4 splits of 4 steps
         assert mla_layers_against_reference(fast, context=context, tokens=tokens) < LONG_CONTEXT_BOUND
     finally:
         for mla, (one, window) in zip(mlas, saved, strict=True):
