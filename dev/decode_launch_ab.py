@@ -79,6 +79,8 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "bulk + MLA combine in 4 latent slices": {"bulk": 1, "mla": {"combine_rank_parts": 4}},
     # one token's 32 heads in two attention programs of 16 per split (verification as the product's)
     "MLA one token: heads in two programs": {"mla_one": {"rows_per_program": 16}},
+    # the attention's products transposed (positions on the MMA's M side, rows on N)
+    "MLA attention transposed": {"mla": {"transposed": True}},
     # not a GEMV launch: the selection over the kept groups' warps only (FAST_SELECT), in the MoE kernel
     # (one token) and in the CUDA router (verification)
     "fast selection": {"fast_select": True},

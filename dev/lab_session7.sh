@@ -15,14 +15,14 @@ part=${1:-1}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader | tee "$OUT/gpu_$part.txt"
 if [ "$part" = 1 ]; then
     timeout 230 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_cuda_step.py \
-        tests/test_gpu_fused_step.py tests/test_cuda_moe.py -k "bulk or combine_cut or norm_projection or swiglu or gated or router" \
+        tests/test_gpu_fused_step.py tests/test_cuda_moe.py -k "bulk or combine_cut or several_steps or norm_projection or swiglu or gated or router" \
         > "$OUT/gpu_tests_lab7.log" 2>&1
     echo "tests rc=$?"; tail -5 "$OUT/gpu_tests_lab7.log"
     timeout 130 python3 dev/step_kernels_probe.py --bulk --json "$OUT/probe_bulk.json" \
         --shapes qkvfgb,o_proj,mla_proj,mla_dense,shared_gate_up,shared_down,dense_gate_up,dense_down \
         2>&1 | tee "$OUT/probe_bulk.log" | grep -v "^  "
     timeout 80 python3 dev/moe_router_ab.py --fast-select 2>&1 | tee "$OUT/moe_router_fast_select.log"
-    timeout 130 python3 dev/mla_probe.py --pick 0,5,6,7,8,9 --json "$OUT/mla_probe_combine.json" 2>&1 \
+    timeout 130 python3 dev/mla_probe.py --contexts 32768 --pick 0,5,6,7,8,9,10,11,12 --json "$OUT/mla_probe_combine.json" 2>&1 \
         | tee "$OUT/mla_probe_combine.log"
 elif [ "$part" = 2 ]; then
     timeout 560 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_lab7_bulk.json" --variants \
@@ -30,6 +30,6 @@ elif [ "$part" = 2 ]; then
         2>&1 | tee "$OUT/launch_ab_lab7_bulk.log"
 else
     timeout 560 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_lab7_other.json" --variants \
-        "product;MLA combine in 4 latent slices;MLA one token: heads in two programs;fast selection;bulk + MLA combine in 4 latent slices;bulk + fast selection" \
+        "product;MLA combine in 4 latent slices;MLA one token: heads in two programs;MLA attention transposed;fast selection;bulk + MLA combine in 4 latent slices;bulk + fast selection" \
         2>&1 | tee "$OUT/launch_ab_lab7_other.log"
 fi

@@ -46,6 +46,10 @@ VARIANTS: list[dict] = [
     # second mostly from the L2): half the accumulator, two programs an SM to overlap their chains
     {"rows_per_program": 16},
     {"rows_per_program": 16, "combine_rank_parts": 4},
+    # the products transposed (positions on the MMA's M side): one token's heads unpadded for wgmma
+    {"transposed": True},
+    {"transposed": True, "block_l": 128},
+    {"transposed": True, "combine_rank_parts": 4},
 ]
 
 

@@ -141,6 +141,32 @@ def test_mla_layers_over_a_long_context_match_the_reference(setup, tokens):
     assert worst < LONG_CONTEXT_BOUND
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_mla_splits_of_several_steps_match_the_reference(setup, tokens, transposed):
+    """At 12-20K positions every split runs several steps (one token: 128 splits of 96-160 positions, 64
+    a step), so the online softmax rescales what earlier steps summed; the product's attention and the
+    lab variant with its products transposed (AttendLaunch.transposed)."""
+    from dataclasses import replace
+
+    from solo.testing.attention import LONG_CONTEXT_BOUND, mla_layers_against_reference
+
+    _, _, fused = setup
+    mlas = [layer.attention.mla for layer in fused.decode_step.layers if hasattr(layer.attention, "mla")]
+    saved = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
+    try:
+        for mla in mlas:
+            mla.ONE_TOKEN = replace(mla.ONE_TOKEN, transposed=transposed)
+            mla.WINDOW = replace(mla.WINDOW, transposed=transposed)
+        context = int(torch.randint(12000, 20000, ()))
+        worst = mla_layers_against_reference(fused, context=context, tokens=tokens)
+        print(f"\nMLA (transposed {transposed}) at {context} positions, {tokens} token(s): worst rel. err {worst:.1e}")
+        assert worst < LONG_CONTEXT_BOUND
+    finally:
+        for mla, (one, window) in zip(mlas, saved, strict=True):
+            mla.ONE_TOKEN, mla.WINDOW = one, window
+
+
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_the_combine_cut_by_latent_columns_matches_the_reference(setup, tokens):
     """The lab variant of the MLA combine (AttendLaunch.combine_rank_parts) at full width on the GPU: the
