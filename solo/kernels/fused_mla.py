@@ -122,6 +122,41 @@ def _mla_prep(
 
 
 @triton.jit
+def _splits_in_use(length, MIN_CHUNK: tl.constexpr, SPLITS: tl.constexpr):
+    """Splits the attention cuts `length` filled positions into: at least MIN_CHUNK positions each."""
+    return tl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)
+
+
+@triton.jit
+def _split_rows(
+    pos_ptr,
+    s,
+    rp,
+    T: tl.constexpr,
+    HEADS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    ROW_BLOCK: tl.constexpr,
+    MIN_CHUNK: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
+    """An attention program's rows (token x head) `rm`, their mask and token positions, the splits in use,
+    and split s's positions [start, end) (whole steps of BLOCK_L but the last)."""
+    ROWS: tl.constexpr = T * HEADS
+    r_all = tl.arange(0, BLOCK_M)
+    length = tl.max(tl.load(pos_ptr + r_all // HEADS, mask=r_all < ROWS, other=-1), axis=0) + 1
+    rm = rp * ROW_BLOCK + tl.arange(0, ROW_BLOCK)
+    m_ok = rm < ROWS
+    row_pos = tl.load(pos_ptr + rm // HEADS, mask=m_ok, other=-1)  # each row's token position
+    used = _splits_in_use(length, MIN_CHUNK, SPLITS)
+    chunk = (length + used - 1) // used
+    chunk = (chunk + BLOCK_L - 1) // BLOCK_L * BLOCK_L
+    start = s * chunk
+    end = tl.minimum(start + chunk, length)
+    return rm, m_ok, row_pos, used, start, end
+
+
+@triton.jit
 def _mla_attend(
     q_ptr,
     pos_ptr,
@@ -158,18 +193,10 @@ def _mla_attend(
     dp = tl.program_id(1)
     if s == 0 and dp == 0 and rp == 0:
         tl.atomic_add(count_ptr, 1)
-    ROWS: tl.constexpr = T * HEADS
     DV: tl.constexpr = RANK // D_PARTS  # latent output columns of this program
-    r_all = tl.arange(0, BLOCK_M)
-    length = tl.max(tl.load(pos_ptr + r_all // HEADS, mask=r_all < ROWS, other=-1), axis=0) + 1
-    rm = rp * ROW_BLOCK + tl.arange(0, ROW_BLOCK)
-    m_ok = rm < ROWS
-    row_pos = tl.load(pos_ptr + rm // HEADS, mask=m_ok, other=-1)  # each row's token position
-    used = tl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)  # splits in use: >= MIN_CHUNK positions each
-    chunk = (length + used - 1) // used
-    chunk = (chunk + BLOCK_L - 1) // BLOCK_L * BLOCK_L
-    start = s * chunk
-    end = tl.minimum(start + chunk, length)
+    rm, m_ok, row_pos, used, start, end = _split_rows(
+        pos_ptr, s, rp, T, HEADS, BLOCK_M, ROW_BLOCK, MIN_CHUNK, SPLITS, BLOCK_L
+    )
     if s >= used:  # nothing to do: the combine reads only the splits in use
         return
     rv = dp * DV + tl.arange(0, DV)
@@ -241,17 +268,9 @@ def _mla_attend_t(
     rp = tl.program_id(1)
     if s == 0 and rp == 0:
         tl.atomic_add(count_ptr, 1)
-    ROWS: tl.constexpr = T * HEADS
-    r_all = tl.arange(0, BLOCK_M)
-    length = tl.max(tl.load(pos_ptr + r_all // HEADS, mask=r_all < ROWS, other=-1), axis=0) + 1
-    rm = rp * ROW_BLOCK + tl.arange(0, ROW_BLOCK)
-    m_ok = rm < ROWS
-    row_pos = tl.load(pos_ptr + rm // HEADS, mask=m_ok, other=-1)
-    used = tl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)  # as in _mla_attend
-    chunk = (length + used - 1) // used
-    chunk = (chunk + BLOCK_L - 1) // BLOCK_L * BLOCK_L
-    start = s * chunk
-    end = tl.minimum(start + chunk, length)
+    rm, m_ok, row_pos, used, start, end = _split_rows(
+        pos_ptr, s, rp, T, HEADS, BLOCK_M, ROW_BLOCK, MIN_CHUNK, SPLITS, BLOCK_L
+    )
     if s >= used:
         return
     m_i = tl.full((ROW_BLOCK,), float("-inf"), dtype=tl.float32)
@@ -330,7 +349,7 @@ def _mla_combine(
     w = tl.load(wuv_ptr + (h * V + rv)[:, None] * RANK + rr[None, :])  # [V_PER, RANK]
     rs_all = tl.arange(0, SPLITS)
     length = tl.max(tl.load(pos_ptr + tl.arange(0, T_POW2), mask=tl.arange(0, T_POW2) < T, other=-1), axis=0) + 1
-    used = tl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)  # as in _mla_attend
+    used = _splits_in_use(length, MIN_CHUNK, SPLITS)  # as in _mla_attend
     for t in range(t_first, t_end):  # not unrolled: the registers hold one token's chunks in flight
         row = t * HEADS + h
         in_use = rs_all < used
@@ -396,7 +415,7 @@ def _mla_combine_ranks(
     if h == 0 and part == 0 and t == 0:
         tl.atomic_add(count_ptr, 1)
     length = tl.max(tl.load(pos_ptr + tl.arange(0, T_POW2), mask=tl.arange(0, T_POW2) < T, other=-1), axis=0) + 1
-    used = tl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)  # as in _mla_attend
+    used = _splits_in_use(length, MIN_CHUNK, SPLITS)  # as in _mla_attend
     row = t * HEADS + h
     rs = tl.arange(0, SPLITS)
     ok = rs < used
@@ -614,47 +633,8 @@ class FusedMLA:
         d_parts = max(1, row_block * self.rank // budget)
         while self.rank % (d_parts * 16):
             d_parts //= 2
-        if config.transposed:
-            if d_parts != 1:
-                raise ValueError(f"{config}: the transposed attention computes every value column of its rows")
-            compiled = _mla_attend_t[(config.splits, block_m // row_block)](
-                q,
-                positions,
-                latent_cache,
-                rope_cache,
-                part,
-                ml,
-                self.counter[1:2],
-                self.scale,
-                T=t,
-                HEADS=self.heads,
-                RANK=self.rank,
-                ROPE=self.rope,
-                SPLITS=config.splits,
-                BLOCK_M=block_m,
-                ROW_BLOCK=row_block,
-                BLOCK_L=config.block_l,
-                MIN_CHUNK=config.min_chunk,
-                BF16_DOTS=config.bf16_dots,
-                PDL=launch.pdl,
-                num_warps=config.warps,
-                num_stages=config.stages,
-                **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
-                **launch.options,
-            )
-            launch.record("mla_attend", compiled)
-            return
-        rows_adjacent = config.rows_adjacent and block_m > row_block
-        grid = (config.splits, d_parts, block_m // row_block)
-        compiled = _mla_attend[grid[::-1] if rows_adjacent else grid](
-            q,
-            positions,
-            latent_cache,
-            rope_cache,
-            part,
-            ml,
-            self.counter[1:2],
-            self.scale,
+        args = (q, positions, latent_cache, rope_cache, part, ml, self.counter[1:2], self.scale)
+        shared = dict(
             T=t,
             HEADS=self.heads,
             RANK=self.rank,
@@ -663,9 +643,7 @@ class FusedMLA:
             BLOCK_M=block_m,
             ROW_BLOCK=row_block,
             BLOCK_L=config.block_l,
-            D_PARTS=d_parts,
             MIN_CHUNK=config.min_chunk,
-            ROWS_ADJACENT=rows_adjacent,
             BF16_DOTS=config.bf16_dots,
             PDL=launch.pdl,
             num_warps=config.warps,
@@ -673,6 +651,16 @@ class FusedMLA:
             **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
             **launch.options,
         )
+        if config.transposed:
+            if d_parts != 1:
+                raise ValueError(f"{config}: the transposed attention computes every value column of its rows")
+            compiled = _mla_attend_t[(config.splits, block_m // row_block)](*args, **shared)
+        else:
+            rows_adjacent = config.rows_adjacent and block_m > row_block
+            grid = (config.splits, d_parts, block_m // row_block)
+            compiled = _mla_attend[grid[::-1] if rows_adjacent else grid](
+                *args, D_PARTS=d_parts, ROWS_ADJACENT=rows_adjacent, **shared
+            )
         launch.record("mla_attend", compiled)
 
     def combine(
