@@ -124,22 +124,12 @@ def test_splits_of_several_steps_equal_the_reference(models, tokens, transposed)
     """Splits of several steps each (16 positions a step, at least 64 a split: the online softmax
     rescales what earlier steps summed), for the product's attention and the lab variant with its
     products transposed (AttendLaunch.transposed: positions on the MMA's M side, rows on its N side)."""
-    from dataclasses import replace
-
-    from solo.testing.attention import LONG_CONTEXT_BOUND, mla_layers_against_reference
+    from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference
 
     _, _, fast = models
-    mlas = [layer.attention.mla for layer in fast.decode_step.layers if hasattr(layer.attention, "mla")]
-    saved = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
-    try:
-        for mla in mlas:
-            mla.ONE_TOKEN = replace(mla.ONE_TOKEN, transposed=transposed, min_chunk=64, block_l=16)
-            mla.WINDOW = replace(mla.WINDOW, transposed=transposed, min_chunk=64, block_l=16)
+    with mla_launches(fast, transposed=transposed, min_chunk=64, block_l=16):
         context = int(torch.randint(150, 250, ()))  # 3 or 4 splits of 4 steps
         assert mla_layers_against_reference(fast, context=context, tokens=tokens) < LONG_CONTEXT_BOUND
-    finally:
-        for mla, (one, window) in zip(mlas, saved, strict=True):
-            mla.ONE_TOKEN, mla.WINDOW = one, window
 
 
 @pytest.mark.parametrize("parts", [2, 4])
@@ -148,27 +138,17 @@ def test_the_combine_cut_by_latent_columns_equals_the_reference(models, tokens, 
     """The lab variant of the MLA combine (AttendLaunch.combine_rank_parts: slices of the latent columns,
     the head's last program summing their partial outputs) merges as the product's does, twice in a row
     (its per-head counters back at zero after each launch)."""
-    from dataclasses import replace
-
-    from solo.testing.attention import LONG_CONTEXT_BOUND, mla_layers_against_reference
+    from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference
 
     _, _, fast = models
-    mlas = [layer.attention.mla for layer in fast.decode_step.layers if hasattr(layer.attention, "mla")]
-    assert mlas
-    saved = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
-    try:
-        for mla in mlas:
-            mla.ONE_TOKEN = replace(mla.ONE_TOKEN, combine_rank_parts=parts)
-            mla.WINDOW = replace(mla.WINDOW, combine_rank_parts=parts)
+    with mla_launches(fast, combine_rank_parts=parts) as mlas:
+        assert mlas
         for _ in range(2):
             context = int(torch.randint(86, 150, ()))
             assert mla_layers_against_reference(fast, context=context, tokens=tokens) < LONG_CONTEXT_BOUND
         for mla in mlas:
             assert mla._combine_scratch  # the variant ran
             assert all(int(arrived.abs().sum()) == 0 for _, arrived in mla._combine_scratch.values())
-    finally:
-        for mla, (one, window) in zip(mlas, saved, strict=True):
-            mla.ONE_TOKEN, mla.WINDOW = one, window
 
 
 def test_a_token_count_it_was_not_built_for_runs_the_reference_layers(models):

@@ -147,24 +147,14 @@ def test_mla_splits_of_several_steps_match_the_reference(setup, tokens, transpos
     """At 12-20K positions every split runs several steps (one token: 128 splits of 96-160 positions, 64
     a step), so the online softmax rescales what earlier steps summed; the product's attention and the
     lab variant with its products transposed (AttendLaunch.transposed)."""
-    from dataclasses import replace
-
-    from solo.testing.attention import LONG_CONTEXT_BOUND, mla_layers_against_reference
+    from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference
 
     _, _, fused = setup
-    mlas = [layer.attention.mla for layer in fused.decode_step.layers if hasattr(layer.attention, "mla")]
-    saved = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
-    try:
-        for mla in mlas:
-            mla.ONE_TOKEN = replace(mla.ONE_TOKEN, transposed=transposed)
-            mla.WINDOW = replace(mla.WINDOW, transposed=transposed)
+    with mla_launches(fused, transposed=transposed):
         context = int(torch.randint(12000, 20000, ()))
         worst = mla_layers_against_reference(fused, context=context, tokens=tokens)
         print(f"\nMLA (transposed {transposed}) at {context} positions, {tokens} token(s): worst rel. err {worst:.1e}")
         assert worst < LONG_CONTEXT_BOUND
-    finally:
-        for mla, (one, window) in zip(mlas, saved, strict=True):
-            mla.ONE_TOKEN, mla.WINDOW = one, window
 
 
 @pytest.mark.parametrize("tokens", [1, 4])
@@ -172,17 +162,10 @@ def test_the_combine_cut_by_latent_columns_matches_the_reference(setup, tokens):
     """The lab variant of the MLA combine (AttendLaunch.combine_rank_parts) at full width on the GPU: the
     head's last program, found by an acquire-release counter, sums the slices' outputs; twice, so that
     the counters it leaves at zero are checked too."""
-    from dataclasses import replace
-
-    from solo.testing.attention import LONG_CONTEXT_BOUND, mla_layers_against_reference
+    from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference
 
     _, _, fused = setup
-    mlas = [layer.attention.mla for layer in fused.decode_step.layers if hasattr(layer.attention, "mla")]
-    saved = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
-    try:
-        for mla in mlas:
-            mla.ONE_TOKEN = replace(mla.ONE_TOKEN, combine_rank_parts=4)
-            mla.WINDOW = replace(mla.WINDOW, combine_rank_parts=4)
+    with mla_launches(fused, combine_rank_parts=4) as mlas:
         for _ in range(2):
             context = int(torch.randint(2000, 3000, ()))
             worst = mla_layers_against_reference(fused, context=context, tokens=tokens)
@@ -190,9 +173,6 @@ def test_the_combine_cut_by_latent_columns_matches_the_reference(setup, tokens):
             assert worst < LONG_CONTEXT_BOUND
         assert all(mla._combine_scratch for mla in mlas)
         assert all(int(a.abs().sum()) == 0 for mla in mlas for _, a in mla._combine_scratch.values())
-    finally:
-        for mla, (one, window) in zip(mlas, saved, strict=True):
-            mla.ONE_TOKEN, mla.WINDOW = one, window
 
 
 def test_greedy_decode_in_graphs_replays_the_fused_step_exactly(setup):

@@ -7,6 +7,10 @@ splits' partials (the parts of the fused kernels that short tests never reach) a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+
 import torch
 
 from solo.model.cache import HybridCache
@@ -46,3 +50,19 @@ def mla_layers_against_reference(fast, context: int, tokens: int) -> float:
             fused_layer.attention(got, positions, caches[1], None)
         worst = max(worst, rel(got - x, want - x))
     return worst
+
+
+@contextmanager
+def mla_launches(fast, **changes) -> Iterator[list]:
+    """The fused step's MLA layers (solo.kernels.fused_mla.FusedMLA) of the accelerated model `fast`, with
+    `changes` made to their AttendLaunch for one token and for several; restored on the way out."""
+    mlas = [layer.attention.mla for layer in fast.decode_step.layers if hasattr(layer.attention, "mla")]
+    saved = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
+    try:
+        for mla in mlas:
+            mla.ONE_TOKEN = replace(mla.ONE_TOKEN, **changes)
+            mla.WINDOW = replace(mla.WINDOW, **changes)
+        yield mlas
+    finally:
+        for mla, (one, window) in zip(mlas, saved, strict=True):
+            mla.ONE_TOKEN, mla.WINDOW = one, window
