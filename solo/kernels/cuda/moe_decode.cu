@@ -957,12 +957,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 // the kept groups' warps, numbered in group order: rows of sm.rt.key
                 const int kept_row = __popc(kept_groups & ((1u << group_of_warp) - 1u)) * SEL_WPG + warp % SEL_WPG;
                 if ((kept_groups >> group_of_warp) & 1u) {  // (warp-uniform: a group is whole warps)
-                    int wrank = 0;
-#pragma unroll
-                    for (int j = 0; j < 32; ++j) {
-                        const u32 kj = __shfl_sync(0xFFFFFFFFu, key, j);
-                        wrank += (int)((kj > key) | ((kj == key) & (j < lane)));
-                    }
+                    const int wrank = rank_in_warp(key, lane);
                     if (wrank < TOPK) {
                         sm.rt.key[kept_row][wrank] = (u64)key << 32 | (u32)~me;
                         sm.rt.score[kept_row][wrank] = sc;
@@ -970,20 +965,10 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 }
                 asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
                 {
-                    const int cand = me / SEL_SUB, sub = me % SEL_SUB;
-                    u64 ck = 0;
-                    int grank = 0;
-                    if (cand < SEL_CANDS) {
-                        ck = sm.rt.key[cand / TOPK][cand % TOPK];
-#pragma unroll
-                        for (int i = 0; i < (SEL_CANDS + SEL_SUB - 1) / SEL_SUB; ++i) {
-                            const int j = i * SEL_SUB + sub;
-                            if (j < SEL_CANDS) grank += (int)(sm.rt.key[j / TOPK][j % TOPK] > ck);
-                        }
-                    }
-                    grank += __shfl_xor_sync(0xFFFFFFFFu, grank, 1);
-                    grank += __shfl_xor_sync(0xFFFFFFFFu, grank, 2);
-                    if (cand < SEL_CANDS && sub == 0 && grank < TOPK) {
+                    u64 ck;
+                    const int grank = candidate_rank<SEL_CANDS, SEL_SUB, TOPK, 8>(sm.rt.key, me, ck);
+                    const int cand = me / SEL_SUB;
+                    if (cand < SEL_CANDS && me % SEL_SUB == 0 && grank < TOPK) {
                         sm.rt.sel_idx[grank] = (int)~(u32)ck;
                         sm.rt.sel_score[grank] = sm.rt.score[cand / TOPK][cand % TOPK];
                     }

@@ -113,32 +113,17 @@ __device__ __forceinline__ void select_top(SelectScratch &s, float sc, float bia
         const int group = me / GSIZE;  // (a whole warp's: groups are whole warps here)
         const int row = __popc(kept_groups & ((1u << group) - 1u)) * SEL_WPG + warp % SEL_WPG;
         if ((kept_groups >> group) & 1u) {
-            int wrank = 0;
-#pragma unroll
-            for (int j = 0; j < 32; ++j) {
-                const u32 kj = __shfl_sync(0xFFFFFFFFu, key, j);
-                wrank += (int)((kj > key) | ((kj == key) & (j < lane)));
-            }
+            const int wrank = rank_in_warp(key, lane);
             if (wrank < TOPK) {
                 s.key[row][wrank] = (u64)key << 32 | (u32)~me;
                 s.score[row][wrank] = sc;
             }
         }
         select_sync();
-        const int cand = me / 4, sub = me % 4;
-        u64 ck = 0;
-        int grank = 0;
-        if (cand < SEL_CANDS) {
-            ck = s.key[cand / TOPK][cand % TOPK];
-#pragma unroll
-            for (int i = 0; i < (SEL_CANDS + 3) / 4; ++i) {
-                const int j = 4 * i + sub;
-                if (j < SEL_CANDS) grank += (int)(s.key[j / TOPK][j % TOPK] > ck);
-            }
-        }
-        grank += __shfl_xor_sync(0xFFFFFFFFu, grank, 1);
-        grank += __shfl_xor_sync(0xFFFFFFFFu, grank, 2);
-        if (cand < SEL_CANDS && sub == 0 && grank < TOPK) {
+        u64 ck;
+        const int grank = candidate_rank<SEL_CANDS, 4, TOPK, TOPK>(s.key, me, ck);
+        const int cand = me / 4;
+        if (cand < SEL_CANDS && me % 4 == 0 && grank < TOPK) {
             s.idx[grank] = (int)~(u32)ck;
             s.sel_score[grank] = s.score[cand / TOPK][cand % TOPK];
         }

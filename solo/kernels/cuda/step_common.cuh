@@ -94,3 +94,38 @@ __device__ __forceinline__ float rms_value(u32 x_bits, float rstd, u32 w_bits) {
 __device__ __forceinline__ u32 bf16_pair(float lo, float hi) {
     return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xFFFF0000u);
 }
+
+// The selection over the kept groups (FAST_SELECT in moe_decode.cu and router_select.cuh) ranks with
+// these two; the default selections keep their own loops, whose schedule the helpers' form would change
+// before it is measured.
+
+// A lane's rank of `key` among the 32 keys of its warp (ties: the lower lane first), by 32 shuffles.
+__device__ __forceinline__ int rank_in_warp(u32 key, int lane) {
+    int rank = 0;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        const u32 kj = __shfl_sync(0xFFFFFFFFu, key, j);
+        rank += (int)((kj > key) | ((kj == key) & (j < lane)));
+    }
+    return rank;
+}
+
+// Candidate me / SUB's rank among the N distinct 64-bit keys of `keys` (TK to a row of W), the
+// comparisons split over SUB consecutive lanes of a warp (every lane calls it); `ck` gets the candidate.
+template <int N, int SUB, int TK, int W>
+__device__ __forceinline__ int candidate_rank(const unsigned long long (*keys)[W], int me, unsigned long long &ck) {
+    const int cand = me / SUB, sub = me % SUB;
+    int rank = 0;
+    ck = 0;
+    if (cand < N) {
+        ck = keys[cand / TK][cand % TK];
+#pragma unroll
+        for (int i = 0; i < (N + SUB - 1) / SUB; ++i) {
+            const int j = i * SUB + sub;
+            if (j < N) rank += (int)(keys[j / TK][j % TK] > ck);
+        }
+    }
+#pragma unroll
+    for (int o = 1; o < SUB; o <<= 1) rank += __shfl_xor_sync(0xFFFFFFFFu, rank, o);
+    return rank;
+}
