@@ -189,9 +189,8 @@ class CudaGemv:
             }
             # gemv_decode.cu's struct Shared: xh [NTOK][K/2] u32, part [2][WARPS][2][8][NTOK], red [NTOK][WARPS] fp32
             shared = -(-(tokens * (2 * self.k + 128 * warps + 4 * warps)) // 16) * 16
-            slots = 0
+            slots, tasks = 0, -(-self.rows // 8)
             if cfg.bulk:
-                tasks = -(-self.rows // 8)
                 kb = -(-self.k // 128)
                 scales = f.scale_mode == 1 and kb % 4 == 0 and self.rows % 8 == 0 and f.scale.data_ptr() % 16 == 0
                 slots, ring_shared = bulk_ring(
@@ -208,7 +207,7 @@ class CudaGemv:
             per_sm = min(cfg.bulk if slots else cfg.blocks_per_sm, kernel.max_blocks_per_sm(threads, shared))
             if per_sm < 1:
                 raise RuntimeError(f"{self.name}: the CUDA GEMV does not fit on an SM with {cfg}")
-            grid = persistent_grid(-(-self.rows // 8), per_sm * self.sms, cfg.balanced)
+            grid = persistent_grid(tasks, per_sm * self.sms, cfg.balanced)
             self._kernels[key] = (kernel, grid, threads, defines)
         return self._kernels[key]
 
