@@ -374,6 +374,33 @@ def test_fp8_rowwise() -> None:
         F.dequantize_fp8_rowwise(w_fp8, scale[:-1])
 
 
+def test_fp8_head_logits_are_its_fp32_sums() -> None:
+    """The FP8 head's logits are its fp32 sums times the row scales, stored as fp32 (not rounded to the
+    activations' bf16 and widened by a second kernel); its bf16 output is those logits rounded."""
+    from solo.quantization.lm_head import DenseHead, build, head_logits
+
+    w = _fp8_block_input(21, (300, 64))
+    x = torch.randn((3, 64), generator=_gen(22)).to(torch.bfloat16)
+    head = build(torch.nn.Linear(64, 300, bias=False).requires_grad_(False), "fp8")
+    head.weight.data, head.scale.data = F.quantize_fp8_rowwise(w)
+    logits = head_logits(head, x)
+    assert logits.dtype == torch.float32 and logits.shape == (3, 300)
+    # oracle: ml_dtypes' E4M3 decoding; the products and sums of bf16 x and the E4M3 values are exact in
+    # float64, and the CPU reference rounds the dot product to x's dtype (bf16) before the row scale
+    codes = head.weight.data.view(torch.uint8).numpy().view(E4M3).astype(np.float64)
+    dots = (x.float().numpy().astype(np.float64) @ codes.T).astype(np.float32)
+    dots = torch.from_numpy(dots).to(torch.bfloat16).float().numpy()
+    expected = dots * head.scale.data.numpy()[None, :]
+    np.testing.assert_array_equal(logits.numpy(), expected)
+    assert not torch.equal(logits, logits.to(torch.bfloat16).float())  # fp32 values, not widened bf16
+    assert torch.equal(head(x), logits.to(torch.bfloat16))
+    seen = []  # the logits go through the module's forward: its hooks see them
+    head.register_forward_hook(lambda _m, _i, out: seen.append(out))
+    assert torch.equal(head_logits(head, x), logits) and seen[0] is not None and seen[0].dtype == torch.float32
+    dense = DenseHead(w.to(torch.bfloat16), "bf16")
+    assert torch.equal(head_logits(dense, x), dense(x).float())
+
+
 # --------------------------------------------------------------------------- validation
 
 

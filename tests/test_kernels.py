@@ -527,6 +527,9 @@ def test_gpu_fp8_rowwise_lm_head(t):
         [x.float() @ dequantize_fp8_rowwise(q[j : j + 16384], s[j : j + 16384]).T for j in range(0, n, 16384)], dim=1
     )
     assert rel_err(out, ref) <= 1e-2
+    logits = fp8_rowwise_linear(x, q, s, out_dtype=torch.float32)  # what the FP8 head's logits() stores
+    assert logits.dtype == torch.float32 and rel_err(logits, ref) <= 1e-4
+    assert torch.equal(logits.to(torch.bfloat16), out)  # the same sums, rounded once
 
 
 @gpu

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from solo.distributed.parallel import TensorParallel
+from solo.quantization.lm_head import head_logits
 
 
 class VocabParallelHead(nn.Module):
@@ -34,8 +35,11 @@ class VocabParallelHead(nn.Module):
         """The same shard with another head module (a new LM-head mode)."""
         return VocabParallelHead(inner, self.tp, self.span, self.vocab_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_gather_last(self.inner(x))
+    takes_out_dtype = True  # (solo.quantization.lm_head.head_logits)
+
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        shard = self.inner(x) if out_dtype is None else head_logits(self.inner, x).to(out_dtype)
+        return self.tp.all_gather_last(shard)
 
     def describe(self) -> dict[str, Any]:
         info = self.inner.describe() if hasattr(self.inner, "describe") else {"mode": "dense"}

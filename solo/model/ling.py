@@ -20,6 +20,7 @@ from solo.model.kda import KimiDeltaAttention
 from solo.model.layers import Linear, RMSNorm, RotaryEmbedding
 from solo.model.mla import MultiLatentAttention
 from solo.model.moe import SparseMoE, SwiGLUMLP
+from solo.quantization.lm_head import head_logits
 
 PREFILL_CHUNK = 2048
 
@@ -190,7 +191,7 @@ class LingForCausalLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head in fp32 logits (the head's own arithmetic decides the precision of the product)."""
-        return self.lm_head(hidden).float()
+        return head_logits(self.lm_head, hidden)
 
     def draft_forward(
         self,

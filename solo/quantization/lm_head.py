@@ -37,8 +37,11 @@ class DenseHead(nn.Module):
         self.mode = mode
         self.weight = nn.Parameter(weight, requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.to(self.weight.dtype), self.weight)
+    takes_out_dtype = True  # (see head_logits)
+
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        out = F.linear(x.to(self.weight.dtype), self.weight)
+        return out if out_dtype is None else out.to(out_dtype)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -65,8 +68,13 @@ class Fp8RowwiseHead(nn.Module):
         self.scale = nn.Parameter(scale, requires_grad=False)
         self.kernel = kernel or reference_fp8_rowwise_linear
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.kernel(x, self.weight, self.scale)
+    takes_out_dtype = True  # (see head_logits)
+
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The product in `out_dtype` (default x's). Its sums are fp32, so fp32 logits are stored by the
+        product itself: rounding them to bf16 and widening them again would cost a kernel (about 4 us a
+        call on the H200) for a less exact result."""
+        return self.kernel(x, self.weight, self.scale, out_dtype=out_dtype)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -96,13 +104,24 @@ def _e4m3_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return _E4M3_TABLES[key]
 
 
-def reference_fp8_rowwise_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def reference_fp8_rowwise_linear(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """x @ (weight * scale)^T, as the GPU kernel computes it: the dot product of x with the FP8 values,
-    then the row scale (fp32). The codes are decoded through a 256-entry table, exactly the values a
-    cast gives and twice as fast on a CPU, where this runs on every decoded token."""
+    then the row scale (fp32), stored in `out_dtype` (default: x's). The codes are decoded through a
+    256-entry table, exactly the values a cast gives and twice as fast on a CPU, where this runs on
+    every decoded token."""
     dtype = x.dtype if x.dtype in (torch.float32, torch.bfloat16, torch.float16) else torch.float32
     values = torch.take(_e4m3_table(weight.device, dtype), weight.view(torch.uint8).long())
-    return (F.linear(x.to(dtype), values).float() * scale.float()).to(dtype)
+    return (F.linear(x.to(dtype), values).float() * scale.float()).to(out_dtype or dtype)
+
+
+def head_logits(head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """fp32 logits of any head module, through its forward (so hooks see every call): heads that take
+    an `out_dtype` store fp32 themselves (the FP8 head with no kernel of its own for it), others are widened."""
+    if getattr(head, "takes_out_dtype", False):
+        return head(hidden, out_dtype=torch.float32)
+    return head(hidden).float()
 
 
 def build(head: nn.Module, mode: str) -> nn.Module:
@@ -123,6 +142,7 @@ def build(head: nn.Module, mode: str) -> nn.Module:
     if w8.is_cuda:  # the GPU path: the Triton FP8 GEMV, compiled for this shape now
         from solo.kernels.triton_fp8 import fp8_rowwise_linear, warmup_fp8_linear
 
-        warmup_fp8_linear("rowwise", w8.shape[0], w8.shape[1], w8.device)
+        for out_dtype in (None, torch.float32):  # the module's output, and the logits'
+            warmup_fp8_linear("rowwise", w8.shape[0], w8.shape[1], w8.device, out_dtype=out_dtype)
         kernel = fp8_rowwise_linear
     return Fp8RowwiseHead(w8, scale, kernel)

@@ -47,6 +47,7 @@ from solo.engine.sampling import (
 )
 from solo.model.cache import HybridCache
 from solo.model.ling import LingForCausalLM
+from solo.quantization.lm_head import head_logits
 from solo.speculative.acceptance import accept_drafts, accept_greedy
 
 log = logging.getLogger("solo.speculative")
@@ -147,7 +148,7 @@ class NextNDecoder:
         self.state_for(cache)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.draft_head(hidden).float()
+        return head_logits(self.draft_head, hidden)
 
     # ------------------------------------------------------------------ one round's pieces
     def draft_chain(
