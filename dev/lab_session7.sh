@@ -8,21 +8,26 @@
 # Variants: gemv_decode.cu BULK (GemvLaunch.bulk: the weights through a ring of shared-memory slots filled
 # by bulk copies), the MLA combine cut by latent columns (AttendLaunch.combine_rank_parts), one token's MLA
 # heads in two programs, the selection over the kept groups (FAST_SELECT, MoE kernel and CUDA router).
+# Part 1 also runs the eighth session's GPU tests (lazy KDA rollback, one-launch greedy picks, fp32 logits).
 set -uo pipefail
 export PYTHONPATH=$PWD SOLO_CACHE_DIR=/tmp/solo_cache PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 part=${1:-1}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader | tee "$OUT/gpu_$part.txt"
 if [ "$part" = 1 ]; then
-    timeout 230 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_cuda_step.py \
-        tests/test_gpu_fused_step.py tests/test_cuda_moe.py -k "bulk or combine_cut or several_steps or norm_projection or swiglu or gated or router" \
+    timeout 220 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_cuda_step.py \
+        tests/test_gpu_fused_step.py tests/test_cuda_moe.py -k "bulk or combine_cut or several_steps or norm_projection or swiglu or gated or router or lazy or speculation" \
         > "$OUT/gpu_tests_lab7.log" 2>&1
     echo "tests rc=$?"; tail -5 "$OUT/gpu_tests_lab7.log"
-    timeout 130 python3 dev/step_kernels_probe.py --bulk --json "$OUT/probe_bulk.json" \
+    # the eighth session's: the one-launch greedy picks (compiled), the FP8 head's fp32 logits
+    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_greedy_kernel.py tests/test_kernels.py \
+        -k "greedy or argmax or accept or counter or lm_head" >> "$OUT/gpu_tests_lab7.log" 2>&1
+    echo "tests (8th) rc=$?"; tail -3 "$OUT/gpu_tests_lab7.log"
+    timeout 120 python3 dev/step_kernels_probe.py --bulk --json "$OUT/probe_bulk.json" \
         --shapes qkvfgb,o_proj,mla_proj,mla_dense,shared_gate_up,shared_down,dense_gate_up,dense_down \
         2>&1 | tee "$OUT/probe_bulk.log" | grep -v "^  "
     timeout 80 python3 dev/moe_router_ab.py --fast-select 2>&1 | tee "$OUT/moe_router_fast_select.log"
-    timeout 130 python3 dev/mla_probe.py --contexts 32768 --pick 0,5,6,7,8,9,10,11,12 --json "$OUT/mla_probe_combine.json" 2>&1 \
+    timeout 110 python3 dev/mla_probe.py --contexts 32768 --pick 0,5,6,7,8,9,10,11,12 --json "$OUT/mla_probe_combine.json" 2>&1 \
         | tee "$OUT/mla_probe_combine.log"
 elif [ "$part" = 2 ]; then
     timeout 560 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_lab7_bulk.json" --variants \

@@ -106,6 +106,81 @@ def test_decode_and_verification_equal_the_reference(models):
     assert ref.decode_step is None
 
 
+def _verify_roll_back_decode(config, runs, prompt, windows, keeps):
+    """Per (model, lazy, verify_window): prefill, then per window a verification pass, the rollback to
+    `keep` tokens and one token; the hidden states, and the settled KDA states and conv windows."""
+    results = []
+    with torch.inference_mode():
+        for model, lazy, window in runs:
+            cache = HybridCache(config, 32, "cpu", torch.bfloat16, with_nextn=True, verify_window=window)
+            history = cache.verification if window else cache.new_history(4)
+            outs = [model.prefill(prompt, cache)]
+            position = prompt.numel()
+            for ids, keep in zip(windows, keeps, strict=True):
+                before = cache.kda_recurrent.clone()
+                outs.append(model(ids, torch.arange(position, position + 4), cache, kda_history=history))
+                if window:  # a pass into the cache's own history stores the states there only
+                    assert torch.equal(cache.kda_recurrent, before)
+                cache.rollback_kda(history, torch.tensor([keep]), lazy=lazy)
+                assert int(cache.kda_source) == (keep if lazy else 0)
+                position += keep
+                outs.append(model(ids[keep - 1 : keep], torch.tensor([position]), cache))  # (repeats a token)
+                position += 1
+            cache.settle_kda()
+            results.append((outs, cache.kda_recurrent.clone(), cache.kda_conv.clone()))
+    return results
+
+
+def test_the_kda_kernel_follows_a_lazy_rollback(models):
+    """After a lazy rollback the states stay in the cache's verification history: the fused KDA kernel
+    reads them there, a one-token step updates them in place and a verification pass reads the slot it
+    then overwrites. Through two rounds of verify, roll back, decode, everything equals the copying
+    rollback's run bit for bit, and the reference model's within bf16 bounds (fresh inputs clear of
+    routing ties, as in test_decode_and_verification_equal_the_reference)."""
+    config, ref, fast = models
+    runs = ((fast, True, 4), (fast, False, 4), (ref, False, None))
+    keeps = [int(k) for k in torch.randint(1, 5, (2,))]
+    _, results = clear_of_ties(
+        lambda: (torch.randint(0, config.vocab_size, (9,)), [torch.randint(0, config.vocab_size, (4,)) for _ in keeps]),
+        lambda inputs: _verify_roll_back_decode(config, runs, *inputs, keeps),
+        routing=2e-3,
+        attempts=12,
+    )
+    (lazy_outs, lazy_state, lazy_conv), (eager_outs, eager_state, eager_conv), (ref_outs, ref_state, _) = results
+    for a, b in zip(lazy_outs, eager_outs, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(lazy_state, eager_state) and torch.equal(lazy_conv, eager_conv)
+    for a, b in zip(lazy_outs, ref_outs, strict=True):
+        assert rel(a, b) < 2e-2
+    assert rel(lazy_state, ref_state) < 2e-2
+
+
+def test_nextn_rounds_roll_back_lazily_and_emit_what_copying_rollbacks_emit(models):
+    """The speculative decoder's rounds on a cache with its own verification history roll the KDA
+    states back lazily (the fused step serves the window); the tokens are those of the same rounds
+    on a cache without one (copying rollbacks), and the prompt's states settle for the reference layers."""
+    from solo.engine.sampling import SamplingParams
+    from solo.speculative.nextn import NextNDecoder, SpeculativeConfig
+
+    config, _, fast = models
+    spec = NextNDecoder(fast, SpeculativeConfig(num_steps=3, num_draft_tokens=4))
+    prompt = torch.randint(0, config.vocab_size, (9,))
+    emitted = []
+    with torch.inference_mode():
+        for window in (spec.verify_window, None):
+            cache = HybridCache(config, 64, "cpu", torch.bfloat16, with_nextn=True, verify_window=window)
+            assert spec.lazy_rollback(cache, spec.history_for(cache)) == (window is not None)
+            rounds = spec.rounds(prompt, cache, SamplingParams())
+            taken = [r for _, r in zip(range(8), rounds, strict=False)]
+            assert all(r.drafted == 3 for r in taken[1:])  # verification rounds
+            tokens = [t for r in taken for t in r.tokens]
+            assert cache.kda_lazy == (window is not None)
+            emitted.append(tokens)
+            hidden = fast(prompt[:5], torch.arange(5), cache)  # a reference-layer pass (5 tokens) settles first
+            assert not cache.kda_lazy and int(cache.kda_source) == 0 and torch.isfinite(hidden).all()
+    assert emitted[0] == emitted[1] and len(emitted[0]) >= 8
+
+
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_mla_attention_split_over_a_long_context_equals_the_reference(models, tokens):
     """Past a few positions the attention is split over the filled positions (in the interpreter, 16

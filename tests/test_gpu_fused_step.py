@@ -175,6 +175,37 @@ def test_the_combine_cut_by_latent_columns_matches_the_reference(setup, tokens):
         assert all(int(a.abs().sum()) == 0 for mla in mlas for _, a in mla._combine_scratch.values())
 
 
+def test_a_lazy_rollback_computes_what_the_copying_rollback_does(setup):
+    """At full width: verification passes into the cache's own history, rolled back lazily (the states
+    stay in the history, the KDA kernel reads and updates them there) or by copying, each followed by a
+    one-token step: the same hidden states and, settled, the same KDA states bit for bit."""
+    from solo.model.cache import HybridCache
+
+    config, _, fused = setup
+    prompt = torch.randint(0, VOCAB, (int(torch.randint(5, 40, ())),), device="cuda")
+    windows = [torch.randint(0, VOCAB, (4,), device="cuda") for _ in range(3)]
+    keeps = [int(k) for k in torch.randint(1, 5, (3,))]
+    runs = []
+    with torch.inference_mode():
+        for lazy in (True, False):
+            cache = HybridCache(config, 256, "cuda", torch.bfloat16, with_nextn=True, verify_window=4)
+            outs = [fused.prefill(prompt, cache)]
+            position = prompt.numel()
+            for ids, keep in zip(windows, keeps, strict=True):
+                before = cache.kda_recurrent.clone()
+                outs.append(fused(ids, torch.arange(position, position + 4, device="cuda"), cache, cache.verification))
+                assert torch.equal(cache.kda_recurrent, before)  # the pass stored its states in the history only
+                cache.rollback_kda(cache.verification, torch.tensor([keep], device="cuda"), lazy=lazy)
+                position += keep
+                outs.append(fused(ids[keep - 1 : keep], torch.tensor([position], device="cuda"), cache))
+                position += 1
+            cache.settle_kda()
+            runs.append((outs, cache.kda_recurrent.clone(), cache.kda_conv.clone()))
+    (lazy_outs, lazy_state, lazy_conv), (eager_outs, eager_state, eager_conv) = runs
+    assert all(torch.equal(a, b) for a, b in zip(lazy_outs, eager_outs, strict=True))
+    assert torch.equal(lazy_state, eager_state) and torch.equal(lazy_conv, eager_conv)
+
+
 def test_greedy_decode_in_graphs_replays_the_fused_step_exactly(setup):
     """The engine's greedy loop on the fused step inside CUDA graphs emits exactly the tokens of the
     fused step run eagerly, token by token (same kernels, fixed-order reductions: deterministic), and

@@ -312,11 +312,12 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
     if model.decode_step is None and getattr(model, "decode_step_note", ""):
         result["decode_step_note"] = model.decode_step_note
     result["copy_bandwidth_gbs"] = round(copy_bandwidth(device) / 1e9, 1)
-    cache = HybridCache(model.config, max_len, device, model.dtype, with_nextn=True)
+    window = args.verify_tokens
+    # the product's cache: its own verification history, rolled back lazily by the fused step's rounds
+    cache = HybridCache(model.config, max_len, device, model.dtype, with_nextn=True, verify_window=window)
     graphs = GraphCapture()
     step = EagerStep(model)
-    window = args.verify_tokens
-    history = cache.new_history(window)
+    history = cache.verification
     ids1 = torch.randint(0, model.config.vocab_size, (1,), device=device)
     idsw = torch.randint(0, model.config.vocab_size, (window,), device=device)
     pos1 = torch.zeros(1, dtype=torch.long, device=device)

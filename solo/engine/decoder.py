@@ -18,6 +18,7 @@ from solo.engine.graphs import EagerStep, GraphCapture, GraphedStep
 from solo.engine.sampling import (
     LogitAdjuster,
     SamplingParams,
+    argmax_last,
     logprob_distribution,
     make_generator,
     pack_logprobs,
@@ -118,7 +119,7 @@ def pick_token(
     if not logprobs:
         token = sample(logits, params, generator)
     elif params.greedy:
-        token = logits.argmax(-1)
+        token = argmax_last(logits)
         packed = pack_logprobs(logprob_distribution(logits, None, params), token)
     else:
         probs = probabilities(logits, params)

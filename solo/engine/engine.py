@@ -193,12 +193,17 @@ class Engine:
                 f"{self.graphs_max_len} (--max-context). Raise --max-context or shorten the request."
             )
 
+    def _new_cache(self, length: int) -> HybridCache:
+        """A cache for `length` positions, with the speculative decoder's verification history (lazy
+        KDA rollbacks: solo.model.cache)."""
+        window = getattr(self.decoder, "verify_window", None)
+        config, model = self.model.config, self.model
+        return HybridCache(config, length, model.device, model.dtype, True, self.tp.world, verify_window=window)
+
     def cache_for(self, length: int) -> HybridCache:
         self.check_length(length)
         if self._cache is None or self._cache.max_len < length:
-            self._cache = HybridCache(
-                self.model.config, length, self.model.device, self.model.dtype, True, self.tp.world
-            )
+            self._cache = self._new_cache(length)
         self._cache.reset()
         return self._cache
 
@@ -206,7 +211,7 @@ class Engine:
         """Pin one cache of `max_len` positions and capture the decoder's target steps on it."""
         if self.model.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device (--device cuda).")
-        self._cache = HybridCache(self.model.config, max_len, self.model.device, self.model.dtype, True, self.tp.world)
+        self._cache = self._new_cache(max_len)
         self.graphs_max_len = max_len
         self.graphs = self.graphs or GraphCapture()
         self.decoder.capture_graphs(self._cache, self.graphs)

@@ -252,15 +252,25 @@ def exclusive_count(mask: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     return before.view(m.shape[0], -1)[:, :width].reshape(shape)
 
 
+def argmax_last(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(-1), the same picks (ties to the lowest index, NaN first); on a GPU in one launch
+    (solo.kernels.greedy) instead of torch's memset and reduction over the vocabulary."""
+    if x.is_cuda and x.ndim >= 1 and x.numel() > 0:
+        from solo.kernels.greedy import argmax_rows
+
+        return argmax_rows(x.reshape(-1, x.shape[-1]).contiguous()).reshape(x.shape[:-1])
+    return x.argmax(-1)
+
+
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One draw from each row of probs [..., V] -> ids [...] (int64)."""
     noise = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / noise).argmax(-1)
+    return argmax_last(probs / noise)
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
     if params.greedy:
-        return logits.argmax(-1)
+        return argmax_last(logits)
     return sample_from(probabilities(logits, params), generator)
 
 

@@ -137,6 +137,12 @@ class _KDAAttention:
         proj = self.proj(x, norm_weight=self.norm, eps=self.eps)
         state = cache.kda[self.index]
         past = history[self.index] if history is not None else None
+        # a cache with its own verification history may hold the states there (lazy rollback)
+        own = cache.verification
+        lazy = (cache.kda_source, own[self.index].states) if own is not None else None
+        if lazy is not None and past is not None and history is not own:
+            lazy = None  # a pass into another history: the states must be in kda_recurrent
+            cache.settle_kda()
         o = torch.empty((x.shape[0], self.dim), dtype=torch.bfloat16, device=x.device)
         kda_decode(
             proj,
@@ -153,6 +159,7 @@ class _KDAAttention:
             past.window if past is not None else None,
             self.sync,
             self.launch,
+            lazy,
         )
         gate = proj[:, 4 * self.dim : 5 * self.dim]
         self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps)

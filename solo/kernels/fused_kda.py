@@ -12,6 +12,13 @@ stored in bf16 (the reference rounds it before the gated output norm, which the 
 prologue applies). With a history (speculative verification) the state after each token and the
 conv inputs are stored as well, for rolling back to any accepted prefix (solo.model.cache).
 
+Lazy rollback (solo.model.cache.HybridCache.rollback_kda): with LAZY the state lives where the device
+scalar `source` says, `state` when it is 0, else slot source - 1 of the cache's verification history
+(`hist_state`). One token updates it there; a verification pass into that history stores each token's
+state there and not the final one (the rollback that follows picks the accepted token's slot, so the
+73 MB copy of a rollback at Ling-3.0-flash shape becomes a store of one scalar). Each program reads its
+slice of the state before it stores any slice of the history, so reading a slot it overwrites is safe.
+
 Every program of a head reads the head's q and k conv windows; the last of them rewrites them in
 place, after a per-head counter says the others have read them (they are launched before it, and
 the grid is one wave, so the wait is a formality; without it the split raced on exactly that).
@@ -62,6 +69,7 @@ def _kda_decode(
     stride_o,
     count_ptr,
     sync_ptr,
+    source_ptr,
     lower_bound,
     T: tl.constexpr,
     H: tl.constexpr,
@@ -69,6 +77,7 @@ def _kda_decode(
     NV: tl.constexpr,
     SAFE_GATE: tl.constexpr,
     HISTORY: tl.constexpr,
+    LAZY: tl.constexpr,
     PDL: tl.constexpr,
 ):
     h = tl.program_id(0)
@@ -106,7 +115,15 @@ def _kda_decode(
     rate = tl.exp(tl.load(alog_ptr + h))
     dtb = tl.load(dtb_ptr + h * DK + c)
     s_offs = (h * DK + c)[:, None] * DK + cv[None, :]  # state [H, DK, DV] with DV == DK
-    S = tl.load(state_ptr + s_offs)
+    if LAZY:  # the state is in `state` (source 0) or in slot source - 1 of the history
+        source = tl.load(source_ptr) + tl.zeros_like(s_offs)
+        in_slot = source > 0
+        slot_offs = tl.maximum(source - 1, 0) * (H * DK * DK) + s_offs
+        S = tl.load(state_ptr + s_offs, mask=source == 0, other=0.0) + tl.load(
+            hist_state_ptr + slot_offs, mask=in_slot, other=0.0
+        )
+    else:
+        S = tl.load(state_ptr + s_offs)
     # Everything above (weights, this layer's conv windows and state, which only this layer's KDA
     # writes, hundreds of kernels apart) is independent of the previous kernel: under PDL it is read
     # while the projections that feed this kernel still run. Everything below is not.
@@ -162,7 +179,11 @@ def _kda_decode(
         if HISTORY:
             tl.store(hist_state_ptr + t * (H * DK * DK) + s_offs, S)
 
-    tl.store(state_ptr + s_offs, S)
+    if not LAZY:
+        tl.store(state_ptr + s_offs, S)
+    elif not HISTORY:  # no rollback follows: the state stays where it lives
+        tl.store(state_ptr + s_offs, S, mask=source == 0)
+        tl.store(hist_state_ptr + slot_offs, S, mask=in_slot)
     if owner:
         if NV > 1:  # wait until the head's other programs have read the old windows (they all run by now)
             arrived = tl.atomic_add(sync_ptr + h, 0, sem="acquire", scope="gpu")
@@ -195,11 +216,16 @@ def kda_decode(
     history_window: torch.Tensor | None = None,
     sync: torch.Tensor | None = None,
     launch: LaunchPolicy = PLAIN,
+    lazy: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """proj [T, 5D + H] bf16 ([q|k|v|f|g|b] rows); conv_weight [3D, 4] fp32; conv_state [3D, 3] fp32 and
     state [H, d, d] fp32 updated in place; out [T, D] (bf16) receives o. With history_states
     [T, H, d, d] and history_window [3D, 3 + T], what rollback needs is stored too. `sync`: an int32
-    buffer of (at least) one counter per head, zero between calls (the kernel leaves it so)."""
+    buffer of (at least) one counter per head, zero between calls (the kernel leaves it so).
+
+    `lazy` = (source, slots): the state lives in `state` while the int32 source[0] is 0, else in
+    slots[source[0] - 1] (slots [W, H, d, d]: this layer's view of the cache's verification history).
+    A pass with a history must then store into `slots` itself, and a rollback must follow it."""
     t = proj.shape[0]
     launch = launch.at(t)
     heads, dk, dv = state.shape
@@ -211,6 +237,15 @@ def kda_decode(
         raise ValueError(f"proj must be row-major [T, >= {5 * heads * dk + heads}]")
     history = history_states is not None
     dummy = state
+    if lazy is not None:
+        source, slots = lazy
+        if source.dtype != torch.int32 or source.numel() != 1:
+            raise ValueError("the lazy state's source must be one int32")
+        if slots.shape[1:] != state.shape or not slots.is_contiguous():
+            raise ValueError(f"the lazy state's slots must be contiguous [W, {', '.join(map(str, state.shape))}]")
+        if history and history_states.data_ptr() != slots.data_ptr():
+            raise ValueError("with a lazy state, a verification pass stores its states into the state's slots")
+        history_states = slots
     nv = value_splits(t)
     if sync is None or sync.numel() < heads:
         raise ValueError("kda_decode needs a zeroed int32 sync buffer of one counter per head")
@@ -220,7 +255,7 @@ def kda_decode(
         conv_weight,
         conv_state,
         state,
-        history_states if history else dummy,
+        history_states if history or lazy is not None else dummy,
         history_window if history else dummy,
         a_log,
         dt_bias,
@@ -228,6 +263,7 @@ def kda_decode(
         out.stride(0),
         counter,
         sync,
+        lazy[0] if lazy is not None else sync,
         float(lower_bound),
         T=t,
         H=heads,
@@ -235,6 +271,7 @@ def kda_decode(
         NV=nv,
         SAFE_GATE=safe_gate,
         HISTORY=history,
+        LAZY=lazy is not None,
         PDL=launch.pdl,
         num_warps=4,
         **launch.options,

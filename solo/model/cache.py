@@ -4,6 +4,14 @@ KDA layers keep a fixed-size state (an fp32 [heads, d_k, d_v] matrix and the las
 the q/k/v short convolutions); MLA layers keep a latent cache of kv_lora_rank + rope values per
 token, indexed by position. Shapes never change during a request, so a decode or verify step over
 these buffers can be captured in a CUDA graph.
+
+Speculative verification stores each KDA layer's state after every token of its window (a history),
+and the rollback to the accepted prefix copies one of them back: 73 MB of fp32 states at
+Ling-3.0-flash shape, about 80 us a round on the H200. A cache made with `verify_window` owns one
+history of that window (`verification`) and can roll back lazily instead: `kda_source` (a device
+scalar) then says where the recurrent states live, 0 for `kda_recurrent`, s >= 1 for the history's
+slot s - 1. The fused KDA kernel follows it (solo.kernels.fused_kda); every other reader settles the
+states back first (`settle_kda`, called by the model's reference forward).
 """
 
 from __future__ import annotations
@@ -55,9 +63,12 @@ class HybridCache:
         dtype: torch.dtype,
         with_nextn: bool = False,
         tensor_parallel: int = 1,
+        verify_window: int | None = None,
     ) -> None:
         """`tensor_parallel`: the ranks the KDA heads are split over (each rank's states hold its heads;
-        the MLA latent cache is every head's, so it is whole on every rank)."""
+        the MLA latent cache is every head's, so it is whole on every rank). `verify_window`: the tokens
+        of a speculative verification pass, for the cache's own history (`verification`), allocated
+        here so that every kernel and captured graph sees the same buffers from the start."""
         self.max_len = max_len
         self.kda: dict[int, KDAState] = {}
         self.mla: dict[int, MLACache] = {}
@@ -73,6 +84,10 @@ class HybridCache:
         self._conv_offsets = torch.arange(config.conv_kernel_size - 1, device=device)
         for i, layer in enumerate(self.kda_layers):
             self.kda[layer] = KDAState(recurrent=self.kda_recurrent[i], conv=self.kda_conv[i])
+        # where the recurrent states live: 0 in kda_recurrent, s >= 1 in verification.states[:, s - 1]
+        self.kda_source = torch.zeros(1, dtype=torch.int32, device=device)
+        self.verification: KDAHistories | None = self.new_history(verify_window) if verify_window else None
+        self.kda_lazy = False  # whether kda_source may be nonzero (set by lazy rollbacks and rounds)
         mla_layers = list(config.mla_layers)
         if with_nextn and config.has_nextn:
             mla_layers.append(config.num_hidden_layers)
@@ -93,25 +108,65 @@ class HybridCache:
             torch.zeros((layers, channels, width + tokens), dtype=torch.float32, device=self.kda_conv.device),
         )
 
-    def rollback_kda(self, history: dict[int, KDAHistory], keep: torch.Tensor) -> None:
+    def verification_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The verification history's states [layers, W, heads, d_k, d_v] and conv inputs (ValueError
+        for a cache made without verify_window)."""
+        if self.verification is None:
+            raise ValueError("this cache has no verification history (make it with verify_window)")
+        return self.verification.states, self.verification.window
+
+    def rollback_kda(self, history: dict[int, KDAHistory], keep: torch.Tensor, lazy: bool = False) -> None:
         """Make each KDA state what it would be had only the first `keep` (a 1-element tensor, >= 1)
         tokens of the verification pass been processed. MLA caches need nothing: entries past the
         kept positions are masked by position and overwritten by the next pass. A history from
-        `new_history` rolls every layer back in two gathers (no host synchronisation: graph-safe)."""
+        `new_history` rolls every layer back in two gathers (no host synchronisation: graph-safe).
+
+        `lazy` (the cache's own `verification` history only): the recurrent states stay in the history
+        and `kda_source` points at slot keep - 1; only the conv windows are gathered. For flows whose
+        KDA steps all run the fused kernel, which reads (and a one-token step updates) the states
+        where `kda_source` says; anything else reads them after `settle_kda`."""
         columns = keep + self._conv_offsets.to(keep.device)
+        if lazy:
+            if history is not self.verification:
+                raise ValueError(
+                    "a lazy KDA rollback keeps the states in the cache's own verification history; "
+                    "make the cache with verify_window and verify into cache.verification"
+                )
+            self.kda_source.copy_(keep)
+            torch.index_select(history.window, 2, columns, out=self.kda_conv)
+            self.kda_lazy = True
+            return
         if isinstance(history, KDAHistories) and history.layers == self.kda_layers:
             torch.index_select(history.states, 1, keep - 1, out=self.kda_recurrent.unsqueeze(1))
             torch.index_select(history.window, 2, columns, out=self.kda_conv)
+        else:
+            for layer, state in self.kda.items():
+                past = history[layer]
+                state.recurrent.copy_(past.states.index_select(0, keep - 1)[0])
+                state.conv.copy_(past.window.index_select(1, columns))
+        if self.verification is not None:  # the states are in kda_recurrent again
+            self.kda_source.zero_()
+        self.kda_lazy = False
+
+    def settle_kda(self) -> None:
+        """Bring the recurrent states back into `kda_recurrent` after lazy rollbacks (for readers that
+        do not follow `kda_source`: the reference KDA layers). Graph-safe (no host synchronisation);
+        nothing to do unless `kda_lazy`."""
+        if not self.kda_lazy or self.verification is None:
             return
-        for layer, state in self.kda.items():
-            past = history[layer]
-            state.recurrent.copy_(past.states.index_select(0, keep - 1)[0])
-            state.conv.copy_(past.window.index_select(1, columns))
+        source = self.kda_source
+        slot = (source.long() - 1).clamp(min=0)
+        held = self.verification.states.index_select(1, slot)[:, 0]
+        self.kda_recurrent.copy_(torch.where(source.bool(), held, self.kda_recurrent))
+        source.zero_()
+        self.kda_lazy = False
 
     def reset(self) -> None:
         """Zero every buffer in place (a new request); MLA slots past the position are masked anyway."""
         self.kda_recurrent.zero_()
         self.kda_conv.zero_()
+        self.kda_source.zero_()
+        self.kda_lazy = False
         for cache in self.mla.values():
             cache.latent.zero_()
             cache.rope.zero_()

@@ -166,6 +166,7 @@ class LingForCausalLM(nn.Module):
         """input_ids, positions [T] -> final-norm hidden states [T, hidden]; updates the cache."""
         if self.decode_step is not None and self.decode_step.serves(input_ids.numel()):
             return self.decode_step.forward(input_ids, positions, cache, kda_history)
+        cache.settle_kda()  # the reference KDA layers read kda_recurrent (solo.model.cache)
         x = self.embed(input_ids)
         cos_sin = self.rotary.cos_sin(positions, x.dtype)
         for layer in self.model.layers[: self.config.num_hidden_layers]:

@@ -57,6 +57,10 @@ def accept_greedy(target_logits: torch.Tensor, drafts: torch.Tensor) -> tuple[to
     leading run, then the target's argmax after them: exactly what `accept_drafts` gives on the one-hot
     distributions of greedy decoding (p_draft is 1 or 0, q_draft is 1; the residual is the target's
     one-hot), without a distribution over the vocabulary."""
+    if target_logits.is_cuda:  # one launch instead of torch's argmax and seven small kernels
+        from solo.kernels.greedy import greedy_accept
+
+        return greedy_accept(target_logits.contiguous(), drafts)
     target = target_logits.argmax(-1)
     steps = drafts.shape[0]
     accepted = (target[:steps] == drafts).long().cumprod(-1).sum(-1, keepdim=True)

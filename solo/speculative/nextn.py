@@ -38,6 +38,7 @@ from solo.engine.sampling import (
     CompiledDistribution,
     LogitAdjuster,
     SamplingParams,
+    argmax_last,
     distribution_for,
     logprob_distribution,
     make_generator,
@@ -135,11 +136,27 @@ class NextNDecoder:
         """Positions a round may write past the last emitted token (the round in flight included)."""
         return 3 * self.config.num_draft_tokens
 
+    @property
+    def verify_window(self) -> int:
+        """Tokens of a verification pass (a cache made with this `verify_window` can roll back lazily)."""
+        return self.config.num_draft_tokens
+
     def history_for(self, cache: HybridCache) -> dict:
-        """Per-token KDA states of a verification pass; persistent per cache (graphs point at it)."""
+        """Per-token KDA states of a verification pass; persistent per cache (graphs point at it): the
+        cache's own where it has one of this window."""
+        own = cache.verification
+        if own is not None and next(iter(own.values())).states.shape[0] == self.verify_window:
+            return own
         if self._history is None or self._history[0] != id(cache):
-            self._history = (id(cache), cache.new_history(self.config.num_draft_tokens))
+            self._history = (id(cache), cache.new_history(self.verify_window))
         return self._history[1]
+
+    def lazy_rollback(self, cache: HybridCache, history: dict) -> bool:
+        """Whether the round's rollback may leave the KDA states in the cache's history: when they are
+        the cache's own and the fused decode step runs both the verification and one-token steps, whose
+        KDA kernel reads the states where the cache says (solo.model.cache)."""
+        step = self.model.decode_step
+        return history is cache.verification and step is not None and step.serves(self.verify_window)
 
     def capture_graphs(self, cache: HybridCache, graphs: GraphCapture) -> None:
         """Whole rounds (verify, accept, roll back, draft) replay from graphs, captured per sampling
@@ -165,7 +182,7 @@ class NextNDecoder:
             if counts is not None:
                 logits = self.adjuster.apply(logits, counts)
             if params.greedy:
-                token = logits.argmax(-1)
+                token = argmax_last(logits)
             else:
                 q = self.distribution(logits, params)
                 token = sample_from(q, generator)
@@ -265,7 +282,7 @@ class NextNDecoder:
         else:
             target_probs = self.distribution(verify_logits, params)
             accepted, last = accept_drafts(target_probs[None], state.draft_probs[None], state.drafts[None], generator)
-        cache.rollback_kda(history, accepted + 1)
+        cache.rollback_kda(history, accepted + 1, lazy=self.lazy_rollback(cache, history))
         state.emitted.copy_(torch.cat([state.drafts, last, accepted]))
         if params.adjusted or logprobs:
             # the token at each window position: the kept drafts, then the new token (repeated past it)
@@ -303,12 +320,15 @@ class NextNDecoder:
         graph, graph_generator = self._round_graphs[key]
         if graph_generator is not None:  # a new request's generator: its seed feeds the captured RNG
             graph_generator.graphsafe_set_state(generator.graphsafe_get_state())
-        return self._replay_counter(graph)
+        lazy = self.lazy_rollback(cache, self.history_for(cache))
+        return self._replay_counter(graph, cache if lazy else None)
 
-    def _replay_counter(self, graph: torch.cuda.CUDAGraph):
+    def _replay_counter(self, graph: torch.cuda.CUDAGraph, lazy_cache: HybridCache | None = None):
         def replay() -> None:
             graph.replay()
             self.round_replays += 1
+            if lazy_cache is not None:  # its rollback left the KDA states in the history (on the device)
+                lazy_cache.kda_lazy = True
 
         return replay
 
