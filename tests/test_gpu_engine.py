@@ -97,9 +97,10 @@ def test_preflight_all_active_on_gpu():
 
 @pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(0.6, 29, 0.95), (1.0, 0, 0.8), (0.9, 2000, 1.0)])
 def test_compiled_distribution_equals_the_eager_one(temperature, top_k, top_p):
-    """The NEXTN round's distribution on the GPU (torch.compile'd `probabilities`) against the eager
-    function on fresh random logits of a draft step and a verification window: the same support (the
-    same tokens kept by top-k and top-p) and the same probabilities to fp32 rounding."""
+    """The NEXTN round's distribution on the GPU (torch.compile'd `probabilities`, its top-k cut the
+    one-launch kernel) against the eager function on the GPU and on the CPU (torch.topk's cut) on fresh
+    random logits of a draft step and a verification window: the same support (the same tokens kept by
+    top-k and top-p) and the same probabilities to fp32 rounding."""
     from solo.engine.sampling import CompiledDistribution, SamplingParams, probabilities
 
     distribution = CompiledDistribution()
@@ -107,9 +108,11 @@ def test_compiled_distribution_equals_the_eager_one(temperature, top_k, top_p):
     for rows in (1, 4):
         logits = torch.randn(rows, 157184, device="cuda") * 3
         logits[:, :7] = logits[:, 7:14]  # ties at the top-k boundary and in the top-p walk are legal
-        got, want = distribution(logits, params), probabilities(logits, params)
-        assert torch.equal(got > 0, want > 0)
-        assert float((got - want).abs().max()) < 1e-6 and torch.allclose(got.sum(-1), torch.ones(rows, device="cuda"))
+        got = distribution(logits, params)
+        for want in (probabilities(logits, params), probabilities(logits.cpu(), params).cuda()):
+            assert torch.equal(got > 0, want > 0)
+            assert float((got - want).abs().max()) < 1e-6
+        assert torch.allclose(got.sum(-1), torch.ones(rows, device="cuda"))
     assert distribution.settings == {(temperature, top_k, top_p)} and not distribution.eager_settings
 
 

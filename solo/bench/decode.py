@@ -313,7 +313,9 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
         result["decode_step_note"] = model.decode_step_note
     result["copy_bandwidth_gbs"] = round(copy_bandwidth(device) / 1e9, 1)
     window = args.verify_tokens
-    # the product's cache: its own verification history, rolled back lazily by the fused step's rounds
+    # the product's caches: plain decoding's, and speculation's with its own verification history
+    # (rolled back lazily by the fused step's rounds, whose KDA kernel then follows kda_source)
+    plain_cache = HybridCache(model.config, max_len, device, model.dtype, with_nextn=True)
     cache = HybridCache(model.config, max_len, device, model.dtype, with_nextn=True, verify_window=window)
     graphs = GraphCapture()
     step = EagerStep(model)
@@ -322,7 +324,7 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
     idsw = torch.randint(0, model.config.vocab_size, (window,), device=device)
     pos1 = torch.zeros(1, dtype=torch.long, device=device)
     posw = torch.zeros(window, dtype=torch.long, device=device)
-    decode_graph, _ = graphs.capture(lambda: step(ids1, pos1, cache))
+    decode_graph, _ = graphs.capture(lambda: step(ids1, pos1, plain_cache))
     verify_graph, _ = graphs.capture(lambda: step(idsw, posw, cache, history))
     hidden1 = torch.randn(1, model.config.hidden_size, device=device, dtype=model.dtype)
     draft_graph = round_graph = sampled_graph = None
@@ -385,6 +387,7 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
             entry["profile_round_sampled"] = profile_graph(sampled_graph)
         result["contexts"][str(context)] = entry
     cache.reset()
+    plain_cache.reset()
     if args.prefill and config_index == 0:  # the prefill runs the same reference layers in every configuration
         result["prefill_s"] = measure_prefill(model, args.prefill)
     if args.loop_tokens:

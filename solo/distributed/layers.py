@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from solo.distributed.parallel import TensorParallel
-from solo.quantization.lm_head import head_logits
 
 
 class VocabParallelHead(nn.Module):
@@ -38,7 +37,12 @@ class VocabParallelHead(nn.Module):
     takes_out_dtype = True  # (solo.quantization.lm_head.head_logits)
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        shard = self.inner(x) if out_dtype is None else head_logits(self.inner, x).to(out_dtype)
+        if out_dtype is None:
+            shard = self.inner(x)
+        elif getattr(self.inner, "takes_out_dtype", False):
+            shard = self.inner(x, out_dtype=out_dtype)
+        else:
+            shard = self.inner(x).to(out_dtype)
         return self.tp.all_gather_last(shard)
 
     def describe(self) -> dict[str, Any]:

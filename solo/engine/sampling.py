@@ -114,6 +114,26 @@ class LogitAdjuster:
 
 
 TOP_K_WITHOUT_SORT = 1024  # top-k up to this: the top-p cut walks the top-k list, not a sort of the vocabulary
+_GPU_TOP_K: Callable | None = None  # solo.kernels.topk.top_k, once a GPU distribution is made (gpu_top_k)
+
+
+def gpu_top_k() -> Callable:
+    """The GPU's top-k cut (one launch for k up to 64: solo.kernels.topk), imported once; called before
+    torch.compile traces `probabilities`, which then sees a plain global."""
+    global _GPU_TOP_K
+    if _GPU_TOP_K is None:
+        from solo.kernels.topk import top_k
+
+        _GPU_TOP_K = top_k
+    return _GPU_TOP_K
+
+
+def top_k_cut(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits.topk(k) (values descending, their columns): on a GPU through `gpu_top_k` (the same values;
+    among equal logits the lower column first, where torch leaves the order unspecified)."""
+    if logits.is_cuda:
+        return (_GPU_TOP_K or gpu_top_k())(logits, k)
+    return logits.topk(k, dim=-1)
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -130,7 +150,7 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     logits = logits / params.temperature
     top = None
     if 0 < params.top_k < logits.shape[-1]:
-        values, top = logits.topk(params.top_k, dim=-1)
+        values, top = top_k_cut(logits, params.top_k)
         kept = logits >= values[..., -1:]
         weights = torch.exp(values - values[..., :1])
         # tokens tied with the k-th logit beyond the list are kept too: each weighs as the k-th
@@ -179,6 +199,8 @@ class CompiledDistribution:
     def __init__(self) -> None:
         import torch._dynamo
 
+        if torch.cuda.is_available():  # imported before tracing: the compiled function calls an opaque op
+            gpu_top_k()
         self._compiled = torch.compile(_own_copy(probabilities), dynamic=False)
         limit = getattr(torch._dynamo.config, "recompile_limit", None) or torch._dynamo.config.cache_size_limit
         self.most = max(1, int(limit) // self.SHAPES)

@@ -1,0 +1,81 @@
+"""The sampling top-k cut in one launch (solo.kernels.topk) against torch: the values of torch.topk and,
+among equal logits, the lower column first (a stable descending sort's order). Fresh random logits with
+ties within and across chunks and -inf. Under Triton's CPU interpreter here (CI, with small chunks: its
+sort is slow there); on a GPU the same tests run the compiled kernel at the vocabulary's real width.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed (pip install triton)", allow_module_level=True)
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") is None and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+DEVICE = "cpu" if INTERPRET else "cuda"
+pytestmark = pytest.mark.skipif(
+    not INTERPRET and not torch.cuda.is_available(), reason="needs a GPU or Triton's CPU interpreter"
+)
+
+from solo.kernels import topk  # noqa: E402
+
+if not topk.AVAILABLE:
+    pytest.skip("this Triton has no tl.topk", allow_module_level=True)
+
+VOCAB = 5 * 512 + 77 if INTERPRET else 157184  # several chunks, the last one partial
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    if INTERPRET:
+        monkeypatch.setattr(topk, "CHUNK", 512)
+
+
+def stable_top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    values, columns = torch.sort(logits, dim=-1, descending=True, stable=True)
+    return values[..., :k], columns[..., :k]
+
+
+@pytest.mark.parametrize("k", [1, 29, 64])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_the_top_k_equals_torch(rows, k):
+    logits = torch.randn(rows, VOCAB, device=DEVICE) * 2
+    values, columns = topk.top_k_rows(logits, k)
+    want = stable_top(logits, k)
+    assert torch.equal(values, want[0]) and torch.equal(values, logits.topk(k).values)
+    assert torch.equal(columns, want[1]) and columns.dtype == torch.int64
+    # ties: a value inside the top k repeated in other chunks and in the same one, and the whole row of
+    # one row at -inf but for a few columns
+    for r in range(rows):
+        tied = values[r, k // 2]
+        spots = torch.randint(0, VOCAB, (4,))
+        logits[r, spots] = tied
+        logits[r, int(columns[r, k // 2]) ^ 1] = tied
+    logits[0, :] = -float("inf")
+    logits[0, torch.randint(0, VOCAB, (3,))] = torch.randn(3, device=DEVICE)
+    values, columns = topk.top_k_rows(logits, k)
+    want = stable_top(logits, k)
+    assert torch.equal(values, want[0]) and torch.equal(columns, want[1])
+    assert all(int(t.sum()) == 0 for key, t in topk._SCRATCH.items() if key[1] == "count")  # left at zero
+
+
+def test_the_dispatch_and_the_refusals():
+    logits = torch.randn(2, 3, VOCAB, device=DEVICE)
+    values, columns = topk.top_k(logits, 8)  # any leading shape
+    assert values.shape == (2, 3, 8) and torch.equal(values, logits.topk(8).values)
+    with pytest.raises(ValueError, match="1 <= k <= 64"):
+        topk.top_k_rows(logits[0], 65)
+    with pytest.raises(ValueError, match="fp32"):
+        topk.top_k_rows(logits[0].bfloat16(), 4)
+
+
+def test_the_custom_op_under_torch_library_checks():
+    """The op's registration (schema, fake tensors for torch.compile) holds: torch.library.opcheck."""
+    logits = torch.randn(3, VOCAB, device=DEVICE)
+    torch.library.opcheck(topk.top_k_rows, (logits, 5), test_utils=("test_schema", "test_faketensor"))
