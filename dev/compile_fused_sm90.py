@@ -21,9 +21,15 @@ from solo.kernels import fused_gemv as g
 from solo.kernels import fused_kda as kda
 from solo.kernels import fused_mla as mla
 from solo.kernels import fused_router as router
+from solo.kernels import greedy, topk
 
 FLOATS = {"eps", "limit", "scale", "amplitude", "lower_bound", "scaling"}
 SMEM_LIMIT = 232448  # per block on the H100/H200
+
+
+def takes_pdl(fn) -> bool:
+    jit = fn.fn if hasattr(fn, "fn") and not hasattr(fn, "arg_names") else fn
+    return any(param.name == "PDL" for param in jit.params)
 
 
 def compile_variant(
@@ -33,7 +39,8 @@ def compile_variant(
     constexprs; other scalar arguments are i32, or fp32 for the names in FLOATS. `pdl`: the kernel's
     PDL constexpr and Triton's launch_pdl option (solo.kernels.pdl)."""
     jit = fn.fn if hasattr(fn, "fn") and not hasattr(fn, "arg_names") else fn
-    constexprs = {**constexprs, "PDL": pdl}
+    if takes_pdl(fn):
+        constexprs = {**constexprs, "PDL": pdl}
     if any(param.name == "PREFETCH" for param in jit.params):  # the weight prefetch comes with PDL in the step
         constexprs["PREFETCH"] = 32 * num_warps if pdl else 0  # (the router's; solo.kernels.prefetch)
     sig: dict[str, str] = {}
@@ -155,10 +162,46 @@ def other_variants():
         o_ptr="bf16",
         count_ptr="i32",
         sync_ptr="i32",
+        source_ptr="i32",
     )
-    for tokens, history in ((1, False), (4, True), (1, True)):
-        constexprs = dict(T=tokens, H=32, DK=128, NV=kda.VALUE_SPLITS, SAFE_GATE=True, HISTORY=history)
-        yield f"kda T={tokens} history={history}", kda._kda_decode, kda_ptrs, constexprs, 4, 3
+    kda_cases = ((1, False, False), (4, True, False), (1, True, False), (1, False, True), (4, True, True))
+    for tokens, history, lazy in kda_cases:
+        constexprs = dict(T=tokens, H=32, DK=128, NV=kda.VALUE_SPLITS, SAFE_GATE=True, HISTORY=history, LAZY=lazy)
+        yield f"kda T={tokens} history={history} lazy={lazy}", kda._kda_decode, kda_ptrs, constexprs, 4, 3
+    vocab_chunks = triton.cdiv(157184, greedy.CHUNK)
+    greedy_ptrs = dict(
+        logits_ptr="fp32",
+        value_ptr="fp32",
+        index_ptr="i32",
+        count_ptr="i32",
+        out_ptr="i64",
+        drafts_ptr="i64",
+        accepted_ptr="i64",
+        next_ptr="i64",
+    )
+    for rows, accept in ((1, False), (4, True)):
+        constexprs = dict(
+            ROWS=rows,
+            CHUNKS=vocab_chunks,
+            CHUNK_SIZE=greedy.CHUNK,
+            CHUNKS_POW2=triton.next_power_of_2(vocab_chunks),
+            ROWS_POW2=triton.next_power_of_2(rows),
+            ACCEPT=accept,
+        )
+        yield f"greedy rows={rows} accept={accept}", greedy._greedy_kernel, greedy_ptrs, constexprs, 8, 3
+    topk_chunks = triton.cdiv(157184, topk.CHUNK)
+    topk_ptrs = dict(x_ptr="fp32", key_ptr="i64", count_ptr="i32", value_ptr="fp32", index_ptr="i64")
+    for rows, k in ((1, 29), (4, 29), (4, 64)):
+        k_pow2 = triton.next_power_of_2(k)
+        constexprs = dict(
+            K=k,
+            K_POW2=k_pow2,
+            ROWS=rows,
+            CHUNKS=topk_chunks,
+            CHUNK_SIZE=topk.CHUNK,
+            MERGE_POW2=triton.next_power_of_2(topk_chunks * k_pow2),
+        )
+        yield f"top_k rows={rows} k={k}", topk._top_k_kernel, topk_ptrs, constexprs, 8, 3
     prep_ptrs = dict(
         proj_ptr="bf16",
         pos_ptr="i64",
@@ -292,7 +335,7 @@ def resource_usage(cubin: bytes) -> tuple[str, str]:
 def main(out_dir: str | None = None) -> int:
     failures = 0
     for base, fn, ptrs, constexprs, warps, stages in [*gemv_variants(), *other_variants()]:
-        for pdl in (False, True):
+        for pdl in (False, True) if takes_pdl(fn) else (False,):
             name = base + (" +pdl" if pdl else "")
             try:
                 kernel = compile_variant(fn, ptrs, dict(constexprs), warps, stages, pdl)
