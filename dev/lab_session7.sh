@@ -20,7 +20,7 @@ part=${1:-0}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader | tee "$OUT/gpu_$part.txt"
 if [ "$part" = 0 ]; then
     timeout 220 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_cuda_step.py \
-        tests/test_gpu_fused_step.py tests/test_cuda_moe.py -k "bulk or combine_cut or several_steps or norm_projection or swiglu or gated or router or lazy or speculation" \
+        tests/test_gpu_fused_step.py tests/test_cuda_moe.py -k "bulk or combine_cut or several_steps or norm_projection or swiglu or gated or router or lazy or speculation or greedy" \
         > "$OUT/gpu_tests_lab7.log" 2>&1
     echo "tests rc=$?"; tail -5 "$OUT/gpu_tests_lab7.log"
     # the eighth session's: the one-launch greedy picks and top-k cut (compiled), the FP8 head's fp32 logits
