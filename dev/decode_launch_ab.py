@@ -32,6 +32,7 @@ from verify_kernels_ab import load_full_shape  # noqa: E402
 
 from solo.bench.decode import copy_bandwidth, time_graph  # noqa: E402
 from solo.engine.graphs import EagerStep, GraphCapture  # noqa: E402
+from solo.kernels import fused_kda  # noqa: E402
 from solo.kernels.cuda_moe_plan import DecodeKernelConfig  # noqa: E402
 from solo.kernels.cuda_step import CudaGemv, CudaRouter, GemvLaunch  # noqa: E402
 from solo.model.cache import HybridCache  # noqa: E402
@@ -88,9 +89,14 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # not a launch: one token's shared expert inside the persistent MoE kernel (--moe-shared fused) instead
     # of its own two kernels after it (docs/results/h200_shared_order_ab.log)
     "shared expert inside": {"shared_inside": True},
+    # not a GEMV launch: programs per KDA head (solo.kernels.fused_kda VALUE_SPLITS / WINDOW_VALUE_SPLITS,
+    # 4 and 4 in the product): 8 halves each program's slice of the state, two programs an SM (sm_90:
+    # 72 registers for one token, 116 for four, against 107 and 157; 2 splits spill at four tokens)
+    "KDA 8 value splits": {"kda": {"one": 8, "window": 8}},
+    "KDA verification 8 value splits": {"kda": {"window": 8}},
 }
 # a variant's keys that are not GemvLaunch fields
-NOT_LAUNCH = ("for", "shared_inside", "mla", "mla_one", "fast_select")
+NOT_LAUNCH = ("for", "shared_inside", "mla", "mla_one", "fast_select", "kda")
 
 
 def launch_for(gemv: CudaGemv, variant: dict) -> GemvLaunch:
@@ -134,6 +140,7 @@ def main() -> int:
     moes = step.routers_in_experts()
     mlas = [layer.attention.mla for layer in step.layers if hasattr(layer.attention, "mla")]
     mla_launches = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
+    kda_splits = (fused_kda.VALUE_SPLITS, fused_kda.WINDOW_VALUE_SPLITS)
     print(f"loaded in {times}; {len(gemvs)} CUDA GEMVs", flush=True)
     cache = HybridCache(model.config, args.context + 16, device, model.dtype, with_nextn=True)
     history = cache.new_history(4)
@@ -158,6 +165,9 @@ def main() -> int:
         for mla, (one, window) in zip(mlas, mla_launches, strict=True):
             mla.ONE_TOKEN = dataclasses.replace(one, **{**both, **one_only})
             mla.WINDOW = dataclasses.replace(window, **both)
+        splits = VARIANTS[name].get("kda", {})
+        fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])
+        fused_kda.WINDOW_VALUE_SPLITS = splits.get("window", kda_splits[1])
         try:  # a variant that cannot build or run here is reported and left out, the others still run
             captured[name] = (
                 graphs.capture(lambda: eager(ids1, pos1, cache))[0],

@@ -89,6 +89,50 @@ def test_every_fused_layer_matches_its_reference_layer(setup):
         assert launched[family] > 0, (family, launched)
 
 
+@pytest.mark.parametrize("splits", [8])
+def test_more_programs_per_kda_head_compute_what_four_do(setup, splits, monkeypatch):
+    """The KDA kernel with `splits` programs per head (a lab variant of dev/decode_launch_ab.py) against
+    the product's 4: every program owns its value columns and computes q, k and the gates the same way,
+    so the outputs, the states, the conv windows and the history equal bit for bit (fresh states and
+    inputs; one token and a verification window, copying and lazy)."""
+    from solo.kernels import fused_kda
+    from solo.model.cache import HybridCache
+
+    config, _, fused = setup
+    step = fused.decode_step
+    kda_layers = [(f, layer) for f, layer in zip(step.layers, fused.model.layers, strict=False) if not layer.is_mla]
+    fused_layer, layer = kda_layers[int(torch.randint(0, len(kda_layers), ()))]
+    for tokens, window in ((1, None), (4, None), (4, 4), (1, 4)):
+        start = HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True, verify_window=window)
+        start.kda_recurrent.normal_(0, 0.05)
+        start.kda_conv.normal_()
+        if window:
+            start.verification.states.normal_(0, 0.05)
+            start.kda_source.fill_(int(torch.randint(0, window + 1, ())))
+        x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
+        positions = torch.arange(30, 30 + tokens, device="cuda")
+        results = []
+        for nv in (fused_kda.VALUE_SPLITS, splits):
+            monkeypatch.setattr(fused_kda, "VALUE_SPLITS", nv)
+            monkeypatch.setattr(fused_kda, "WINDOW_VALUE_SPLITS", nv)
+            cache = HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True, verify_window=window)
+            cache.kda_recurrent.copy_(start.kda_recurrent)
+            cache.kda_conv.copy_(start.kda_conv)
+            if window:
+                cache.verification.states.copy_(start.verification.states)
+                cache.kda_source.copy_(start.kda_source)
+            history = (cache.verification if window else cache.new_history(tokens)) if tokens > 1 else None
+            out = x.clone()
+            with torch.inference_mode():
+                fused_layer(out, positions, cache, history)
+            saved = (out, cache.kda_recurrent, cache.kda_conv)
+            saved += (history.states, history.window) if history is not None else ()
+            saved += (cache.verification.states,) if window else ()
+            results.append([t.clone() for t in saved])
+        for a, b in zip(*results, strict=True):
+            assert torch.equal(a, b)
+
+
 def test_the_shared_expert_inside_the_moe_kernel_matches_the_reference_layers(setup):
     """--moe-shared fused (opt-in): one token's MoE layers run router, routed and shared experts in one
     launch and update the residual stream in place. Layer by layer against the reference modules (as
