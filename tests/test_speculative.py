@@ -36,16 +36,16 @@ class OracleDraftDecoder(NextNDecoder):
         self.corrupt = corrupt
         self.rng = torch.Generator().manual_seed(seed)
 
-    def draft_chain(self, first_hidden, position, cache, params, generator):
-        start = int(position) + 1
+    def draft_chain(self, first_hidden, state, cache, params, generator):
+        start = int(state.position) + 1
         tokens = []
         for i in range(self.config.num_steps):
             true = self.reference[start + i] if start + i < len(self.reference) else 7
             bad = torch.rand((), generator=self.rng) < self.corrupt
             tokens.append((true + 1 + int(torch.randint(0, 200, (), generator=self.rng))) % 262 if bad else true)
         drafts = torch.tensor(tokens)
-        probs = torch.zeros(len(tokens), self.model.config.vocab_size).scatter_(1, drafts[:, None], 1.0)
-        return drafts, probs
+        state.drafts.copy_(drafts)
+        state.draft_probs.zero_().scatter_(1, drafts[:, None], 1.0)
 
 
 @pytest.fixture(scope="module")

@@ -85,24 +85,29 @@ class SpeculativeConfig:
 class RoundState:
     """What one round hands the next, in static buffers (graph inputs and outputs)."""
 
+    window: torch.Tensor  # [S + 1]: the next verification's tokens, `last` then `drafts` (views of it)
     last: torch.Tensor  # [1] the last emitted token
     position: torch.Tensor  # [1] its position
     drafts: torch.Tensor  # [S] drafted tokens after it
     draft_probs: torch.Tensor  # [S, V] the distributions they were drawn from
     emitted: torch.Tensor  # [S + 2]: the verified drafts, the next token, the accepted count
     logprobs: torch.Tensor  # [S + 1, 1 + 2 * top]: packed log-probabilities per window position
+    offsets: torch.Tensor  # [S + 1]: 0..S (the window's positions after `position`)
 
     @classmethod
     def allocate(cls, steps: int, model: LingForCausalLM) -> RoundState:
         device, vocab = model.device, model.config.vocab_size
         long = dict(dtype=torch.long, device=device)
+        window = torch.zeros(steps + 1, **long)
         return cls(
-            last=torch.zeros(1, **long),
+            window=window,
+            last=window[:1],
             position=torch.zeros(1, **long),
-            drafts=torch.zeros(steps, **long),
+            drafts=window[1:],
             draft_probs=torch.zeros(steps, vocab, dtype=torch.float32, device=device),
             emitted=torch.zeros(steps + 2, **long),
             logprobs=torch.zeros(steps + 1, 1 + 2 * min(LOGPROB_TOP, vocab), dtype=torch.float32, device=device),
+            offsets=torch.arange(steps + 1, **long),
         )
 
 
@@ -168,16 +173,16 @@ class NextNDecoder:
         return head_logits(self.draft_head, hidden)
 
     # ------------------------------------------------------------------ one round's pieces
-    def draft_chain(
-        self, first_hidden: torch.Tensor, position: torch.Tensor, cache: HybridCache, params, generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """From the NEXTN hidden state predicting `position` + 1, draft S tokens by chaining.
-        Returns (drafts [S], draft probabilities [S, V]); greedy decoding drafts each argmax and
-        returns no distributions (greedy acceptance needs none: `accept_greedy`)."""
+    def draft_chain(self, first_hidden: torch.Tensor, state: RoundState, cache: HybridCache, params, generator) -> None:
+        """From the NEXTN hidden state predicting `state.position` + 1, draft S tokens by chaining, into
+        `state.drafts` and (sampling) their distributions into `state.draft_probs`; greedy decoding
+        drafts each argmax and needs no distributions (greedy acceptance: `accept_greedy`)."""
         tokens, dists = [], []
         hidden = first_hidden
         counts = self.adjuster.counts if params.adjusted else None
-        for step in range(self.config.num_steps):
+        steps = self.config.num_steps
+        ahead = state.position + state.offsets[1:steps]  # the positions the chain's NEXTN steps write
+        for step in range(steps):
             logits = self.draft_logits(hidden)
             if counts is not None:
                 logits = self.adjuster.apply(logits, counts)
@@ -188,11 +193,13 @@ class NextNDecoder:
                 token = sample_from(q, generator)
                 dists.append(q)
             tokens.append(token)
-            if step + 1 < self.config.num_steps:
-                hidden = self.model.draft_forward(token, hidden, position + 1 + step, cache)
+            if step + 1 < steps:
+                hidden = self.model.draft_forward(token, hidden, ahead[step : step + 1], cache)
                 if counts is not None:  # the next draft position counts this draft
                     counts = counts.index_add(0, token, torch.ones_like(token, dtype=torch.float32))
-        return torch.cat(tokens), (torch.cat(dists) if dists else None)
+        torch.cat(tokens, out=state.drafts)
+        if dists:
+            torch.cat(dists, out=state.draft_probs)
 
     def rounds(
         self, prompt_ids: torch.Tensor, cache: HybridCache, params: SamplingParams, logprobs: bool = False
@@ -212,11 +219,8 @@ class NextNDecoder:
         yield Round([int(last.item())], logprobs=[unpack_logprobs(packed[0].tolist())] if logprobs else None)
         draft_hidden = model.draft_prefill(torch.cat([prompt_ids[1:], last]), hidden, cache)
         state.position.fill_(n)  # position of `last`
-        drafts, draft_probs = self.draft_chain(draft_hidden[-1:], state.position, cache, params, generator)
+        self.draft_chain(draft_hidden[-1:], state, cache, params, generator)
         state.last.copy_(last)
-        state.drafts.copy_(drafts)
-        if draft_probs is not None:
-            state.draft_probs.copy_(draft_probs)
 
         reader = TokenReader(device, steps + 2)
         lp_reader = LogprobReader(device, steps + 1, state.logprobs.shape[-1]) if logprobs else None
@@ -270,10 +274,9 @@ class NextNDecoder:
         Static shapes, no host synchronisation: safe to capture in a CUDA graph."""
         model, steps = self.model, self.config.num_steps
         history = self.history_for(cache)
-        offsets = torch.arange(steps + 1, device=state.last.device)
-        window = torch.cat([state.last, state.drafts])
+        offsets = state.offsets
         positions = state.position + offsets
-        verify_hidden, verify_logits = self.step(window, positions, cache, history)
+        verify_hidden, verify_logits = self.step(state.window, positions, cache, history)
         if params.adjusted:  # position i counts the drafts before it
             verify_logits = self.adjuster.apply(verify_logits, self.adjuster.window_counts(state.drafts))
         if params.greedy:  # the same outcome as accept_drafts on one-hot distributions, without them
@@ -282,26 +285,24 @@ class NextNDecoder:
         else:
             target_probs = self.distribution(verify_logits, params)
             accepted, last = accept_drafts(target_probs[None], state.draft_probs[None], state.drafts[None], generator)
-        cache.rollback_kda(history, accepted + 1, lazy=self.lazy_rollback(cache, history))
-        state.emitted.copy_(torch.cat([state.drafts, last, accepted]))
+        keep = accepted + 1
+        cache.rollback_kda(history, keep, lazy=self.lazy_rollback(cache, history))
+        torch.cat([state.drafts, last, accepted], out=state.emitted)
+        following = state.emitted[: steps + 1]  # the drafts, then the new token
         if params.adjusted or logprobs:
             # the token at each window position: the kept drafts, then the new token (repeated past it)
-            kept = torch.where(offsets < accepted, torch.cat([state.drafts, last]), last)
+            kept = torch.where(offsets < accepted, following, last)
             if params.adjusted:
                 self.adjuster.observe(kept, (offsets <= accepted).float())
             if logprobs:
                 state.logprobs.copy_(pack_logprobs(logprob_distribution(verify_logits, target_probs, params), kept))
 
-        slot_tokens = torch.where(offsets == accepted, last, torch.cat([state.drafts, last]))
+        slot_tokens = torch.where(offsets == accepted, last, following)
         draft_hidden = model.draft_forward(slot_tokens, verify_hidden, positions + 1, cache)
         first = draft_hidden.index_select(0, accepted)
-        next_position = state.position + accepted + 1
-        drafts, draft_probs = self.draft_chain(first, next_position, cache, params, generator)
+        state.position.add_(keep)  # (the drafts and probabilities of this round are read by now)
+        self.draft_chain(first, state, cache, params, generator)
         state.last.copy_(last)
-        state.position.copy_(next_position)
-        state.drafts.copy_(drafts)
-        if draft_probs is not None:
-            state.draft_probs.copy_(draft_probs)
 
     def _round_runner(
         self, cache: HybridCache, params: SamplingParams, generator: torch.Generator | None, logprobs: bool = False
