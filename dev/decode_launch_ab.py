@@ -89,11 +89,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # not a launch: one token's shared expert inside the persistent MoE kernel (--moe-shared fused) instead
     # of its own two kernels after it (docs/results/h200_shared_order_ab.log)
     "shared expert inside": {"shared_inside": True},
-    # not a GEMV launch: programs per KDA head (solo.kernels.fused_kda VALUE_SPLITS / WINDOW_VALUE_SPLITS,
-    # 4 and 4 in the product): 8 halves each program's slice of the state, two programs an SM (sm_90:
-    # 72 registers for one token, 116 for four, against 107 and 157; 2 splits spill at four tokens)
-    "KDA 8 value splits": {"kda": {"one": 8, "window": 8}},
-    "KDA verification 8 value splits": {"kda": {"window": 8}},
+    # not a GEMV launch: one token's programs per KDA head (solo.kernels.fused_kda.VALUE_SPLITS, 4 in the
+    # product): 8 halves each program's slice of the state, two programs an SM (sm_90: 72 registers against
+    # 107). For verification 8 lost before (4.511 -> 4.537 ms at 4K, dev/verify_kernels_ab.py --kda-splits)
+    "KDA one token 8 value splits": {"kda": {"one": 8}},
 }
 # a variant's keys that are not GemvLaunch fields
 NOT_LAUNCH = ("for", "shared_inside", "mla", "mla_one", "fast_select", "kda")

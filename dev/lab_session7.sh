@@ -7,7 +7,7 @@
 #           dev/mla_probe.py)
 #   part 2: the bulk GEMV variants inside the whole decode step at 32K, one process (dev/decode_launch_ab.py)
 #   part 3: the MLA and selection variants (and the bulk ring with them) the same way
-#   part 4: (eighth session) 8 programs per KDA head instead of 4, one token and verification
+#   part 4: (eighth session) 8 programs per KDA head instead of 4 for one token
 # With 30 device minutes: parts 0 and 2 first, then `solo bench decode --random-weights ling-3.0-flash
 # --configs cuda:fp8:fused+cuda+pdl --context 32768 --prefill "" --loop-tokens 0` (the eighth session's
 # changes are in verification and the rounds), then parts 1, 3 and 4.
@@ -43,8 +43,8 @@ elif [ "$part" = 2 ]; then
         "product;bulk;bulk, 8 warps;bulk, at most 8 slots;bulk, at most 5 slots;bulk: qkvfgb, q|kv_a|g, MLP;bulk: o_proj, dense, downs" \
         2>&1 | tee "$OUT/launch_ab_lab7_bulk.log"
 elif [ "$part" = 4 ]; then  # (eighth session) programs per KDA head, in the whole step
-    timeout 400 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_lab8_kda.json" --variants \
-        "product;KDA 8 value splits;KDA verification 8 value splits" 2>&1 | tee "$OUT/launch_ab_lab8_kda.log"
+    timeout 300 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_lab8_kda.json" --variants \
+        "product;KDA one token 8 value splits" 2>&1 | tee "$OUT/launch_ab_lab8_kda.log"
 else
     timeout 560 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_lab7_other.json" --variants \
         "product;MLA combine in 4 latent slices;MLA one token: heads in two programs;MLA attention transposed;fast selection;bulk + MLA combine in 4 latent slices;bulk + fast selection" \
