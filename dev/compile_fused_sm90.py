@@ -27,9 +27,13 @@ FLOATS = {"eps", "limit", "scale", "amplitude", "lower_bound", "scaling"}
 SMEM_LIMIT = 232448  # per block on the H100/H200
 
 
+def jit_of(fn):
+    """The JITFunction under a (possibly wrapped) Triton kernel."""
+    return fn.fn if hasattr(fn, "fn") and not hasattr(fn, "arg_names") else fn
+
+
 def takes_pdl(fn) -> bool:
-    jit = fn.fn if hasattr(fn, "fn") and not hasattr(fn, "arg_names") else fn
-    return any(param.name == "PDL" for param in jit.params)
+    return any(param.name == "PDL" for param in jit_of(fn).params)
 
 
 def compile_variant(
@@ -38,7 +42,7 @@ def compile_variant(
     """Compile `fn` with pointer element types `pointers` (name -> 'bf16', 'fp32', ...) and the given
     constexprs; other scalar arguments are i32, or fp32 for the names in FLOATS. `pdl`: the kernel's
     PDL constexpr and Triton's launch_pdl option (solo.kernels.pdl)."""
-    jit = fn.fn if hasattr(fn, "fn") and not hasattr(fn, "arg_names") else fn
+    jit = jit_of(fn)
     if takes_pdl(fn):
         constexprs = {**constexprs, "PDL": pdl}
     if any(param.name == "PREFETCH" for param in jit.params):  # the weight prefetch comes with PDL in the step

@@ -59,7 +59,7 @@ def test_a_lazy_rollback_settles_to_what_the_copy_gives() -> None:
         lazy, eager = (HybridCache(config, 16, "cpu", torch.float32, verify_window=4) for _ in range(2))
         for cache in (lazy, eager):
             assert cache.verification is not None and cache.verification.states.shape[1] == 4
-        buffers = [(c.kda_recurrent, c.kda_conv, *c.verification_tensors()) for c in (lazy, eager)]
+        buffers = [(c.kda_recurrent, c.kda_conv, c.verification.states, c.verification.window) for c in (lazy, eager)]
         start = [torch.randn_like(t) for t in buffers[0]]
         for tensors in buffers:
             for dst, src in zip(tensors, start, strict=True):
@@ -79,7 +79,7 @@ def test_a_lazy_rollback_settles_to_what_the_copy_gives() -> None:
 def test_an_eager_rollback_after_a_lazy_one_points_back_at_the_cache() -> None:
     config = small_config()
     cache = HybridCache(config, 16, "cpu", torch.float32, verify_window=4)
-    for t in cache.verification_tensors():
+    for t in (cache.verification.states, cache.verification.window):
         t.copy_(torch.randn_like(t))
     cache.rollback_kda(cache.verification, torch.tensor([3]), lazy=True)
     other = cache.new_history(4)

@@ -7,17 +7,15 @@ paths, small widths); the GPU part (tests/test_gpu_fused_step.py) checks full wi
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 
 import pytest
 import torch
 
+from solo.testing.interpreter import interpret_without_gpu
+
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed (pip install triton)", allow_module_level=True)
-if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") is None and "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+INTERPRET = interpret_without_gpu()
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="runs under Triton's CPU interpreter (TRITON_INTERPRET=1)")
 
 from solo.checkpoint.synthetic import load_random_model, synthetic_config  # noqa: E402

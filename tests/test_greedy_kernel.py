@@ -7,17 +7,15 @@ here (CI); on a GPU the same tests run the compiled kernel.
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 
 import pytest
 import torch
 
+from solo.testing.interpreter import interpret_without_gpu
+
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed (pip install triton)", allow_module_level=True)
-if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") is None and "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+INTERPRET = interpret_without_gpu()
 DEVICE = "cpu" if INTERPRET else "cuda"
 pytestmark = pytest.mark.skipif(
     not INTERPRET and not torch.cuda.is_available(), reason="needs a GPU or Triton's CPU interpreter"

@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from solo.testing.interpreter import interpret_without_gpu
+
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed (pip install triton)", allow_module_level=True)
 
 # TRITON_INTERPRET is read when triton (and its standard library) is first imported.
-if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") is None and "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+INTERPRET = interpret_without_gpu()
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

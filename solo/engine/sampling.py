@@ -132,7 +132,7 @@ def top_k_cut(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     """logits.topk(k) (values descending, their columns): on a GPU through `gpu_top_k` (the same values;
     among equal logits the lower column first, where torch leaves the order unspecified)."""
     if logits.is_cuda:
-        return (_GPU_TOP_K or gpu_top_k())(logits, k)
+        return gpu_top_k()(logits, k)
     return logits.topk(k, dim=-1)
 
 

@@ -137,12 +137,11 @@ class _KDAAttention:
         proj = self.proj(x, norm_weight=self.norm, eps=self.eps)
         state = cache.kda[self.index]
         past = history[self.index] if history is not None else None
-        # a cache with its own verification history may hold the states there (lazy rollback)
+        # a cache with its own verification history may hold the states there (lazy rollback); a pass
+        # into another history reads them from kda_recurrent (settled by `forward`)
         own = cache.verification
-        lazy = (cache.kda_source, own[self.index].states) if own is not None else None
-        if lazy is not None and past is not None and history is not own:
-            lazy = None  # a pass into another history: the states must be in kda_recurrent
-            cache.settle_kda()
+        follows = own is not None and (history is None or history is own)
+        lazy = (cache.kda_source, own[self.index].states) if follows else None
         o = torch.empty((x.shape[0], self.dim), dtype=torch.bfloat16, device=x.device)
         kda_decode(
             proj,
@@ -527,6 +526,8 @@ class FusedDecodeStep:
         kda_history: dict[int, KDAHistory] | None = None,
     ) -> torch.Tensor:
         """The reference model's forward (final-norm hidden states [T, hidden]) for T served tokens."""
+        if kda_history is not None and kda_history is not cache.verification:
+            cache.settle_kda()  # (the KDA kernels read kda_recurrent for a pass into another history)
         x = F.embedding(input_ids, self.embedding)
         for layer in self.layers:
             layer(x, positions, cache, kda_history)

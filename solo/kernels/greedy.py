@@ -89,7 +89,9 @@ def _greedy_kernel(
         tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")
 
 
-def _launch(logits: torch.Tensor, drafts: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _launch(
+    logits: torch.Tensor, drafts: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     if logits.ndim != 2 or logits.stride(-1) != 1:
         raise ValueError(f"greedy picks take row-major logits [rows, vocabulary], got {tuple(logits.shape)}")
     rows, vocab = logits.shape
@@ -100,8 +102,10 @@ def _launch(logits: torch.Tensor, drafts: torch.Tensor | None) -> tuple[torch.Te
     indices = split_scratch(_SCRATCH, (str(device), "indices"), rows * chunks, torch.int32, False, device, most)
     count = split_scratch(_SCRATCH, (str(device), "count"), 1, torch.int32, True, device)
     picks = torch.empty(rows, dtype=torch.int64, device=device)
-    accepted = torch.empty(1, dtype=torch.int64, device=device)
-    following = torch.empty(1, dtype=torch.int64, device=device)
+    accepted = following = None
+    if drafts is not None:
+        accepted = torch.empty(1, dtype=torch.int64, device=device)
+        following = torch.empty(1, dtype=torch.int64, device=device)
     _greedy_kernel[(chunks, rows)](
         logits,
         logits.stride(0),
@@ -110,9 +114,9 @@ def _launch(logits: torch.Tensor, drafts: torch.Tensor | None) -> tuple[torch.Te
         indices,
         count,
         picks,
-        drafts if drafts is not None else picks,
-        accepted,
-        following,
+        drafts if drafts is not None else picks,  # (unused pointers without a round's acceptance)
+        accepted if accepted is not None else picks,
+        following if following is not None else picks,
         ROWS=rows,
         CHUNKS=chunks,
         CHUNK_SIZE=CHUNK,
@@ -136,4 +140,5 @@ def greedy_accept(target_logits: torch.Tensor, drafts: torch.Tensor) -> tuple[to
         want = target_logits.shape[0] - 1
         raise ValueError(f"drafts must be int64 [{want}], got {drafts.dtype} {tuple(drafts.shape)}")
     _, accepted, following = _launch(target_logits, drafts.contiguous())
+    assert accepted is not None and following is not None
     return accepted, following

@@ -108,13 +108,6 @@ class HybridCache:
             torch.zeros((layers, channels, width + tokens), dtype=torch.float32, device=self.kda_conv.device),
         )
 
-    def verification_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The verification history's states [layers, W, heads, d_k, d_v] and conv inputs (ValueError
-        for a cache made without verify_window)."""
-        if self.verification is None:
-            raise ValueError("this cache has no verification history (make it with verify_window)")
-        return self.verification.states, self.verification.window
-
     def rollback_kda(self, history: dict[int, KDAHistory], keep: torch.Tensor, lazy: bool = False) -> None:
         """Make each KDA state what it would be had only the first `keep` (a 1-element tensor, >= 1)
         tokens of the verification pass been processed. MLA caches need nothing: entries past the
