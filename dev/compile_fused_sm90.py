@@ -167,11 +167,24 @@ def other_variants():
         count_ptr="i32",
         sync_ptr="i32",
         source_ptr="i32",
+        handoff_ptr="i32",
     )
-    kda_cases = ((1, False, False), (4, True, False), (1, True, False), (1, False, True), (4, True, True))
-    for tokens, history, lazy in kda_cases:
-        constexprs = dict(T=tokens, H=32, DK=128, NV=kda.VALUE_SPLITS, SAFE_GATE=True, HISTORY=history, LAZY=lazy)
-        yield f"kda T={tokens} history={history} lazy={lazy}", kda._kda_decode, kda_ptrs, constexprs, 4, 3
+    kda_cases = (
+        (1, False, False, False),
+        (4, True, False, False),
+        (1, True, False, False),
+        (1, False, True, False),
+        (4, True, True, False),
+        (1, False, False, True),
+        (1, False, True, True),
+        (4, True, True, True),
+    )
+    for tokens, history, lazy, handoff in kda_cases:
+        constexprs = dict(
+            T=tokens, H=32, DK=128, NV=kda.VALUE_SPLITS, SAFE_GATE=True, HISTORY=history, LAZY=lazy, HANDOFF=handoff
+        )
+        name = f"kda T={tokens} history={history} lazy={lazy} handoff={handoff}"
+        yield name, kda._kda_decode, kda_ptrs, constexprs, 4, 3
     vocab_chunks = triton.cdiv(157184, greedy.CHUNK)
     greedy_ptrs = dict(
         logits_ptr="fp32",

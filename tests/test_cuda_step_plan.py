@@ -93,3 +93,47 @@ def test_the_bulk_ring_fits_its_share_of_the_sm(rows, k, warps, swiglu, tokens, 
         assert shared <= min(SHARED_PER_BLOCK, SHARED_PER_SM // per_sm - 1024) and shared % 16 == 0
     # the KDA projections of one token: one block an SM holds 10 slots (210 KB in flight)
     assert bulk_ring(1, 2560, 8, False, GemvLaunch(bulk=1), 2564, 132)[0] == 10
+
+
+def order_of(rows: int, rotate: int) -> list[int]:
+    """The tasks in gemv_decode.cu's order (TASK_AT: position seq runs task (seq + ROTATE) mod TASKS)."""
+    tasks = -(-rows // 8)
+    return [(seq + rotate) % tasks if rotate else seq for seq in range(tasks)]
+
+
+def _random_handoff() -> tuple[int, int, int]:
+    rows = random.randrange(16, 30000, 8)
+    first, last = sorted(random.sample(range(rows // 8 + 1), 2))
+    return rows, 8 * first, 8 * last
+
+
+@pytest.mark.parametrize(
+    ("rows", "start", "end"),
+    [(20512, 16384, 20480), (20512, 20480, 20512), (20512, 0, 8), (2564, 2552, 2560), (4104, 0, 4104)]
+    + [_random_handoff() for _ in range(20)],
+)
+def test_a_handoff_orders_its_last_rows_last_and_signals_every_other_task(rows, start, end):
+    """The KDA projections' hand-off: g (rows 16,384..20,479 of 20,512) after q, k, v, f and b. Every
+    task runs once, the hand-off's tasks are exactly the order's tail, and every block whose position is
+    among the first SIGNAL signals exactly once (the count the KDA kernel waits for)."""
+    from solo.kernels.cuda_step import persistent_grid, task_order
+
+    rotate, signal = task_order(rows, start, end)
+    order = order_of(rows, rotate)
+    tasks = -(-rows // 8)
+    assert sorted(order) == list(range(tasks))
+    assert set(order[signal:]) == set(range(start // 8, end // 8)), "the hand-off's rows end the order"
+    assert len(order[signal:]) == (end - start) // 8
+    for resident in {1, 7, 132, 792, 900, tasks}:
+        grid = persistent_grid(tasks, resident)
+        # a block signals at its last position below SIGNAL (gemv_decode.cu: seq < SIGNAL <= seq + grid)
+        signals = [seq for seq in range(tasks) if seq < signal <= seq + grid]
+        assert len(signals) == min(grid, signal) and len({seq % grid for seq in signals}) == len(signals)
+
+
+@pytest.mark.parametrize(("start", "end"), [(4, 16), (16, 16), (24, 16), (0, 20520), (-8, 8)])
+def test_a_handoff_of_rows_that_are_not_whole_tasks_is_refused(start, end):
+    from solo.kernels.cuda_step import task_order
+
+    with pytest.raises(ValueError, match="whole 8-row tasks"):
+        task_order(20512, start, end)

@@ -163,6 +163,35 @@ def test_the_bulk_ring_computes_what_the_registers_do(rows, k, half, tokens):
         assert torch.equal(got, want), (bulk, slots, ran)
 
 
+@pytest.mark.parametrize("tokens", [1, 4, 8])
+@pytest.mark.parametrize(
+    ("rows", "k", "last", "launch"),
+    [
+        (20512, 2560, (16384, 20480), "auto"),  # the KDA projections: g last
+        (20512, 2560, (16384, 20480), "bulk ring"),
+        (1003, 4096, (0, 504), "auto"),  # rows past the last full task come before the hand-off's
+        (2560, 4096, (2552, 2560), "one block per SM"),  # one task last, many tasks a block
+    ],
+)
+def test_a_handoff_reorders_the_tasks_and_signals_once_per_block(rows, k, last, launch, tokens):
+    """With a hand-off the tasks run in another order (the hand-off's rows last) and each block signals
+    once its other rows are stored: the same outputs bit for bit, and as many signals as `last_signals`
+    says (the count the KDA kernel waits for)."""
+    from solo.kernels.cuda_step import Handoff
+
+    g, _ = gemv(rows, k, **LAUNCHES[launch])
+    x = (torch.randn(tokens, k) * 2).to(torch.bfloat16).to(DEVICE)
+    norm = (1 + 0.2 * torch.randn(k)).to(torch.bfloat16).to(DEVICE)
+    want = g(x, norm_weight=norm)
+    assert g.last_signals == 0
+    counter = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    got = g(x, norm_weight=norm, handoff=Handoff(counter, *last))
+    assert torch.equal(got, want)
+    assert 0 < g.last_signals == int(counter[0]) and int(counter[1]) == 0
+    grid = next(built[1] for key, built in g._kernels.items() if key[-1] != (0, 0))
+    assert g.last_signals == min(grid, -(-rows // 8) - (last[1] - last[0]) // 8)
+
+
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_row_scales_in_bf16_and_fp32(tokens):
     """The LM head's format: one scale per row, bf16 or fp32 logits."""

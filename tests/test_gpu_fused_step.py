@@ -133,6 +133,55 @@ def test_more_programs_per_kda_head_compute_what_four_do(setup, splits, monkeypa
             assert torch.equal(a, b)
 
 
+def test_the_kda_handoff_computes_what_the_plain_wait_does(setup):
+    """The KDA layer with its projection handing q, k, v, f and b over before it ends (g last; the
+    KDA kernel waits for the blocks' signals): the same outputs, states, windows and history bit for bit
+    as with the plain wait (one token and a verification window, copying and lazy), and the counters
+    zero again after each layer."""
+    from solo.kernels.cuda_step import CudaGemv
+    from solo.model.cache import HybridCache
+
+    config, _, fused = setup
+    step = fused.decode_step
+    kda_layers = [(f, layer) for f, layer in zip(step.layers, fused.model.layers, strict=False) if not layer.is_mla]
+    if not isinstance(kda_layers[0][0].attention.proj, CudaGemv):
+        pytest.skip("the hand-off is the CUDA GEMV's (Hopper)")
+    for tokens, window in ((1, None), (4, None), (4, 4), (1, 4)):
+        fused_layer, _ = kda_layers[int(torch.randint(0, len(kda_layers), ()))]
+        start = HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True, verify_window=window)
+        start.kda_recurrent.normal_(0, 0.05)
+        start.kda_conv.normal_()
+        if window:
+            start.verification.states.normal_(0, 0.05)
+            start.kda_source.fill_(int(torch.randint(0, window + 1, ())))
+        x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
+        positions = torch.arange(30, 30 + tokens, device="cuda")
+        results = []
+        for handoff in (False, True):
+            step.kda_handoff = handoff
+            cache = HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True, verify_window=window)
+            cache.kda_recurrent.copy_(start.kda_recurrent)
+            cache.kda_conv.copy_(start.kda_conv)
+            if window:
+                cache.verification.states.copy_(start.verification.states)
+                cache.kda_source.copy_(start.kda_source)
+            history = (cache.verification if window else cache.new_history(tokens)) if tokens > 1 else None
+            out = x.clone()
+            try:
+                with torch.inference_mode():
+                    fused_layer(out, positions, cache, history)
+            finally:
+                step.kda_handoff = False
+            assert (fused_layer.attention.proj.last_signals > 0) == handoff
+            assert step.kda_handoff_counters.tolist() == [0, 0]
+            saved = (out, cache.kda_recurrent, cache.kda_conv)
+            saved += (history.states, history.window) if history is not None else ()
+            saved += (cache.verification.states,) if window else ()
+            results.append([t.clone() for t in saved])
+        for a, b in zip(*results, strict=True):
+            assert torch.equal(a, b)
+
+
 def test_the_shared_expert_inside_the_moe_kernel_matches_the_reference_layers(setup):
     """--moe-shared fused (opt-in): one token's MoE layers run router, routed and shared experts in one
     launch and update the residual stream in place. Layer by layer against the reference modules (as
@@ -342,12 +391,25 @@ def test_pdl_launches_compute_exactly_what_plain_launches_do_and_are_proven_at_s
         engines[name] = (Engine(model, tok), Engine(model, tok, NextNDecoder(model)))
         for engine in engines[name]:
             engine.enable_cuda_graphs(512)
+    runs = []
     for _ in range(2):
         prompt = torch.randint(0, VOCAB, (int(torch.randint(5, 60, ())),)).tolist()
         params = GenerationParams(max_tokens=40, ignore_eos=True)
         outs = {name: [e.generate(prompt, params).token_ids for e in pair] for name, pair in engines.items()}
         assert outs["pdl"] == outs["plain"]
+        runs.append((prompt, params, outs["plain"]))
     assert engines["pdl"][1].acceptance.accepted_at == engines["plain"][1].acceptance.accepted_at
+    if with_pdl.decode_step.kernels == "cuda":  # the KDA hand-off under PDL: its graphs, the same tokens
+        with_pdl.decode_step.kda_handoff = True
+        try:
+            handed = (Engine(with_pdl, tok), Engine(with_pdl, tok, NextNDecoder(with_pdl)))
+            for engine in handed:
+                engine.enable_cuda_graphs(512)
+            for prompt, params, want in runs:
+                assert [e.generate(prompt, params).token_ids for e in handed] == want
+        finally:
+            with_pdl.decode_step.kda_handoff = False
+        assert with_pdl.decode_step.kda_handoff_counters.tolist() == [0, 0]
     check = check_decode_step(engines["pdl"][0], "fused")
     assert check.status == ACTIVE, check
     assert all(check.evidence["pdl"][family] for family in with_pdl.decode_step.families_per_step()), check

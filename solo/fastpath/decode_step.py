@@ -34,6 +34,7 @@ from solo.fastpath.availability import (
     StepKernelsUnavailable,
     fused_step_unavailable,
 )
+from solo.kernels.cuda_step import CudaGemv, Handoff
 from solo.kernels.fused_gemv import FusedGemv
 from solo.kernels.fused_kda import kda_decode
 from solo.kernels.fused_mla import FusedMLA
@@ -131,10 +132,22 @@ class _KDAAttention:
         self.counter = step.counter("kda")
         self.sync = step.kda_sync
         self.launch = step.launch
+        self.step = step
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, int] | None]:
+        """[q|k|v|f|g|b] rows of x, and the KDA kernel's hand-off where the CUDA GEMV made them with one
+        (FusedDecodeStep.kda_handoff: g, which only the output projection reads, computed last)."""
+        if not (self.step.kda_handoff and isinstance(self.proj, CudaGemv)):
+            return self.proj(x, norm_weight=self.norm, eps=self.eps), None
+        counters = self.step.kda_handoff_counters
+        handoff = Handoff(counters, 4 * self.dim, 5 * self.dim)
+        proj = self.proj(x, norm_weight=self.norm, eps=self.eps, handoff=handoff)
+        signals = self.proj.last_signals  # (0 where the call went to the Triton kernel)
+        return proj, (counters, signals) if signals else None
 
     def __call__(self, x, positions, cache: HybridCache, history: dict[int, KDAHistory] | None) -> None:
         a = self.attn
-        proj = self.proj(x, norm_weight=self.norm, eps=self.eps)
+        proj, handoff = self._project(x)
         state = cache.kda[self.index]
         past = history[self.index] if history is not None else None
         # a cache with its own verification history may hold the states there (lazy rollback); a pass
@@ -159,6 +172,7 @@ class _KDAAttention:
             self.sync,
             self.launch,
             lazy,
+            handoff,
         )
         gate = proj[:, 4 * self.dim : 5 * self.dim]
         self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps)
@@ -322,6 +336,10 @@ class FusedDecodeStep:
     (None: where it can run; True: required; False: not); `moe_shared`: also the shared expert (True:
     in every MoE layer or an error; None or False: not, as it measured slower)."""
 
+    # the KDA recurrence starts once the CUDA GEMV has stored q, k, v, f and b, while the output gate g
+    # (computed last) still streams (cuda_step.Handoff); read at each call (a lab switch until measured)
+    kda_handoff = False
+
     def __init__(
         self,
         model: LingForCausalLM,
@@ -346,6 +364,8 @@ class FusedDecodeStep:
         self.launch_counts = torch.zeros(len(FAMILIES), dtype=torch.int32, device=model.device)
         # per-head counters the KDA kernels synchronise their programs on (zero between launches)
         self.kda_sync = torch.zeros(model.config.linear_num_heads, dtype=torch.int32, device=model.device)
+        # the KDA projections' hand-off (signals, programs past the wait; zero between launches)
+        self.kda_handoff_counters = torch.zeros(2, dtype=torch.int32, device=model.device)
         trunk = model.model.layers[: model.config.num_hidden_layers]
         self.layers = [_Layer(layer, self) for layer in trunk]
         self.embedding = model.model.word_embeddings.weight

@@ -45,6 +45,19 @@ def cuda_step_unavailable(device: torch.device | str) -> str | None:
 
 
 @dataclass(frozen=True)
+class Handoff:
+    """A GEMV that hands its rows over before it ends (gemv_decode.cu SIGNAL): output rows [last_start,
+    last_end) are computed last, and each block adds 1 to `counter` (int32, on the device) once the other
+    rows it computes are stored and visible. A consumer that needs only those other rows waits for
+    `CudaGemv.last_signals` signals (the KDA recurrence: q, k, v, f and b, while the output gate g still
+    streams). Both bounds are multiples of 8 (the kernel's tasks)."""
+
+    counter: torch.Tensor
+    last_start: int
+    last_end: int
+
+
+@dataclass(frozen=True)
 class GemvLaunch:
     """How one projection's kernel runs: warps per block (they split K; 0: chosen by `choose_launch`),
     blocks per SM (at most; fewer where registers or shared memory allow fewer), loads in flight per
@@ -108,6 +121,19 @@ def bulk_ring(
     return (slots, size(slots)) if slots >= 2 else (0, 0)
 
 
+def task_order(rows: int, last_start: int, last_end: int) -> tuple[int, int]:
+    """(ROTATE, SIGNAL) of gemv_decode.cu for a hand-off whose rows [last_start, last_end) come last: the
+    8-row tasks run from the one after them on (mod the task count), so that they end the order, and the
+    first SIGNAL tasks of the order are all the others."""
+    if last_start % 8 or last_end % 8 or not 0 <= last_start < last_end <= rows:
+        raise ValueError(
+            f"a hand-off's last rows must be a non-empty range of whole 8-row tasks within {rows} rows, "
+            f"not [{last_start}, {last_end})"
+        )
+    tasks = -(-rows // 8)
+    return (last_end // 8) % tasks, tasks - (last_end - last_start) // 8
+
+
 def choose_launch(rows: int) -> GemvLaunch:
     """Measured on the H200 (dev/step_kernels_probe.py, docs/performance.md): many rows (q|k|v|f|g|b,
     MLA q|kv_a|g, dense gate_up: thousands of 8-row tasks) run best as many small blocks of 4 warps;
@@ -160,13 +186,35 @@ class CudaGemv:
         self.device = fused.weight.device
         self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self._kernels: dict[tuple, tuple[Any, int, int, dict[str, int]]] = {}
+        # signals the last call with a Handoff made (0: none; that call ran without one or on Triton)
+        self.last_signals = 0
 
     @property
     def launch(self) -> LaunchPolicy:
         return self.fused.launch
 
-    def _kernel(self, tokens: int, norm: int, epi: int, add: bool, write_xn: bool, out_f32: bool, group: int):
-        key = (tokens, norm, epi, add, write_xn, out_f32, group)
+    def _order(self, handoff: Handoff | None) -> tuple[int, int]:
+        if handoff is None:
+            return 0, 0
+        if handoff.counter.dtype != torch.int32 or handoff.counter.device != self.device:
+            raise ValueError(f"{self.name}: the hand-off counter must be an int32 tensor on {self.device}")
+        try:
+            return task_order(self.rows, handoff.last_start, handoff.last_end)
+        except ValueError as exc:
+            raise ValueError(f"{self.name}: {exc}") from None
+
+    def _kernel(
+        self,
+        tokens: int,
+        norm: int,
+        epi: int,
+        add: bool,
+        write_xn: bool,
+        out_f32: bool,
+        group: int,
+        order: tuple[int, int] = (0, 0),
+    ):
+        key = (tokens, norm, epi, add, write_xn, out_f32, group, order)
         if key not in self._kernels:
             from solo.kernels.cuda_runtime import CudaKernel
 
@@ -186,6 +234,8 @@ class CudaGemv:
                 "WRITE_XN": int(write_xn),
                 "WARPS": warps,
                 "PF": in_flight(self.k // 64 // warps, cfg.max_in_flight),
+                "ROTATE": order[0],
+                "SIGNAL": order[1],
             }
             # gemv_decode.cu's struct Shared: xh [NTOK][K/2] u32, part [2][WARPS][2][8][NTOK], red [NTOK][WARPS] fp32
             shared = -(-(tokens * (2 * self.k + 128 * warps + 4 * warps)) // 16) * 16
@@ -223,9 +273,12 @@ class CudaGemv:
         addend: torch.Tensor | None = None,
         xn_out: torch.Tensor | None = None,
         out_dtype: torch.dtype = torch.bfloat16,
+        handoff: Handoff | None = None,
     ) -> torch.Tensor:
-        """As FusedGemv.__call__; up to `max_tokens` tokens run here, more on the Triton kernel."""
+        """As FusedGemv.__call__; up to `max_tokens` tokens run here, more on the Triton kernel (which
+        hands nothing over: `last_signals` is then 0, and a consumer must wait for the kernel's end)."""
         tokens = x.shape[0]
+        self.last_signals = 0
         if not 1 <= tokens <= self.max_tokens:
             return self.fused(
                 x,
@@ -263,8 +316,9 @@ class CudaGemv:
         out_f32 = out.dtype == torch.float32
         if out_f32 and epi != EPI_STORE or out.dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"{self.name}: the CUDA GEMV writes bf16 (fp32 only for plain outputs), not {out.dtype}")
+        order = self._order(handoff)
         kernel, grid, threads, _ = self._kernel(
-            tokens, norm, epi, addend is not None, xn_out is not None, out_f32, group
+            tokens, norm, epi, addend is not None, xn_out is not None, out_f32, group, order
         )
         launch = self.launch.at(tokens)
         kernel.launch(
@@ -289,10 +343,13 @@ class CudaGemv:
                 residual.stride(0) if residual is not None else 0,
                 addend.stride(0) if addend is not None else 0,
                 xn_out.stride(0) if xn_out is not None else 0,
+                handoff.counter if handoff is not None else None,
             ],
             dependent=launch.pdl,
         )
         launch.record(self.family, kernel)
+        if handoff is not None:  # every block whose first task is among the first SIGNAL signals once
+            self.last_signals = min(grid, order[1])
         return out
 
 

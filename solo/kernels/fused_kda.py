@@ -19,6 +19,13 @@ state there and not the final one (the rollback that follows picks the accepted 
 73 MB copy of a rollback at Ling-3.0-flash shape becomes a store of one scalar). Each program reads its
 slice of the state before it stores any slice of the history, so reading a slot it overwrites is safe.
 
+Hand-off (`handoff`, with the CUDA GEMV's solo.kernels.cuda_step.Handoff): the projection computes the
+output gate g, which only the next GEMV reads, after q, k, v, f and b, and counts the blocks whose other
+rows are stored; the programs wait for that count (acquire) instead of the projection's end, so the
+recurrence runs while g still streams. The last program past the wait zeroes the counters; every
+program still waits for the projection's end before it ends (under PDL), so the kernel after this one
+finds g written.
+
 Every program of a head reads the head's q and k conv windows; the last of them rewrites them in
 place, after a per-head counter says the others have read them (they are launched before it, and
 the grid is one wave, so the wait is a formality; without it the split raced on exactly that).
@@ -32,7 +39,13 @@ import triton
 import triton.language as tl
 
 from solo.kernels.fused_gemv import MAX_TOKENS, store_rounded
-from solo.kernels.pdl import PLAIN, LaunchPolicy, after_previous_kernel
+from solo.kernels.pdl import (
+    PLAIN,
+    LaunchPolicy,
+    after_previous_kernel,
+    let_next_kernel_launch,
+    wait_for_previous_kernel,
+)
 from solo.kernels.triton_fp8 import interpreter_mode
 
 VALUE_SPLITS = 4  # programs per head on a GPU for one token (each a quarter of the value columns)
@@ -70,6 +83,8 @@ def _kda_decode(
     count_ptr,
     sync_ptr,
     source_ptr,
+    handoff_ptr,
+    handoff_target,
     lower_bound,
     T: tl.constexpr,
     H: tl.constexpr,
@@ -79,6 +94,7 @@ def _kda_decode(
     HISTORY: tl.constexpr,
     LAZY: tl.constexpr,
     PDL: tl.constexpr,
+    HANDOFF: tl.constexpr,
 ):
     h = tl.program_id(0)
     j = tl.program_id(1)
@@ -127,7 +143,17 @@ def _kda_decode(
     # Everything above (weights, this layer's conv windows and state, which only this layer's KDA
     # writes, hundreds of kernels apart) is independent of the previous kernel: under PDL it is read
     # while the projections that feed this kernel still run. Everything below is not.
-    after_previous_kernel(PDL)
+    if HANDOFF:  # the projection's q, k, v, f and b rows are stored once handoff_target blocks have said so
+        seen = tl.atomic_add(handoff_ptr, 0, sem="acquire", scope="gpu")
+        while seen < handoff_target:
+            seen = tl.atomic_add(handoff_ptr, 0, sem="acquire", scope="gpu")
+        let_next_kernel_launch(PDL)
+        passed = tl.atomic_add(handoff_ptr + 1, 1, sem="acq_rel", scope="gpu")
+        if passed == H * NV - 1:  # every program is past the wait: zero the counters for the next hand-off
+            tl.atomic_xchg(handoff_ptr, 0, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(handoff_ptr + 1, 0, sem="relaxed", scope="gpu")
+    else:
+        after_previous_kernel(PDL)
     if h == 0 and j == 0:
         tl.atomic_add(count_ptr, 1)
     owner = j == NV - 1  # this program rewrites the head's q and k windows, once the others have read them
@@ -199,6 +225,8 @@ def _kda_decode(
     tl.store(conv_ptr + vch * 3 + 0, v0)
     tl.store(conv_ptr + vch * 3 + 1, v1)
     tl.store(conv_ptr + vch * 3 + 2, v2)
+    if HANDOFF:  # this kernel ends after the projection: the next kernel reads its g rows
+        wait_for_previous_kernel(PDL)
 
 
 def kda_decode(
@@ -217,6 +245,7 @@ def kda_decode(
     sync: torch.Tensor | None = None,
     launch: LaunchPolicy = PLAIN,
     lazy: tuple[torch.Tensor, torch.Tensor] | None = None,
+    handoff: tuple[torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """proj [T, 5D + H] bf16 ([q|k|v|f|g|b] rows); conv_weight [3D, 4] fp32; conv_state [3D, 3] fp32 and
     state [H, d, d] fp32 updated in place; out [T, D] (bf16) receives o. With history_states
@@ -225,7 +254,11 @@ def kda_decode(
 
     `lazy` = (source, slots): the state lives in `state` while the int32 source[0] is 0, else in
     slots[source[0] - 1] (slots [W, H, d, d]: this layer's view of the cache's verification history).
-    A pass with a history must then store into `slots` itself, and a rollback must follow it."""
+    A pass with a history must then store into `slots` itself, and a rollback must follow it.
+
+    `handoff` = (counters, signals): proj comes from a GEMV that hands its rows over (cuda_step.Handoff
+    with counters[0], g computed last); the programs read q, k, v, f and b once counters[0] reaches
+    `signals` (> 0), and leave both int32 counters zero."""
     t = proj.shape[0]
     launch = launch.at(t)
     heads, dk, dv = state.shape
@@ -247,6 +280,10 @@ def kda_decode(
             raise ValueError("with a lazy state, a verification pass stores its states into the state's slots")
         history_states = slots
     nv = value_splits(t)
+    if handoff is not None:
+        counters, signals = handoff
+        if counters.dtype != torch.int32 or counters.numel() < 2 or signals < 1:
+            raise ValueError("a KDA hand-off needs two zeroed int32 counters and at least one signal to wait for")
     if sync is None or sync.numel() < heads:
         raise ValueError("kda_decode needs a zeroed int32 sync buffer of one counter per head")
     compiled = _kda_decode[(heads, nv)](
@@ -264,6 +301,8 @@ def kda_decode(
         counter,
         sync,
         lazy[0] if lazy is not None else sync,
+        handoff[0] if handoff is not None else sync,
+        handoff[1] if handoff is not None else 0,
         float(lower_bound),
         T=t,
         H=heads,
@@ -273,6 +312,7 @@ def kda_decode(
         HISTORY=history,
         LAZY=lazy is not None,
         PDL=launch.pdl,
+        HANDOFF=handoff is not None,
         num_warps=4,
         **launch.options,
     )

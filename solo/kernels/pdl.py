@@ -33,6 +33,21 @@ def after_previous_kernel(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
+@triton.jit
+def let_next_kernel_launch(PDL: tl.constexpr):
+    """Under PDL: let the next kernel in the stream launch (its programs wait in griddepcontrol.wait for
+    this one's end). For kernels that learn by other means that their inputs are ready."""
+    if PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def wait_for_previous_kernel(PDL: tl.constexpr):
+    """Under PDL: wait until the previous kernel in the stream has finished and its writes are visible."""
+    if PDL:
+        gdc_wait()
+
+
 def pdl_unavailable(device: torch.device | str) -> str | None:
     """Why PDL cannot run on `device`, or None when it can."""
     device = torch.device(device)

@@ -23,6 +23,12 @@
 //     kernel launch when it starts its last task.
 // Block 0 bumps the launch counter (start-up checks read it).
 //
+// Hand-off (SIGNAL > 0): the tasks run in the order ROTATE, ROTATE + 1, ... (mod TASKS), and each block,
+// once the rows of its last task among the first SIGNAL of that order are stored, makes them visible
+// and adds 1 to *signal. A consumer that needs only those rows (the KDA recurrence needs q, k, v, f and
+// b, not the output gate g) waits for min(grid, SIGNAL) signals instead of this kernel's end, and runs
+// while the remaining tasks (g, ordered last) still stream.
+//
 // BULK (a lab variant, GemvLaunch.bulk): the weights stream into a ring of SLOTS task-sized slots of
 // shared memory by bulk copies (cp.async.bulk, one per row, completing on the slot's mbarrier), instead
 // of PF 16-byte loads per lane into registers: the bytes in flight per SM are bounded by shared memory
@@ -50,6 +56,14 @@
 #ifndef BULK
 #define BULK 0
 #endif
+#ifndef ROTATE
+#define ROTATE 0
+#endif
+#ifndef SIGNAL
+#define SIGNAL 0
+#endif
+// the task at position `seq` of the block tasks' order
+#define TASK_AT(seq) (ROTATE ? ((seq) + ROTATE) % TASKS : (seq))
 #if BULK
 // a row's bytes in a slot: K + 64, so that rows g and g + 1 (lanes 4g..4g+7, one 8-lane phase of a
 // 16-byte shared load) fall in opposite halves of the banks
@@ -199,14 +213,15 @@ __device__ __forceinline__ void issue(uint4 &gate_v, uint4 &up_v, const unsigned
 #if BULK
 __device__ __forceinline__ u32 shared_address(const void *p) { return (u32)__cvta_generic_to_shared(p); }
 
-// Task `task`'s weight rows (its 8 rows; SwiGLU: and their up rows) into ring slot `slot`, completing
+// The weight rows of the task at position `seq` (its 8 rows; SwiGLU: and their up rows) into ring slot `slot`, completing
 // on the slot's mbarrier; called by every lane of warp 0: lane 0 arms the barrier, then lane r copies row
 // r (SwiGLU: lane 8 + r its up row) and, with SCALE_IN_SLOT, lane 16 (and 17) the scale rows. Rows past
 // ROWS are not copied (their products are zeroed).
 __device__ __forceinline__ void fill_slot(unsigned char *ring, unsigned long long *full,
                                           const unsigned char *__restrict__ w, const float *__restrict__ s,
-                                          int task, int slot, int lane) {
-    if (task >= TASKS) return;
+                                          int seq, int slot, int lane) {
+    if (seq >= TASKS) return;
+    const int task = TASK_AT(seq);
     const int rows = ROWS - task * 8 < 8 ? ROWS - task * 8 : 8;
     const u32 bar = shared_address(&full[slot]);
     const u32 dst = shared_address(ring + (size_t)slot * SLOT_BYTES);
@@ -256,14 +271,15 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
             u16 *__restrict__ xn_out,             // [NTOK, K] (WRITE_XN)
             int *__restrict__ count,              // launch counter
             float eps, float limit, int x_stride, int gate_stride, int out_stride, int residual_stride,
-            int addend_stride, int xn_stride) {
+            int addend_stride, int xn_stride,
+            int *__restrict__ signal) {           // SIGNAL: the hand-off counter
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared &sm = *reinterpret_cast<Shared *>(smem_raw);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const u32 *xrow = sm.xh[g < NTOK ? g : NTOK - 1];  // this lane's B column: token g
 
-    int task = blockIdx.x;
+    int seq = blockIdx.x;  // this block's position in the tasks' order
 #if BULK
     unsigned char *ring = smem_raw + RING_OFFSET;
     if (warp == 0) {
@@ -273,21 +289,22 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         }
         __syncwarp();
-        for (int j = 0; j < SLOTS; ++j) fill_slot(ring, sm.full, w, s, task + j * gridDim.x, j, lane);
+        for (int j = 0; j < SLOTS; ++j) fill_slot(ring, sm.full, w, s, seq + j * gridDim.x, j, lane);
     }
 #else
     uint4 ring[PF], ring_up[PF];
 #pragma unroll
     for (int s0 = 0; s0 < PF; ++s0)
-        if (task < TASKS) issue(ring[s0], ring_up[s0], w, task, s0, warp, lane);
+        if (seq < TASKS) issue(ring[s0], ring_up[s0], w, TASK_AT(seq), s0, warp, lane);
 #endif
     // the weights do not depend on the previous kernel; everything below does
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
     prologue(sm, x, x_stride, nw, gate, gate_stride, xn_out, xn_stride, eps);
 
-    for (int parity = 0, j = 0; task < TASKS; task += gridDim.x, parity ^= 1, ++j) {
-        const int next = task + gridDim.x;
+    for (int parity = 0, j = 0; seq < TASKS; seq += gridDim.x, parity ^= 1, ++j) {
+        const int task = TASK_AT(seq);
+        const int next = seq + gridDim.x;  // (a position in the order)
         if (next >= TASKS) asm volatile("griddepcontrol.launch_dependents;");  // this block's last task
 #if BULK
         slot_wait(&sm.full[j % SLOTS], (u32)(j / SLOTS) & 1u);
@@ -317,7 +334,7 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
             if (st + PF < SPW)
                 issue(ring[st % PF], ring_up[st % PF], w, task, st + PF, warp, lane);
             else if (next < TASKS)
-                issue(ring[st % PF], ring_up[st % PF], w, next, st + PF - SPW, warp, lane);
+                issue(ring[st % PF], ring_up[st % PF], w, TASK_AT(next), st + PF - SPW, warp, lane);
 #endif
             const uint4 xa = *reinterpret_cast<const uint4 *>(xrow + col / 2);
             const uint4 xb = *reinterpret_cast<const uint4 *>(xrow + col / 2 + 4);
@@ -380,7 +397,7 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
 #if BULK
         if (warp == 0) {  // every warp has read this task's slot: refill it, SLOTS tasks ahead
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            fill_slot(ring, sm.full, w, s, task + SLOTS * gridDim.x, j % SLOTS, lane);
+            fill_slot(ring, sm.full, w, s, seq + SLOTS * gridDim.x, j % SLOTS, lane);
         }
 #endif
         if (warp == 0) {
@@ -422,6 +439,15 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
                 reinterpret_cast<u16 *>(out)[o] = to_bf16(y);
 #endif
             }
+#if SIGNAL
+            // the block's last task among the first SIGNAL: its rows (warp 0 stored them) made visible
+            // to the whole GPU, then one signal
+            if (seq < SIGNAL && next >= SIGNAL) {
+                __threadfence();
+                __syncwarp();
+                if (lane == 0) atomicAdd(signal, 1);
+            }
+#endif
         }
     }
 }
