@@ -13,7 +13,7 @@ part=${1:-1}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader | tee "$OUT/gpu_$part.txt"
 git log --oneline | head -1 | tee -a "$OUT/gpu_$part.txt"
 if [ "$part" = 1 ]; then
-    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_cuda_step.py \
+    timeout 230 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_cuda_step.py \
         tests/test_gpu_fused_step.py tests/test_cuda_moe.py -k "handoff or bulk or combine_cut or several_steps or norm_projection or swiglu or gated or router or lazy or speculation or greedy or kda_head or pdl" \
         > "$OUT/gpu_tests.log" 2>&1
     echo "tests rc=$?"; tail -5 "$OUT/gpu_tests.log"
@@ -23,7 +23,7 @@ if [ "$part" = 1 ]; then
     timeout 70 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py \
         -k "compiled_distribution or speculation" >> "$OUT/gpu_tests.log" 2>&1
     echo "tests (engine) rc=$?"; tail -3 "$OUT/gpu_tests.log"
-    timeout 250 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_handoff_bulk.json" --variants \
+    timeout 225 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_handoff_bulk.json" --variants \
         "product;KDA hand-off;bulk;bulk + KDA hand-off;bulk, at most 8 slots" 2>&1 | tee "$OUT/launch_ab_handoff_bulk.log" | grep -v "^  "
 else
     timeout 240 python3 -m solo bench decode --random-weights ling-3.0-flash --configs cuda:fp8:fused+cuda+pdl \
