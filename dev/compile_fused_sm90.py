@@ -229,6 +229,7 @@ def other_variants():
         rope_ptr="bf16",
         q_ptr="bf16",
         count_ptr="i32",
+        handoff_ptr="i32",
     )
     attend_ptrs = dict(
         q_ptr="bf16", pos_ptr="i64", latent_ptr="bf16", rope_ptr="bf16", part_ptr="fp32", ml_ptr="fp32", count_ptr="i32"
@@ -242,14 +243,25 @@ def other_variants():
         block_m = triton.next_power_of_2(max(config.min_rows, tokens * 32))
         row_block = max(16, min(block_m, config.rows_per_program))  # as FusedMLA at rank 512
         d_parts = 1
-        yield (
-            f"mla_prep T={tokens}",
-            mla._mla_prep,
-            prep_ptrs,
-            dict(KV_OFF=6144, T=tokens, BLOCK_T=16, HEADS=32, NOPE=128, ROPE=64, RANK=512, RANK_BLOCK=128),
-            4,
-            3,
-        )
+        for handoff in (False, True):
+            yield (
+                f"mla_prep T={tokens} handoff={handoff}",
+                mla._mla_prep,
+                prep_ptrs,
+                dict(
+                    KV_OFF=6144,
+                    T=tokens,
+                    BLOCK_T=16,
+                    HEADS=32,
+                    NOPE=128,
+                    ROPE=64,
+                    RANK=512,
+                    RANK_BLOCK=128,
+                    HANDOFF=handoff,
+                ),
+                4,
+                3,
+            )
         yield (
             f"mla_attend T={tokens} rows={row_block} d_parts={d_parts}",
             mla._mla_attend,

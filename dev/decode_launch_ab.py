@@ -93,10 +93,11 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # product): 8 halves each program's slice of the state, two programs an SM (sm_90: 72 registers against
     # 107). For verification 8 lost before (4.511 -> 4.537 ms at 4K, dev/verify_kernels_ab.py --kda-splits)
     "KDA one token 8 value splits": {"kda": {"one": 8}},
-    # (ninth session) the KDA recurrence starts once the projection has stored q, k, v, f and b, while g
-    # (computed last) still streams: cuda_step.Handoff, FusedDecodeStep.kda_handoff
-    "KDA hand-off": {"kda_handoff": True},
-    "bulk + KDA hand-off": {"bulk": 1, "kda_handoff": True},
+    # (ninth session) the KDA recurrence and the MLA prep start once the projection before them has stored
+    # the rows they read, while the output gate (computed last) still streams: solo.kernels.handoff,
+    # FusedDecodeStep.handoff
+    "hand-off": {"handoff": True},
+    "bulk + hand-off": {"bulk": 1, "handoff": True},
 }
 # a variant's keys that are not GemvLaunch fields
 NOT_LAUNCH = ("for", "shared_inside", "mla", "mla_one", "fast_select", "kda")
@@ -168,7 +169,7 @@ def main() -> int:
         for mla, (one, window) in zip(mlas, mla_launches, strict=True):
             mla.ONE_TOKEN = dataclasses.replace(one, **{**both, **one_only})
             mla.WINDOW = dataclasses.replace(window, **both)
-        step.kda_handoff = VARIANTS[name].get("kda_handoff", False)
+        step.handoff = VARIANTS[name].get("handoff", False)
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])
         fused_kda.WINDOW_VALUE_SPLITS = splits.get("window", kda_splits[1])

@@ -2,7 +2,7 @@
 # The ninth session's device calls (the seventh's and eighth's variants, still unmeasured, and the KDA
 # hand-off), each under the 10-minute limit; chain them while the machine is warm. Logs and JSON under $OUT.
 #   part 1: GPU tests of the 7th-9th sessions' changes (bulk ring, MLA combine cut, lazy KDA rollback,
-#           one-launch greedy picks and top-k, fp32 logits, the KDA hand-off), then the hand-off and the bulk
+#           one-launch greedy picks and top-k, fp32 logits, the hand-offs), then the hand-off and the bulk
 #           GEMV in the whole decode step at 32K, one process (dev/decode_launch_ab.py)
 #   part 2: the product's bench at 32K (the eighth session's verification and round changes), then the MLA
 #           and selection variants in the whole step
@@ -24,7 +24,7 @@ if [ "$part" = 1 ]; then
         -k "compiled_distribution or speculation" >> "$OUT/gpu_tests.log" 2>&1
     echo "tests (engine) rc=$?"; tail -3 "$OUT/gpu_tests.log"
     timeout 225 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_handoff_bulk.json" --variants \
-        "product;KDA hand-off;bulk;bulk + KDA hand-off;bulk, at most 8 slots" 2>&1 | tee "$OUT/launch_ab_handoff_bulk.log" | grep -v "^  "
+        "product;hand-off;bulk;bulk + hand-off;bulk, at most 8 slots" 2>&1 | tee "$OUT/launch_ab_handoff_bulk.log" | grep -v "^  "
 else
     timeout 240 python3 -m solo bench decode --random-weights ling-3.0-flash --configs cuda:fp8:fused+cuda+pdl \
         --context 32768 --prefill "" --loop-tokens 0 --json "$OUT/bench_32k.json" > "$OUT/bench_32k.log" 2>&1

@@ -225,6 +225,33 @@ def test_the_combine_cut_by_latent_columns_equals_the_reference(models, tokens, 
             assert all(int(arrived.abs().sum()) == 0 for _, arrived in mla._combine_scratch.values())
 
 
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_the_mla_prep_after_a_handoff_computes_what_it_does_after_a_plain_wait(models, tokens):
+    """The MLA kernels with the projection's q and kv_a handed over (solo.kernels.handoff: the prep
+    waits for the signals counted, here all given): the same gated outputs and cache rows bit for bit,
+    and both counters zero after. (The GEMV that signals is the CUDA one: tests/test_gpu_fused_step.py.)"""
+    config, _, fast = models
+    step = fast.decode_step
+    attention = next(layer.attention for layer in step.layers if hasattr(layer.attention, "mla"))
+    x = torch.randn(tokens, config.hidden_size).to(torch.bfloat16)
+    positions = torch.arange(20, 20 + tokens)
+    proj = attention.proj(x, norm_weight=attention.norm, eps=attention.eps)
+    start = HybridCache(config, 32, "cpu", torch.bfloat16, with_nextn=True).mla[attention.index]
+    start.latent.normal_()
+    start.rope.normal_()
+    results = []
+    for handoff in (None, (torch.tensor([5, 0], dtype=torch.int32), 5)):
+        latent, rope = start.latent.clone(), start.rope.clone()
+        o = torch.empty(tokens, attention.out_dim, dtype=torch.bfloat16)
+        attention.mla(proj, positions, latent, rope, o, handoff)
+        results.append((o, latent, rope))
+        if handoff is not None:
+            assert handoff[0].tolist() == [0, 0]
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+    assert results[0][0].float().abs().sum() > 0
+
+
 def test_a_token_count_it_was_not_built_for_runs_the_reference_layers(models):
     config, _, fast = models
     before = fast.decode_step.launches()

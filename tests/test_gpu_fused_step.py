@@ -133,53 +133,62 @@ def test_more_programs_per_kda_head_compute_what_four_do(setup, splits, monkeypa
             assert torch.equal(a, b)
 
 
-def test_the_kda_handoff_computes_what_the_plain_wait_does(setup):
-    """The KDA layer with its projection handing q, k, v, f and b over before it ends (g last; the
-    KDA kernel waits for the blocks' signals): the same outputs, states, windows and history bit for bit
-    as with the plain wait (one token and a verification window, copying and lazy), and the counters
-    zero again after each layer."""
+def test_the_handoffs_compute_what_the_plain_waits_do(setup):
+    """The KDA and MLA layers with their input projection handing the rows the next kernel reads over
+    before it ends (the output gate last; the KDA kernel and the MLA prep wait for the blocks' signals):
+    the same outputs, states, windows, history and latent caches bit for bit as with the plain wait (one
+    token and a verification window, copying and lazy), and the counters zero again after each layer."""
     from solo.kernels.cuda_step import CudaGemv
     from solo.model.cache import HybridCache
 
     config, _, fused = setup
     step = fused.decode_step
-    kda_layers = [(f, layer) for f, layer in zip(step.layers, fused.model.layers, strict=False) if not layer.is_mla]
-    if not isinstance(kda_layers[0][0].attention.proj, CudaGemv):
+    pairs = list(zip(step.layers, fused.model.layers, strict=False))
+    if not isinstance(pairs[0][0].attention.proj, CudaGemv):
         pytest.skip("the hand-off is the CUDA GEMV's (Hopper)")
-    for tokens, window in ((1, None), (4, None), (4, 4), (1, 4)):
-        fused_layer, _ = kda_layers[int(torch.randint(0, len(kda_layers), ()))]
-        start = HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True, verify_window=window)
-        start.kda_recurrent.normal_(0, 0.05)
-        start.kda_conv.normal_()
-        if window:
-            start.verification.states.normal_(0, 0.05)
-            start.kda_source.fill_(int(torch.randint(0, window + 1, ())))
-        x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
-        positions = torch.arange(30, 30 + tokens, device="cuda")
-        results = []
-        for handoff in (False, True):
-            step.kda_handoff = handoff
-            cache = HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True, verify_window=window)
-            cache.kda_recurrent.copy_(start.kda_recurrent)
-            cache.kda_conv.copy_(start.kda_conv)
+    for kind in ("kda", "mla"):
+        layers = [(i, f) for i, (f, layer) in enumerate(pairs) if layer.is_mla == (kind == "mla")]
+        for tokens, window in ((1, None), (4, None), (4, 4), (1, 4)):
+            index, fused_layer = layers[int(torch.randint(0, len(layers), ()))]
+            start = HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True, verify_window=window)
+            start.kda_recurrent.normal_(0, 0.05)
+            start.kda_conv.normal_()
+            for mla in start.mla.values():
+                mla.latent.normal_()
+                mla.rope.normal_()
             if window:
-                cache.verification.states.copy_(start.verification.states)
-                cache.kda_source.copy_(start.kda_source)
-            history = (cache.verification if window else cache.new_history(tokens)) if tokens > 1 else None
-            out = x.clone()
-            try:
-                with torch.inference_mode():
-                    fused_layer(out, positions, cache, history)
-            finally:
-                step.kda_handoff = False
-            assert (fused_layer.attention.proj.last_signals > 0) == handoff
-            assert step.kda_handoff_counters.tolist() == [0, 0]
-            saved = (out, cache.kda_recurrent, cache.kda_conv)
-            saved += (history.states, history.window) if history is not None else ()
-            saved += (cache.verification.states,) if window else ()
-            results.append([t.clone() for t in saved])
-        for a, b in zip(*results, strict=True):
-            assert torch.equal(a, b)
+                start.verification.states.normal_(0, 0.05)
+                start.kda_source.fill_(int(torch.randint(0, window + 1, ())))
+            x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
+            positions = torch.arange(30, 30 + tokens, device="cuda")
+            results = []
+            for handoff in (False, True):
+                step.handoff = handoff
+                cache = HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True, verify_window=window)
+                cache.kda_recurrent.copy_(start.kda_recurrent)
+                cache.kda_conv.copy_(start.kda_conv)
+                for mine, theirs in zip(cache.mla.values(), start.mla.values(), strict=True):
+                    mine.latent.copy_(theirs.latent)
+                    mine.rope.copy_(theirs.rope)
+                if window:
+                    cache.verification.states.copy_(start.verification.states)
+                    cache.kda_source.copy_(start.kda_source)
+                history = (cache.verification if window else cache.new_history(tokens)) if tokens > 1 else None
+                out = x.clone()
+                try:
+                    with torch.inference_mode():
+                        fused_layer(out, positions, cache, history)
+                finally:
+                    step.handoff = False
+                assert (fused_layer.attention.proj.last_signals > 0) == handoff, (kind, index)
+                assert step.handoff_counters.tolist() == [0, 0]
+                saved = (out, cache.kda_recurrent, cache.kda_conv)
+                saved += (history.states, history.window) if history is not None else ()
+                saved += (cache.verification.states,) if window else ()
+                saved += tuple(t for mla in cache.mla.values() for t in (mla.latent, mla.rope))
+                results.append([t.clone() for t in saved])
+            for a, b in zip(*results, strict=True):
+                assert torch.equal(a, b), (kind, index, tokens, window)
 
 
 def test_the_shared_expert_inside_the_moe_kernel_matches_the_reference_layers(setup):
@@ -400,7 +409,7 @@ def test_pdl_launches_compute_exactly_what_plain_launches_do_and_are_proven_at_s
         runs.append((prompt, params, outs["plain"]))
     assert engines["pdl"][1].acceptance.accepted_at == engines["plain"][1].acceptance.accepted_at
     if with_pdl.decode_step.kernels == "cuda":  # the KDA hand-off under PDL: its graphs, the same tokens
-        with_pdl.decode_step.kda_handoff = True
+        with_pdl.decode_step.handoff = True
         try:
             handed = (Engine(with_pdl, tok), Engine(with_pdl, tok, NextNDecoder(with_pdl)))
             for engine in handed:
@@ -408,8 +417,8 @@ def test_pdl_launches_compute_exactly_what_plain_launches_do_and_are_proven_at_s
             for prompt, params, want in runs:
                 assert [e.generate(prompt, params).token_ids for e in handed] == want
         finally:
-            with_pdl.decode_step.kda_handoff = False
-        assert with_pdl.decode_step.kda_handoff_counters.tolist() == [0, 0]
+            with_pdl.decode_step.handoff = False
+        assert with_pdl.decode_step.handoff_counters.tolist() == [0, 0]
     check = check_decode_step(engines["pdl"][0], "fused")
     assert check.status == ACTIVE, check
     assert all(check.evidence["pdl"][family] for family in with_pdl.decode_step.families_per_step()), check

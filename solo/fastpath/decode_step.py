@@ -111,6 +111,20 @@ def _gemv(linear: Linear, step: FusedDecodeStep, name: str) -> FusedGemv:
     return FusedGemv(weight.contiguous(), scale, "block", counter=step.counter("gemv"), name=name, launch=step.launch)
 
 
+def _project_handing_over(
+    step: FusedDecodeStep, gemv: Any, x: torch.Tensor, norm: torch.Tensor, eps: float, gate_start: int, gate_end: int
+) -> tuple[torch.Tensor, tuple[torch.Tensor, int] | None]:
+    """An attention's input projection, and the hand-off its next kernel waits for where the CUDA GEMV
+    made it with one (FusedDecodeStep.handoff): the output gate's rows [gate_start, gate_end), which
+    only a later kernel reads, computed last; None where it ran without (the next kernel waits for its end)."""
+    if not (step.handoff and isinstance(gemv, CudaGemv)):
+        return gemv(x, norm_weight=norm, eps=eps), None
+    counters = step.handoff_counters
+    proj = gemv(x, norm_weight=norm, eps=eps, handoff=Handoff(counters, gate_start, gate_end))
+    signals = gemv.last_signals  # (0 where the call went to the Triton kernel)
+    return proj, (counters, signals) if signals else None
+
+
 class _KDAAttention:
     def __init__(
         self, attn: KimiDeltaAttention, norm: torch.Tensor, eps: float, index: int, step: FusedDecodeStep
@@ -134,20 +148,10 @@ class _KDAAttention:
         self.launch = step.launch
         self.step = step
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, int] | None]:
-        """[q|k|v|f|g|b] rows of x, and the KDA kernel's hand-off where the CUDA GEMV made them with one
-        (FusedDecodeStep.kda_handoff: g, which only the output projection reads, computed last)."""
-        if not (self.step.kda_handoff and isinstance(self.proj, CudaGemv)):
-            return self.proj(x, norm_weight=self.norm, eps=self.eps), None
-        counters = self.step.kda_handoff_counters
-        handoff = Handoff(counters, 4 * self.dim, 5 * self.dim)
-        proj = self.proj(x, norm_weight=self.norm, eps=self.eps, handoff=handoff)
-        signals = self.proj.last_signals  # (0 where the call went to the Triton kernel)
-        return proj, (counters, signals) if signals else None
-
     def __call__(self, x, positions, cache: HybridCache, history: dict[int, KDAHistory] | None) -> None:
         a = self.attn
-        proj, handoff = self._project(x)
+        # (g, which only the output projection reads, may come last: _project_handing_over)
+        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, 4 * self.dim, 5 * self.dim)
         state = cache.kda[self.index]
         past = history[self.index] if history is not None else None
         # a cache with its own verification history may hold the states there (lazy rollback); a pass
@@ -207,12 +211,14 @@ class _MLAAttention:
             launch=step.launch,
         )
         self.out_dim = attn.num_heads * attn.v_dim
+        self.gate_rows = (offsets[2], weight.shape[0])
+        self.step = step
 
     def __call__(self, x, positions, cache: HybridCache, history) -> None:
-        proj = self.proj(x, norm_weight=self.norm, eps=self.eps)
+        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.gate_rows)
         o = torch.empty((x.shape[0], self.out_dim), dtype=torch.bfloat16, device=x.device)
         layer_cache = cache.mla[self.index]
-        self.mla(proj, positions, layer_cache.latent, layer_cache.rope, o)
+        self.mla(proj, positions, layer_cache.latent, layer_cache.rope, o, handoff)
         self.dense(o, out=x, residual=x)
 
 
@@ -336,9 +342,10 @@ class FusedDecodeStep:
     (None: where it can run; True: required; False: not); `moe_shared`: also the shared expert (True:
     in every MoE layer or an error; None or False: not, as it measured slower)."""
 
-    # the KDA recurrence starts once the CUDA GEMV has stored q, k, v, f and b, while the output gate g
-    # (computed last) still streams (cuda_step.Handoff); read at each call (a lab switch until measured)
-    kda_handoff = False
+    # the KDA recurrence and the MLA prep start once the CUDA GEMV before them has stored the rows they
+    # read, while the output gate (computed last) still streams (solo.kernels.handoff); read at each call
+    # (a lab switch until measured)
+    handoff = False
 
     def __init__(
         self,
@@ -364,8 +371,8 @@ class FusedDecodeStep:
         self.launch_counts = torch.zeros(len(FAMILIES), dtype=torch.int32, device=model.device)
         # per-head counters the KDA kernels synchronise their programs on (zero between launches)
         self.kda_sync = torch.zeros(model.config.linear_num_heads, dtype=torch.int32, device=model.device)
-        # the KDA projections' hand-off (signals, programs past the wait; zero between launches)
-        self.kda_handoff_counters = torch.zeros(2, dtype=torch.int32, device=model.device)
+        # the projections' hand-offs (signals, programs past the wait; zero between launches)
+        self.handoff_counters = torch.zeros(2, dtype=torch.int32, device=model.device)
         trunk = model.model.layers[: model.config.num_hidden_layers]
         self.layers = [_Layer(layer, self) for layer in trunk]
         self.embedding = model.model.word_embeddings.weight

@@ -39,13 +39,8 @@ import triton
 import triton.language as tl
 
 from solo.kernels.fused_gemv import MAX_TOKENS, store_rounded
-from solo.kernels.pdl import (
-    PLAIN,
-    LaunchPolicy,
-    after_previous_kernel,
-    let_next_kernel_launch,
-    wait_for_previous_kernel,
-)
+from solo.kernels.handoff import check_handoff, end_after_previous, wait_for_rows
+from solo.kernels.pdl import PLAIN, LaunchPolicy
 from solo.kernels.triton_fp8 import interpreter_mode
 
 VALUE_SPLITS = 4  # programs per head on a GPU for one token (each a quarter of the value columns)
@@ -143,17 +138,8 @@ def _kda_decode(
     # Everything above (weights, this layer's conv windows and state, which only this layer's KDA
     # writes, hundreds of kernels apart) is independent of the previous kernel: under PDL it is read
     # while the projections that feed this kernel still run. Everything below is not.
-    if HANDOFF:  # the projection's q, k, v, f and b rows are stored once handoff_target blocks have said so
-        seen = tl.atomic_add(handoff_ptr, 0, sem="acquire", scope="gpu")
-        while seen < handoff_target:
-            seen = tl.atomic_add(handoff_ptr, 0, sem="acquire", scope="gpu")
-        let_next_kernel_launch(PDL)
-        passed = tl.atomic_add(handoff_ptr + 1, 1, sem="acq_rel", scope="gpu")
-        if passed == H * NV - 1:  # every program is past the wait: zero the counters for the next hand-off
-            tl.atomic_xchg(handoff_ptr, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(handoff_ptr + 1, 0, sem="relaxed", scope="gpu")
-    else:
-        after_previous_kernel(PDL)
+    # (with HANDOFF: the projection's q, k, v, f and b rows, stored once handoff_target blocks have said so)
+    wait_for_rows(handoff_ptr, handoff_target, H * NV, HANDOFF, PDL)
     if h == 0 and j == 0:
         tl.atomic_add(count_ptr, 1)
     owner = j == NV - 1  # this program rewrites the head's q and k windows, once the others have read them
@@ -225,8 +211,7 @@ def _kda_decode(
     tl.store(conv_ptr + vch * 3 + 0, v0)
     tl.store(conv_ptr + vch * 3 + 1, v1)
     tl.store(conv_ptr + vch * 3 + 2, v2)
-    if HANDOFF:  # this kernel ends after the projection: the next kernel reads its g rows
-        wait_for_previous_kernel(PDL)
+    end_after_previous(HANDOFF, PDL)  # (the next kernel reads the projection's g rows)
 
 
 def kda_decode(
@@ -280,10 +265,7 @@ def kda_decode(
             raise ValueError("with a lazy state, a verification pass stores its states into the state's slots")
         history_states = slots
     nv = value_splits(t)
-    if handoff is not None:
-        counters, signals = handoff
-        if counters.dtype != torch.int32 or counters.numel() < 2 or signals < 1:
-            raise ValueError("a KDA hand-off needs two zeroed int32 counters and at least one signal to wait for")
+    check_handoff(handoff)
     if sync is None or sync.numel() < heads:
         raise ValueError("kda_decode needs a zeroed int32 sync buffer of one counter per head")
     compiled = _kda_decode[(heads, nv)](

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from solo.kernels.fused_gemv import MAX_TOKENS, round_bf16, store_rounded
+from solo.kernels.handoff import check_handoff, end_after_previous, wait_for_rows
 from solo.kernels.pdl import PLAIN, LaunchPolicy, after_previous_kernel
 from solo.kernels.triton_fp8 import interpreter_mode
 
@@ -62,6 +63,8 @@ def _mla_prep(
     rope_ptr,
     q_ptr,
     count_ptr,
+    handoff_ptr,
+    handoff_target,
     amplitude,
     eps,
     KV_OFF: tl.constexpr,
@@ -73,8 +76,11 @@ def _mla_prep(
     RANK: tl.constexpr,
     RANK_BLOCK: tl.constexpr,
     PDL: tl.constexpr,
+    HANDOFF: tl.constexpr,
 ):
-    after_previous_kernel(PDL)
+    # (with HANDOFF: the projection's q and kv_a rows, stored once handoff_target blocks have said so, while
+    # its gate rows still stream; solo.kernels.handoff)
+    wait_for_rows(handoff_ptr, handoff_target, HEADS * (RANK // RANK_BLOCK) + 1, HANDOFF, PDL)
     pid = tl.program_id(0)
     if pid == 0:
         tl.atomic_add(count_ptr, 1)
@@ -119,6 +125,7 @@ def _mla_prep(
                 out = q_ptr + (t * HEADS + h) * (RANK + ROPE) + RANK
                 store_rounded(out + ri, q_re, None)
                 store_rounded(out + HALF + ri, q_ro, None)
+    end_after_previous(HANDOFF, PDL)  # (the combine reads the projection's gate rows)
 
 
 @triton.jit
@@ -565,19 +572,29 @@ class FusedMLA:
         latent_cache: torch.Tensor,
         rope_cache: torch.Tensor,
         out: torch.Tensor,
+        handoff: tuple[torch.Tensor, int] | None = None,
     ) -> torch.Tensor:
-        """proj [T, ...] ([q | kv_a | g] at 0, kv_offset, gate_offset) -> out [T, heads*v] (gated head outputs)."""
+        """proj [T, ...] ([q | kv_a | g] at 0, kv_offset, gate_offset) -> out [T, heads*v] (gated head outputs).
+        `handoff` = (counters, signals): proj comes from a GEMV that hands q and kv_a over before it ends
+        (solo.kernels.handoff); the prep starts once counters[0] reaches `signals`."""
         t = proj.shape[0]
         if not 1 <= t <= MAX_TOKENS:
             raise ValueError(f"the fused MLA kernels take 1..{MAX_TOKENS} tokens, got {t}")
+        check_handoff(handoff)
         config = self.config(t)
         q, part, ml = self._buffers(t, config, proj.device)
-        self.prep(proj, positions, latent_cache, rope_cache, q)
+        self.prep(proj, positions, latent_cache, rope_cache, q, handoff)
         self.attend(config, q, positions, latent_cache, rope_cache, part, ml)
         return self.combine(config, proj, positions, part, ml, out)
 
     def prep(
-        self, proj: torch.Tensor, positions: torch.Tensor, latent_cache: torch.Tensor, rope_cache: torch.Tensor, q
+        self,
+        proj: torch.Tensor,
+        positions: torch.Tensor,
+        latent_cache: torch.Tensor,
+        rope_cache: torch.Tensor,
+        q: torch.Tensor,
+        handoff: tuple[torch.Tensor, int] | None = None,
     ) -> None:
         """The key side into the caches, the latent query of every token and head into q."""
         t = proj.shape[0]
@@ -594,6 +611,8 @@ class FusedMLA:
             rope_cache,
             q,
             self.counter[0:1],
+            handoff[0] if handoff is not None else q,
+            handoff[1] if handoff is not None else 0,
             self.amplitude,
             self.eps,
             KV_OFF=self.kv_offset,
@@ -605,6 +624,7 @@ class FusedMLA:
             RANK=self.rank,
             RANK_BLOCK=self.RANK_BLOCK,
             PDL=launch.pdl,
+            HANDOFF=handoff is not None,
             num_warps=4,
             **launch.options,
         )
