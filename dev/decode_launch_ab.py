@@ -98,6 +98,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # FusedDecodeStep.handoff
     "hand-off": {"handoff": True},
     "bulk + hand-off": {"bulk": 1, "handoff": True},
+    # (ninth session) one token's shared gate_up normalises x itself and waits for the MoE kernel only at
+    # its end (gemv_decode.cu LATE_WAIT): FusedDecodeStep.shared_late_wait
+    "shared gate_up late wait": {"shared_late_wait": True},
+    "hand-off + shared gate_up late wait": {"handoff": True, "shared_late_wait": True},
 }
 # a variant's keys that are not GemvLaunch fields
 NOT_LAUNCH = ("for", "shared_inside", "mla", "mla_one", "fast_select", "kda")
@@ -170,6 +174,7 @@ def main() -> int:
             mla.ONE_TOKEN = dataclasses.replace(one, **{**both, **one_only})
             mla.WINDOW = dataclasses.replace(window, **both)
         step.handoff = VARIANTS[name].get("handoff", False)
+        step.shared_late_wait = VARIANTS[name].get("shared_late_wait", False)
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])
         fused_kda.WINDOW_VALUE_SPLITS = splits.get("window", kda_splits[1])

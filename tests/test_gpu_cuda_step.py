@@ -193,6 +193,21 @@ def test_a_handoff_reorders_the_tasks_and_signals_once_per_block(rows, k, last, 
 
 
 @pytest.mark.parametrize("tokens", [1, 4])
+def test_a_late_wait_computes_what_the_early_wait_does(tokens):
+    """gemv_decode.cu LATE_WAIT moves griddepcontrol.wait to the kernel's end: the same outputs bit for bit
+    (the shared expert's gate_up: SwiGLU pair with its own RMSNorm), under PDL launches too."""
+    from solo.kernels.pdl import LaunchPolicy
+
+    g, _ = gemv(1536, 2560, half=768, limit=0.5)
+    x = (torch.randn(tokens, 2560) * 2).to(torch.bfloat16).to(DEVICE)
+    norm = (1 + 0.2 * torch.randn(2560)).to(torch.bfloat16).to(DEVICE)
+    want = g(x, norm_weight=norm)
+    assert torch.equal(g(x, norm_weight=norm, late_wait=True), want)
+    g.fused.launch = LaunchPolicy(True)
+    assert torch.equal(g(x, norm_weight=norm, late_wait=True), want)
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
 def test_row_scales_in_bf16_and_fp32(tokens):
     """The LM head's format: one scale per row, bf16 or fp32 logits."""
     g, wf = gemv(3001, 2560, "row", warps=4)

@@ -230,6 +230,43 @@ def test_the_shared_expert_inside_the_moe_kernel_matches_the_reference_layers(se
     assert step.launches()["moe_shared"] == sum(moe in trunk for moe in moes) > 0
 
 
+def test_the_shared_gate_up_waiting_late_matches_the_reference_layers(setup):
+    """FusedDecodeStep.shared_late_wait (a lab variant): one token's shared gate_up normalises x itself
+    and waits for the MoE kernel only at its end (gemv_decode.cu LATE_WAIT). Layer by layer against the
+    reference modules and the product's step (whose gate_up reads the MoE kernel's normalised x: the same
+    values up to the last bit of 1 / rms)."""
+    from solo.kernels.cuda_step import CudaGemv
+    from solo.model.cache import HybridCache
+
+    config, _, fused = setup
+    step = fused.decode_step
+    moes = [layer.mlp for layer in step.layers if getattr(layer.mlp, "routed_in_experts", None) is not None]
+    if not moes or not isinstance(moes[0].shared_gate_up, CudaGemv):
+        pytest.skip("the late wait is the CUDA GEMV's, after the persistent MoE kernel with its router (Hopper)")
+    positions = torch.arange(30, 31, device="cuda")
+    cos_sin = fused.rotary.cos_sin(positions, torch.bfloat16)
+    worst, apart = 0.0, 0.0
+    for fused_layer, layer in zip(step.layers, fused.model.layers, strict=False):
+        if fused_layer.mlp not in moes:
+            continue
+        caches = [HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True) for _ in range(3)]
+        x = torch.randn(1, config.hidden_size, device="cuda").to(torch.bfloat16)
+        with torch.inference_mode():
+            want = layer(x, positions, cos_sin, caches[0], None)
+            got, other = x.clone(), x.clone()
+            step.shared_late_wait = True
+            try:
+                fused_layer(got, positions, caches[1], None)
+            finally:
+                step.shared_late_wait = False
+            fused_layer(other, positions, caches[2], None)
+        assert any(key[-1] for key in fused_layer.mlp.shared_gate_up._kernels), "the late-wait kernel ran"
+        worst = max(worst, rel(got - x, want - x))
+        apart = max(apart, rel(got - x, other - x))
+    print(f"\nshared gate_up late wait: worst rel. err {worst:.1e} against the reference, {apart:.1e} the product")
+    assert worst < 2e-2 and apart < 1e-2
+
+
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_mla_layers_over_a_long_context_match_the_reference(setup, tokens):
     """The attention split over thousands of filled positions (tens of splits) and merged (the bound:

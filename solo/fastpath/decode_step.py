@@ -249,6 +249,8 @@ class _MoE:
         self.shared_in_experts: Any = None  # solo.kernels.cuda_moe.SharedExpert
         self.moe_router_counter = step.counter("moe_router", 2)  # moe_router, moe_shared
         self.launch = step.launch
+        self.norm, self.eps = norm, eps
+        self.step = step
 
     def __call__(self, x: torch.Tensor) -> None:
         if self.shared_in_experts is not None and x.shape[0] == 1:
@@ -266,7 +268,11 @@ class _MoE:
         if self.shared_gate_up is None:
             x.add_(routed)
             return
-        act = self.shared_gate_up(xn)
+        if self.step.shared_late_wait and isinstance(self.shared_gate_up, CudaGemv) and x.shape[0] == 1:
+            # normalising x itself (written before the MoE kernel), it runs while the MoE kernel ends
+            act = self.shared_gate_up(x, norm_weight=self.norm, eps=self.eps, late_wait=True)
+        else:
+            act = self.shared_gate_up(xn)
         self.shared_down(act, out=x, residual=x, addend=routed)
 
     def shared_expert(self) -> Any:
@@ -346,6 +352,9 @@ class FusedDecodeStep:
     # read, while the output gate (computed last) still streams (solo.kernels.handoff); read at each call
     # (a lab switch until measured)
     handoff = False
+    # one token's shared gate_up normalises x itself and waits for the MoE kernel only at its end
+    # (gemv_decode.cu LATE_WAIT), so it computes while the MoE kernel's last blocks finish (a lab switch)
+    shared_late_wait = False
 
     def __init__(
         self,

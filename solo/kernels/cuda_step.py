@@ -213,8 +213,9 @@ class CudaGemv:
         out_f32: bool,
         group: int,
         order: tuple[int, int] = (0, 0),
+        late_wait: bool = False,
     ):
-        key = (tokens, norm, epi, add, write_xn, out_f32, group, order)
+        key = (tokens, norm, epi, add, write_xn, out_f32, group, order, late_wait)
         if key not in self._kernels:
             from solo.kernels.cuda_runtime import CudaKernel
 
@@ -236,6 +237,7 @@ class CudaGemv:
                 "PF": in_flight(self.k // 64 // warps, cfg.max_in_flight),
                 "ROTATE": order[0],
                 "SIGNAL": order[1],
+                "LATE_WAIT": int(late_wait),
             }
             # gemv_decode.cu's struct Shared: xh [NTOK][K/2] u32, part [2][WARPS][2][8][NTOK], red [NTOK][WARPS] fp32
             shared = -(-(tokens * (2 * self.k + 128 * warps + 4 * warps)) // 16) * 16
@@ -274,9 +276,12 @@ class CudaGemv:
         xn_out: torch.Tensor | None = None,
         out_dtype: torch.dtype = torch.bfloat16,
         handoff: Handoff | None = None,
+        late_wait: bool = False,
     ) -> torch.Tensor:
         """As FusedGemv.__call__; up to `max_tokens` tokens run here, more on the Triton kernel (which
-        hands nothing over: `last_signals` is then 0, and a consumer must wait for the kernel's end)."""
+        hands nothing over: `last_signals` is then 0, and a consumer must wait for the kernel's end).
+        `late_wait`: x (and the gate) were written two or more kernels back, so the blocks compute at
+        once and wait for the previous kernel only at their end (gemv_decode.cu LATE_WAIT)."""
         tokens = x.shape[0]
         self.last_signals = 0
         if not 1 <= tokens <= self.max_tokens:
@@ -318,7 +323,7 @@ class CudaGemv:
             raise ValueError(f"{self.name}: the CUDA GEMV writes bf16 (fp32 only for plain outputs), not {out.dtype}")
         order = self._order(handoff)
         kernel, grid, threads, _ = self._kernel(
-            tokens, norm, epi, addend is not None, xn_out is not None, out_f32, group, order
+            tokens, norm, epi, addend is not None, xn_out is not None, out_f32, group, order, late_wait
         )
         launch = self.launch.at(tokens)
         kernel.launch(

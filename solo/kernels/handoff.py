@@ -7,7 +7,9 @@ stored and visible; the consumer's programs wait for that count (acquire) instea
 counter (and the count of programs past it) for the next hand-off; every program still waits for the
 GEMV's end before it ends (under PDL), so the kernel after the consumer finds the rest (the output gate,
 which the consumer does not read) written. Where the previous kernel is not a signalling GEMV, the
-consumer takes the plain wait.
+consumer takes the plain wait. (A consumer lets its successor launch before the GEMV has ended, so no
+successor of one may read the GEMV's output before its own wait: gemv_decode.cu's LATE_WAIT is not for
+the kernel after a consumer.)
 """
 
 from __future__ import annotations

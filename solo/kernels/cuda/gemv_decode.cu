@@ -23,6 +23,12 @@
 //     kernel launch when it starts its last task.
 // Block 0 bumps the launch counter (start-up checks read it).
 //
+// LATE_WAIT: the inputs (x, gate) were written two or more kernels back, so they are final when this
+// kernel may start (every kernel lets its successor launch only after its own griddepcontrol.wait):
+// the blocks compute as soon as they are resident, while the previous kernel ends, and wait for it only
+// at their end, so that this kernel still ends after it (the shared expert's gate_up reads x, written
+// before the MoE kernel, and the shared down after it reads the MoE kernel's output).
+//
 // Hand-off (SIGNAL > 0): the tasks run in the order ROTATE, ROTATE + 1, ... (mod TASKS), and each block,
 // once the rows of its last task among the first SIGNAL of that order are stored, makes them visible
 // and adds 1 to *signal. A consumer that needs only those rows (the KDA recurrence needs q, k, v, f and
@@ -58,6 +64,9 @@
 #endif
 #ifndef ROTATE
 #define ROTATE 0
+#endif
+#ifndef LATE_WAIT
+#define LATE_WAIT 0
 #endif
 #ifndef SIGNAL
 #define SIGNAL 0
@@ -297,8 +306,10 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
     for (int s0 = 0; s0 < PF; ++s0)
         if (seq < TASKS) issue(ring[s0], ring_up[s0], w, TASK_AT(seq), s0, warp, lane);
 #endif
-    // the weights do not depend on the previous kernel; everything below does
+    // the weights do not depend on the previous kernel; everything below does (LATE_WAIT: not on it)
+#if !LATE_WAIT
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
     if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
     prologue(sm, x, x_stride, nw, gate, gate_stride, xn_out, xn_stride, eps);
 
@@ -450,4 +461,7 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
 #endif
         }
     }
+#if LATE_WAIT
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // (this kernel ends after the previous one)
+#endif
 }

@@ -621,7 +621,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                          "r"(SHARED && b == NUM_BARS - 1 ? DN_WARPS : 1));  // (SH_FREE: one arrival per down warp)
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    asm volatile("griddepcontrol.launch_dependents;");
     __syncthreads();
 #if ROUTER
     // the block's router rows (piece k of gate_up lane: warp chunk k * GU_WARPS + warp) and the norm
@@ -661,6 +660,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
     // Everything above is independent of the previous kernel; the routing, x and the
     // activation buffer are not.
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    // the next kernel may launch only now: it may read what the previous kernel wrote before its own wait
+    // (gemv_decode.cu LATE_WAIT); this kernel fills the SMs, so it could not be resident earlier anyway
+    asm volatile("griddepcontrol.launch_dependents;");
 #if ROUTER
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         atomicAdd(count, 1);
