@@ -4,8 +4,9 @@
 #   part 1: GPU tests of the 7th-9th sessions' changes (bulk ring, MLA combine cut, lazy KDA rollback,
 #           one-launch greedy picks and top-k, fp32 logits, the hand-offs), then the hand-off and the bulk
 #           GEMV in the whole decode step at 32K, one process (dev/decode_launch_ab.py)
-#   part 2: the product's bench at 32K (the eighth session's verification and round changes), then the MLA
-#           and selection variants in the whole step
+#   part 2: the product's bench at 32K (the eighth session's verification and round changes) beside the
+#           same with both lab switches (bench modifiers handoff, latewait), each in its own process
+#   part 3: the MLA and selection variants in the whole step
 set -uo pipefail
 export PYTHONPATH=$PWD SOLO_CACHE_DIR=/tmp/solo_cache PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -25,11 +26,13 @@ if [ "$part" = 1 ]; then
     echo "tests (engine) rc=$?"; tail -3 "$OUT/gpu_tests.log"
     timeout 225 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_handoff_bulk.json" --variants \
         "product;hand-off;shared gate_up late wait;hand-off + shared gate_up late wait;bulk + hand-off" 2>&1 | tee "$OUT/launch_ab_handoff_bulk.log" | grep -v "^  "
-else
-    timeout 240 python3 -m solo bench decode --random-weights ling-3.0-flash --configs cuda:fp8:fused+cuda+pdl \
+elif [ "$part" = 2 ]; then  # the product and the lab switches side by side in the product's bench
+    timeout 570 python3 -m solo bench decode --random-weights ling-3.0-flash \
+        --configs cuda:fp8:fused+cuda+pdl,cuda:fp8:fused+cuda+pdl+handoff+latewait \
         --context 32768 --prefill "" --loop-tokens 0 --json "$OUT/bench_32k.json" > "$OUT/bench_32k.log" 2>&1
-    echo "bench rc=$?"; grep -v "^  " "$OUT/bench_32k.log" | tail -25
-    timeout 330 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_mla_select.json" --variants \
+    echo "bench rc=$?"; grep -v "^  " "$OUT/bench_32k.log" | tail -40
+else
+    timeout 560 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_mla_select.json" --variants \
         "product;MLA combine in 4 latent slices;MLA one token: heads in two programs;MLA attention transposed;fast selection" \
         2>&1 | tee "$OUT/launch_ab_mla_select.log" | grep -v "^  "
 fi

@@ -86,8 +86,9 @@ STEPS = ("fused", "reference", "auto")
 # where the CUDA kernels serve it), pdlall (verification's always), triton / cuda / cuda1 (the step kernels;
 # cuda1: CUDA for one-token calls only, verification on Triton), seprouter (one token's MoE router in its own
 # kernel, not inside the persistent MoE kernel), inshared (the shared expert inside the persistent MoE kernel
-# too, --moe-shared fused; measured slower, for A/B runs)
-STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1", "seprouter", "inshared")
+# too, --moe-shared fused; measured slower, for A/B runs), handoff and latewait (the lab switches
+# FusedDecodeStep.handoff and .shared_late_wait, for A/B runs until measured)
+STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1", "seprouter", "inshared", "handoff", "latewait")
 
 
 @dataclass
@@ -288,6 +289,12 @@ def load(args: argparse.Namespace, config: Config):
         model = load_model(args.model, LoadOptions(device, torch.bfloat16))
     loaded = time.perf_counter() - t0
     accelerate(model, options)
+    lab = {"handoff": "handoff", "latewait": "shared_late_wait"}
+    if model.decode_step is not None and any(m in lab for m in config.modifiers):
+        for modifier in config.modifiers:
+            if modifier in lab:
+                setattr(model.decode_step, lab[modifier], True)
+        model.decode_step.warmup()  # (their kernels compiled before any capture)
     return model, {"load_s": round(loaded, 1), "accelerate_s": round(time.perf_counter() - t0 - loaded, 1)}
 
 

@@ -611,6 +611,8 @@ class FusedDecodeStep:
             "cuda_tokens": self.cuda_tokens if self.kernels == "cuda" else 0,
             "routers_in_experts": len(self.routers_in_experts()),
             "shared_in_experts": len(self.shared_in_experts()),
+            "handoff": self.handoff,
+            "shared_late_wait": self.shared_late_wait,
             **({"step_kernels_note": self.kernels_note} if self.kernels_note else {}),
         }
 
