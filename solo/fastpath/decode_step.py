@@ -268,8 +268,10 @@ class _MoE:
         if self.shared_gate_up is None:
             x.add_(routed)
             return
-        if self.step.shared_late_wait and isinstance(self.shared_gate_up, CudaGemv) and x.shape[0] == 1:
-            # normalising x itself (written before the MoE kernel), it runs while the MoE kernel ends
+        late = self.step.shared_late_wait and self.routed_in_experts is not None and x.shape[0] == 1
+        if late and isinstance(self.shared_gate_up, CudaGemv):
+            # normalising x itself (written before the persistent MoE kernel, which lets its successor launch
+            # only after its own wait), it runs while the MoE kernel ends
             act = self.shared_gate_up(x, norm_weight=self.norm, eps=self.eps, late_wait=True)
         else:
             act = self.shared_gate_up(xn)
