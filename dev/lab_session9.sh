@@ -26,6 +26,16 @@ if [ "$part" = 1 ]; then
     echo "tests (engine) rc=$?"; tail -3 "$OUT/gpu_tests.log"
     timeout 225 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_handoff_bulk.json" --variants \
         "product;hand-off;shared gate_up late wait;hand-off + shared gate_up late wait;bulk + hand-off" 2>&1 | tee "$OUT/launch_ab_handoff_bulk.log" | grep -v "^  "
+elif [ "$part" = 1s ]; then  # part 1 for a short device window: fewer tests and variants
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_cuda_step.py tests/test_gpu_fused_step.py \
+        tests/test_gpu_engine.py -k "handoff or late_wait or lazy or speculation or greedy or compiled_distribution" \
+        > "$OUT/gpu_tests.log" 2>&1
+    echo "tests rc=$?"; tail -5 "$OUT/gpu_tests.log"
+    timeout 50 python3 -m pytest -q -p no:cacheprovider tests/test_kda_handoff.py tests/test_greedy_kernel.py \
+        tests/test_topk_kernel.py >> "$OUT/gpu_tests.log" 2>&1
+    echo "tests (kernels) rc=$?"; tail -3 "$OUT/gpu_tests.log"
+    timeout 200 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_handoff.json" --variants \
+        "product;hand-off;hand-off + shared gate_up late wait" 2>&1 | tee "$OUT/launch_ab_handoff.log" | grep -v "^  "
 elif [ "$part" = 2 ]; then  # the product and the lab switches side by side in the product's bench
     timeout 570 python3 -m solo bench decode --random-weights ling-3.0-flash \
         --configs cuda:fp8:fused+cuda+pdl,cuda:fp8:fused+cuda+pdl+handoff+latewait \
