@@ -8,6 +8,8 @@ layers themselves are checked against transformers and fp32 on the CPU by the CP
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -89,6 +91,55 @@ def test_every_fused_layer_matches_its_reference_layer(setup):
         assert launched[family] > 0, (family, launched)
 
 
+def layer_runs(config, fused_layer, tokens: int, window: int | None, variants, mla: bool = False) -> list[list]:
+    """Run `fused_layer` once inside each context manager of `variants`, each time from the same fresh
+    random cache state (KDA states and conv windows; with a window, the verification slots and the lazy
+    source; with `mla`, the latent caches) and input. Returns what each run left: the output, the KDA
+    states and windows, the history, the verification slots (and the latent caches)."""
+    from solo.model.cache import HybridCache
+
+    def new_cache() -> HybridCache:
+        return HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True, verify_window=window)
+
+    start = new_cache()
+    start.kda_recurrent.normal_(0, 0.05)
+    start.kda_conv.normal_()
+    if mla:
+        for layer_cache in start.mla.values():
+            layer_cache.latent.normal_()
+            layer_cache.rope.normal_()
+    if window:
+        start.verification.states.normal_(0, 0.05)
+        start.kda_source.fill_(int(torch.randint(0, window + 1, ())))
+    x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
+    positions = torch.arange(30, 30 + tokens, device="cuda")
+    results = []
+    for variant in variants:
+        cache = new_cache()
+        cache.kda_recurrent.copy_(start.kda_recurrent)
+        cache.kda_conv.copy_(start.kda_conv)
+        for mine, theirs in zip(cache.mla.values(), start.mla.values(), strict=True):
+            mine.latent.copy_(theirs.latent)
+            mine.rope.copy_(theirs.rope)
+        if window:
+            cache.verification.states.copy_(start.verification.states)
+            cache.kda_source.copy_(start.kda_source)
+        history = (cache.verification if window else cache.new_history(tokens)) if tokens > 1 else None
+        out = x.clone()
+        with variant, torch.inference_mode():
+            fused_layer(out, positions, cache, history)
+        saved = (out, cache.kda_recurrent, cache.kda_conv)
+        saved += (history.states, history.window) if history is not None else ()
+        saved += (cache.verification.states,) if window else ()
+        saved += (
+            tuple(t for layer_cache in cache.mla.values() for t in (layer_cache.latent, layer_cache.rope))
+            if mla
+            else ()
+        )
+        results.append([t.clone() for t in saved])
+    return results
+
+
 @pytest.mark.parametrize("splits", [8])
 def test_more_programs_per_kda_head_compute_what_four_do(setup, splits, monkeypatch):
     """The KDA kernel with `splits` programs per head (a lab variant of dev/decode_launch_ab.py) against
@@ -96,39 +147,21 @@ def test_more_programs_per_kda_head_compute_what_four_do(setup, splits, monkeypa
     so the outputs, the states, the conv windows and the history equal bit for bit (fresh states and
     inputs; one token and a verification window, copying and lazy)."""
     from solo.kernels import fused_kda
-    from solo.model.cache import HybridCache
 
     config, _, fused = setup
     step = fused.decode_step
     kda_layers = [(f, layer) for f, layer in zip(step.layers, fused.model.layers, strict=False) if not layer.is_mla]
     fused_layer, layer = kda_layers[int(torch.randint(0, len(kda_layers), ()))]
+
+    @contextlib.contextmanager
+    def programs_per_head(nv: int):
+        monkeypatch.setattr(fused_kda, "VALUE_SPLITS", nv)
+        monkeypatch.setattr(fused_kda, "WINDOW_VALUE_SPLITS", nv)
+        yield
+
     for tokens, window in ((1, None), (4, None), (4, 4), (1, 4)):
-        start = HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True, verify_window=window)
-        start.kda_recurrent.normal_(0, 0.05)
-        start.kda_conv.normal_()
-        if window:
-            start.verification.states.normal_(0, 0.05)
-            start.kda_source.fill_(int(torch.randint(0, window + 1, ())))
-        x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
-        positions = torch.arange(30, 30 + tokens, device="cuda")
-        results = []
-        for nv in (fused_kda.VALUE_SPLITS, splits):
-            monkeypatch.setattr(fused_kda, "VALUE_SPLITS", nv)
-            monkeypatch.setattr(fused_kda, "WINDOW_VALUE_SPLITS", nv)
-            cache = HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True, verify_window=window)
-            cache.kda_recurrent.copy_(start.kda_recurrent)
-            cache.kda_conv.copy_(start.kda_conv)
-            if window:
-                cache.verification.states.copy_(start.verification.states)
-                cache.kda_source.copy_(start.kda_source)
-            history = (cache.verification if window else cache.new_history(tokens)) if tokens > 1 else None
-            out = x.clone()
-            with torch.inference_mode():
-                fused_layer(out, positions, cache, history)
-            saved = (out, cache.kda_recurrent, cache.kda_conv)
-            saved += (history.states, history.window) if history is not None else ()
-            saved += (cache.verification.states,) if window else ()
-            results.append([t.clone() for t in saved])
+        variants = [programs_per_head(nv) for nv in (fused_kda.VALUE_SPLITS, splits)]
+        results = layer_runs(config, fused_layer, tokens, window, variants)
         for a, b in zip(*results, strict=True):
             assert torch.equal(a, b)
 
@@ -139,54 +172,29 @@ def test_the_handoffs_compute_what_the_plain_waits_do(setup):
     the same outputs, states, windows, history and latent caches bit for bit as with the plain wait (one
     token and a verification window, copying and lazy), and the counters zero again after each layer."""
     from solo.kernels.cuda_step import CudaGemv
-    from solo.model.cache import HybridCache
 
     config, _, fused = setup
     step = fused.decode_step
     pairs = list(zip(step.layers, fused.model.layers, strict=False))
     if not isinstance(pairs[0][0].attention.proj, CudaGemv):
         pytest.skip("the hand-off is the CUDA GEMV's (Hopper)")
+
+    @contextlib.contextmanager
+    def handing_over(handoff: bool, fused_layer, kind: str, index: int):
+        step.handoff = handoff
+        try:
+            yield
+        finally:
+            step.handoff = False
+        assert (fused_layer.attention.proj.last_signals > 0) == handoff, (kind, index)
+        assert step.handoff_counters.tolist() == [0, 0]
+
     for kind in ("kda", "mla"):
         layers = [(i, f) for i, (f, layer) in enumerate(pairs) if layer.is_mla == (kind == "mla")]
         for tokens, window in ((1, None), (4, None), (4, 4), (1, 4)):
             index, fused_layer = layers[int(torch.randint(0, len(layers), ()))]
-            start = HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True, verify_window=window)
-            start.kda_recurrent.normal_(0, 0.05)
-            start.kda_conv.normal_()
-            for mla in start.mla.values():
-                mla.latent.normal_()
-                mla.rope.normal_()
-            if window:
-                start.verification.states.normal_(0, 0.05)
-                start.kda_source.fill_(int(torch.randint(0, window + 1, ())))
-            x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
-            positions = torch.arange(30, 30 + tokens, device="cuda")
-            results = []
-            for handoff in (False, True):
-                step.handoff = handoff
-                cache = HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True, verify_window=window)
-                cache.kda_recurrent.copy_(start.kda_recurrent)
-                cache.kda_conv.copy_(start.kda_conv)
-                for mine, theirs in zip(cache.mla.values(), start.mla.values(), strict=True):
-                    mine.latent.copy_(theirs.latent)
-                    mine.rope.copy_(theirs.rope)
-                if window:
-                    cache.verification.states.copy_(start.verification.states)
-                    cache.kda_source.copy_(start.kda_source)
-                history = (cache.verification if window else cache.new_history(tokens)) if tokens > 1 else None
-                out = x.clone()
-                try:
-                    with torch.inference_mode():
-                        fused_layer(out, positions, cache, history)
-                finally:
-                    step.handoff = False
-                assert (fused_layer.attention.proj.last_signals > 0) == handoff, (kind, index)
-                assert step.handoff_counters.tolist() == [0, 0]
-                saved = (out, cache.kda_recurrent, cache.kda_conv)
-                saved += (history.states, history.window) if history is not None else ()
-                saved += (cache.verification.states,) if window else ()
-                saved += tuple(t for mla in cache.mla.values() for t in (mla.latent, mla.rope))
-                results.append([t.clone() for t in saved])
+            variants = [handing_over(handoff, fused_layer, kind, index) for handoff in (False, True)]
+            results = layer_runs(config, fused_layer, tokens, window, variants, mla=True)
             for a, b in zip(*results, strict=True):
                 assert torch.equal(a, b), (kind, index, tokens, window)
 

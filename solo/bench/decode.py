@@ -89,6 +89,7 @@ STEPS = ("fused", "reference", "auto")
 # too, --moe-shared fused; measured slower, for A/B runs), handoff and latewait (the lab switches
 # FusedDecodeStep.handoff and .shared_late_wait, for A/B runs until measured)
 STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1", "seprouter", "inshared", "handoff", "latewait")
+LAB_SWITCHES = {"handoff": "handoff", "latewait": "shared_late_wait"}  # modifier -> FusedDecodeStep attribute
 
 
 @dataclass
@@ -289,11 +290,10 @@ def load(args: argparse.Namespace, config: Config):
         model = load_model(args.model, LoadOptions(device, torch.bfloat16))
     loaded = time.perf_counter() - t0
     accelerate(model, options)
-    lab = {"handoff": "handoff", "latewait": "shared_late_wait"}
-    if model.decode_step is not None and any(m in lab for m in config.modifiers):
-        for modifier in config.modifiers:
-            if modifier in lab:
-                setattr(model.decode_step, lab[modifier], True)
+    switches = [LAB_SWITCHES[m] for m in config.modifiers if m in LAB_SWITCHES]
+    if switches and model.decode_step is not None:  # (modifiers come with the fused step only)
+        for switch in switches:
+            setattr(model.decode_step, switch, True)
         model.decode_step.warmup()  # (their kernels compiled before any capture)
     return model, {"load_s": round(loaded, 1), "accelerate_s": round(time.perf_counter() - t0 - loaded, 1)}
 

@@ -19,12 +19,8 @@ state there and not the final one (the rollback that follows picks the accepted 
 73 MB copy of a rollback at Ling-3.0-flash shape becomes a store of one scalar). Each program reads its
 slice of the state before it stores any slice of the history, so reading a slot it overwrites is safe.
 
-Hand-off (`handoff`, with the CUDA GEMV's solo.kernels.cuda_step.Handoff): the projection computes the
-output gate g, which only the next GEMV reads, after q, k, v, f and b, and counts the blocks whose other
-rows are stored; the programs wait for that count (acquire) instead of the projection's end, so the
-recurrence runs while g still streams. The last program past the wait zeroes the counters; every
-program still waits for the projection's end before it ends (under PDL), so the kernel after this one
-finds g written.
+Hand-off (`handoff`, solo.kernels.handoff): the projection computes the output gate g, which only the
+next GEMV reads, after q, k, v, f and b, so the recurrence starts once those are stored, while g streams.
 
 Every program of a head reads the head's q and k conv windows; the last of them rewrites them in
 place, after a per-head counter says the others have read them (they are launched before it, and

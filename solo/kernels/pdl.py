@@ -25,12 +25,10 @@ except ImportError:  # pragma: no cover - older Triton: pdl_unavailable says so 
 
 
 @triton.jit
-def after_previous_kernel(PDL: tl.constexpr):
-    """Under PDL: wait until the previous kernel in the stream has finished (its writes visible), then
-    let the next one launch. A no-op otherwise (and in Triton's CPU interpreter, which never sets PDL)."""
+def wait_for_previous_kernel(PDL: tl.constexpr):
+    """Under PDL: wait until the previous kernel in the stream has finished and its writes are visible."""
     if PDL:
         gdc_wait()
-        gdc_launch_dependents()
 
 
 @triton.jit
@@ -42,10 +40,11 @@ def let_next_kernel_launch(PDL: tl.constexpr):
 
 
 @triton.jit
-def wait_for_previous_kernel(PDL: tl.constexpr):
-    """Under PDL: wait until the previous kernel in the stream has finished and its writes are visible."""
-    if PDL:
-        gdc_wait()
+def after_previous_kernel(PDL: tl.constexpr):
+    """Under PDL: wait until the previous kernel in the stream has finished (its writes visible), then
+    let the next one launch. A no-op otherwise (and in Triton's CPU interpreter, which never sets PDL)."""
+    wait_for_previous_kernel(PDL)
+    let_next_kernel_launch(PDL)
 
 
 def pdl_unavailable(device: torch.device | str) -> str | None:
