@@ -21,6 +21,7 @@ import dataclasses
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -139,8 +140,11 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--variants", default=";".join(VARIANTS), help="names separated by ';'")
     p.add_argument("--json", default=None)
+    p.add_argument("--num-experts", type=int, default=None, help="fewer experts (512): fits an 80 GB H100 at 256")
+    p.add_argument("--deadline", type=float, default=None, help="seconds after start: capture no more variants")
     args = p.parse_args()
-    model, times = load_full_shape("fused+cuda+pdl", 4)
+    start = time.monotonic()
+    model, times = load_full_shape("fused+cuda+pdl", 4, args.num_experts)
     step = model.decode_step
     device = model.device
     gemvs = [k for k in (getattr(o, a) for o, a in step._slots()) if isinstance(k, CudaGemv)]
@@ -160,6 +164,9 @@ def main() -> int:
     graphs = GraphCapture()
     captured = {}
     for name in (v.strip() for v in args.variants.split(";")):
+        if args.deadline is not None and time.monotonic() - start > args.deadline:
+            print(f"{name}: past the deadline, left out", flush=True)
+            continue
         for g in gemvs:
             g.launch_config = launch_for(g, VARIANTS[name])
             g._kernels.clear()
@@ -197,6 +204,8 @@ def main() -> int:
             decode[name].append(time_graph(one, replays=50, rounds=1) * 1e3)
             verify[name].append(time_graph(four, replays=30, rounds=1) * 1e3)
     report = {
+        "device": torch.cuda.get_device_name(device),
+        "num_experts": model.config.num_experts,
         "copy_gbs": copy_bandwidth(device) / 1e9,
         "context": args.context,
         "decode_ms": {n: statistics.median(v) for n, v in decode.items()},

@@ -39,12 +39,15 @@ from solo.kernels.fused_mla import FusedMLA  # noqa: E402
 from solo.model.cache import HybridCache  # noqa: E402
 
 
-def load_full_shape(step: str, verify_tokens: int):
+def load_full_shape(step: str, verify_tokens: int, num_experts: int | None = None):
     """(model, load times) of `solo bench decode --random-weights ling-3.0-flash` (the bench's own
-    defaults and loader), MoE cuda, FP8 head, the fused step with modifiers `step`."""
+    defaults and loader), MoE cuda, FP8 head, the fused step with modifiers `step`. `num_experts`: fewer
+    experts (the same 8 a token, the same bytes a step but for the router's rows), so that the shape fits
+    on an 80 GB H100."""
     p = argparse.ArgumentParser()
     add_arguments(p)
-    args = p.parse_args(["--random-weights", "ling-3.0-flash", "--verify-tokens", str(verify_tokens)])
+    argv = ["--random-weights", "ling-3.0-flash", "--verify-tokens", str(verify_tokens)]
+    args = p.parse_args(argv + (["--num-experts", str(num_experts)] if num_experts else []))
     return load(args, Config("cuda", "fp8", step))
 
 

@@ -188,7 +188,9 @@ def test_a_handoff_reorders_the_tasks_and_signals_once_per_block(rows, k, last, 
     got = g(x, norm_weight=norm, handoff=Handoff(counter, *last))
     assert torch.equal(got, want)
     assert 0 < g.last_signals == int(counter[0]) and int(counter[1]) == 0
-    grid = next(built[1] for key, built in g._kernels.items() if key[-1] != (0, 0))
+    grid = next(built[1] for key, built in g._kernels.items() if key[-2] != (0, 0))  # (..., order, late_wait)
+    if launch != "bulk ring":  # its registers capped: as many blocks per SM as without the hand-off
+        assert grid == next(built[1] for key, built in g._kernels.items() if key[-2] == (0, 0))
     assert g.last_signals == min(grid, -(-rows // 8) - (last[1] - last[0]) // 8)
 
 
@@ -309,7 +311,7 @@ def test_the_router_chooses_as_the_reference(shape, tokens, fast_select):
         assert rows_rel(wts.cpu(), want_w) < 1e-5
         again = router(x.to(DEVICE))  # the arrival counters reset themselves: same choice on a second launch
         assert torch.equal(again[1], ids) and torch.equal(again[2], wts)
-        assert counters[2].item() == 2 and counters[0].item() == 0
+        assert counters[2].item() == (3 if fast_select else 2) and counters[0].item() == 0  # `full` ran once more
         checked += 1
         if checked == 3:
             break

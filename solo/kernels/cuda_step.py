@@ -251,6 +251,11 @@ class CudaGemv:
                 if slots:
                     defines.update(BULK=1, SLOTS=slots, SCALE_IN_SLOT=int(scales))
                     shared = ring_shared
+            if not slots and (order != (0, 0) or late_wait):
+                # the hand-off's and the late wait's extra registers must not cost a block per SM (on the
+                # H100 the hand-off compiled to 5 blocks an SM against the product's 6): cap them there
+                base, _, base_threads, _ = self._kernel(tokens, norm, epi, add, write_xn, out_f32, group)
+                defines["MIN_BLOCKS"] = max(1, min(cfg.blocks_per_sm, base.max_blocks_per_sm(base_threads, shared)))
             kernel = CudaKernel(GEMV_SOURCE, "gemv_decode", defines, self.device)
             kernel.set_shared_bytes(shared)
             if cfg.carveout >= 0:  # (a bulk ring is sized for all of its share of the SM's shared memory)

@@ -268,7 +268,14 @@ __device__ __forceinline__ void slot_wait(const unsigned long long *bar, u32 par
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+// MIN_BLOCKS: a variant (hand-off, late wait) kept to the product's blocks per SM (its registers capped)
+#ifdef MIN_BLOCKS
+#define GEMV_BOUNDS __launch_bounds__(THREADS, MIN_BLOCKS)
+#else
+#define GEMV_BOUNDS __launch_bounds__(THREADS)
+#endif
+
+extern "C" __global__ void GEMV_BOUNDS
 gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stride apart)
             const u16 *__restrict__ nw,           // norm weight: [K] (NORM 1), [GROUP] (NORM 2)
             const u16 *__restrict__ gate,         // [NTOK, K] (NORM 2: the sigmoid gate)
