@@ -217,8 +217,6 @@ class CudaGemv:
     ):
         key = (tokens, norm, epi, add, write_xn, out_f32, group, order, late_wait)
         if key not in self._kernels:
-            from solo.kernels.cuda_runtime import CudaKernel
-
             f, cfg = self.fused, self.launch_config
             warps = warps_for(self.k, cfg.warps or choose_launch(self.rows).warps)
             defines = {
@@ -251,22 +249,34 @@ class CudaGemv:
                 if slots:
                     defines.update(BULK=1, SLOTS=slots, SCALE_IN_SLOT=int(scales))
                     shared = ring_shared
+            threads = 32 * warps
+            carveout = -1 if cfg.carveout < 0 else 100 if slots else cfg.carveout  # (-1: the driver's)
+            kernel = self._compile(defines, shared, carveout)
+            fits = kernel.max_blocks_per_sm(threads, shared)
             if not slots and (order != (0, 0) or late_wait):
                 # the hand-off's and the late wait's extra registers must not cost a block per SM (on the
-                # H100 the hand-off compiled to 5 blocks an SM against the product's 6): cap them there
-                base, _, base_threads, _ = self._kernel(tokens, norm, epi, add, write_xn, out_f32, group)
-                defines["MIN_BLOCKS"] = max(1, min(cfg.blocks_per_sm, base.max_blocks_per_sm(base_threads, shared)))
-            kernel = CudaKernel(GEMV_SOURCE, "gemv_decode", defines, self.device)
-            kernel.set_shared_bytes(shared)
-            if cfg.carveout >= 0:  # (a bulk ring is sized for all of its share of the SM's shared memory)
-                kernel.set_carveout(100 if slots else cfg.carveout)
-            threads = 32 * warps
-            per_sm = min(cfg.bulk if slots else cfg.blocks_per_sm, kernel.max_blocks_per_sm(threads, shared))
+                # H100 the hand-off compiled to 5 blocks an SM against the product's 6): then capped there
+                base = self._kernel(tokens, norm, epi, add, write_xn, out_f32, group)[0]
+                want = min(cfg.blocks_per_sm, base.max_blocks_per_sm(threads, shared))
+                if fits < want:
+                    defines["MIN_BLOCKS"] = want
+                    kernel = self._compile(defines, shared, carveout)
+                    fits = kernel.max_blocks_per_sm(threads, shared)
+            per_sm = min(cfg.bulk if slots else cfg.blocks_per_sm, fits)
             if per_sm < 1:
                 raise RuntimeError(f"{self.name}: the CUDA GEMV does not fit on an SM with {cfg}")
             grid = persistent_grid(tasks, per_sm * self.sms, cfg.balanced)
             self._kernels[key] = (kernel, grid, threads, defines)
         return self._kernels[key]
+
+    def _compile(self, defines: dict, shared: int, carveout: int):
+        from solo.kernels.cuda_runtime import CudaKernel
+
+        kernel = CudaKernel(GEMV_SOURCE, "gemv_decode", defines, self.device)
+        kernel.set_shared_bytes(shared)
+        if carveout >= 0:  # (a bulk ring asks for 100: it is sized for its share of the SM's shared memory)
+            kernel.set_carveout(carveout)
+        return kernel
 
     def __call__(
         self,
