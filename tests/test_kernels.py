@@ -217,6 +217,18 @@ def test_packed_words_round_trip():
         pack_e2m1_words(torch.zeros((2, 6), dtype=torch.uint8))
 
 
+def test_packed_words_in_slices_equal_one_pass(monkeypatch):
+    """The packing runs in slices of rows (its int64 temporaries would not fit beside a full-shape model):
+    slices that do not divide the rows give the same words as one pass."""
+    import solo.kernels.triton_mxfp4_gemv as gemv
+
+    raw = torch.randint(0, 256, (5, 9, 64), dtype=torch.uint8)
+    whole = pack_e2m1_words(raw)
+    for words in (16, 17, 48):  # one row a slice, one row (a partial second), three rows
+        monkeypatch.setattr(gemv, "PACK_SLICE_WORDS", words)
+        assert torch.equal(pack_e2m1_words(raw), whole)
+
+
 @triton.jit
 def _standard_bytes_kernel(w_ptr, out_ptr, R: tl.constexpr, C: tl.constexpr):
     rr = tl.arange(0, R)

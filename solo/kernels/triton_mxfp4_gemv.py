@@ -56,7 +56,22 @@ def pack_e2m1_words(codes: torch.Tensor) -> torch.Tensor:
     in the layout of the module docstring. K must be a multiple of 8."""
     if codes.dtype != torch.uint8 or codes.shape[-1] % 4:
         raise ValueError(f"need uint8 codes with K/2 a multiple of 4, got {codes.dtype} {tuple(codes.shape)}")
-    std = codes.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # code n at bits 4n..4n+3
+    words = codes.contiguous().view(torch.int32)
+    flat = words.reshape(-1, words.shape[-1])
+    out = torch.empty_like(flat)
+    # in slices: the int64 temporaries are 2 bytes per code each, about 10 GB for one layer's gate_up at
+    # full Ling shape, which is what kept the full-shape model off an 80 GB GPU
+    step = max(1, PACK_SLICE_WORDS // max(1, flat.shape[1]))
+    for i in range(0, flat.shape[0], step):
+        out[i : i + step] = _pack_words(flat[i : i + step])
+    return out.view(words.shape)
+
+
+PACK_SLICE_WORDS = 1 << 24  # words packed at a time (64 MB of codes)
+
+
+def _pack_words(words: torch.Tensor) -> torch.Tensor:
+    std = words.to(torch.int64) & 0xFFFFFFFF  # code n at bits 4n..4n+3
     out = torch.zeros_like(std)
     for n in range(8):
         j, half = n % 4, 16 * (n // 4)
