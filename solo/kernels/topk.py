@@ -83,7 +83,7 @@ def _top_k_kernel(
 def _launch(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     rows, vocab = logits.shape
     chunks = triton.cdiv(vocab, CHUNK)
-    k_pow2 = max(2, triton.next_power_of_2(k))  # tl.topk of 1 is wrong on the GPU before Triton 3.7 (seen on 3.6)
+    k_pow2 = max(2, triton.next_power_of_2(k))  # tl.topk(x, 1) fails before triton-lang/triton#10952 (3.6)
     device = logits.device
     first = FIRST_ROWS * chunks * k_pow2
     keys = split_scratch(_SCRATCH, (str(device), "keys"), rows * chunks * k_pow2, torch.int64, False, device, first)
