@@ -51,6 +51,9 @@ EEM_BITS = (9, 6, 3, 0)  # lowest magnitude bit of code j (j = 0..3) in a half-w
 SIGN_BITS = (15, 12, 14, 13)  # its sign bit
 
 
+PACK_SLICE_WORDS = 1 << 24  # words packed at a time (64 MB of codes)
+
+
 def pack_e2m1_words(codes: torch.Tensor) -> torch.Tensor:
     """Checkpoint E2M1 bytes [..., K/2] (element 2i in the low nibble) -> packed int32 words [..., K/8]
     in the layout of the module docstring. K must be a multiple of 8."""
@@ -65,9 +68,6 @@ def pack_e2m1_words(codes: torch.Tensor) -> torch.Tensor:
     for i in range(0, flat.shape[0], step):
         out[i : i + step] = _pack_words(flat[i : i + step])
     return out.view(words.shape)
-
-
-PACK_SLICE_WORDS = 1 << 24  # words packed at a time (64 MB of codes)
 
 
 def _pack_words(words: torch.Tensor) -> torch.Tensor:
