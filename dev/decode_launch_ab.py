@@ -105,7 +105,7 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "hand-off + shared gate_up late wait": {"handoff": True, "shared_late_wait": True},
 }
 # a variant's keys that are not GemvLaunch fields
-NOT_LAUNCH = ("for", "shared_inside", "mla", "mla_one", "fast_select", "kda")
+NOT_LAUNCH = ("for", "shared_inside", "mla", "mla_one", "fast_select", "kda", "handoff", "shared_late_wait")
 
 
 def launch_for(gemv: CudaGemv, variant: dict) -> GemvLaunch:

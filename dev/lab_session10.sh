@@ -20,6 +20,6 @@ if [ ! -s "$OUT/launch_ab_full.json" ] && grep -q "out of memory" "$OUT/launch_a
     echo "the full shape does not fit: 256 experts"
     ab e256 "${AB_TIMEOUT:-330}" "${AB_DEADLINE:-150}" --num-experts 256
 fi
-timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_topk_kernel.py tests/test_gpu_cuda_step.py \
+timeout "${TEST_TIMEOUT:-220}" python3 -m pytest -q -p no:cacheprovider tests/test_topk_kernel.py tests/test_gpu_cuda_step.py \
     -k "top_k or dispatch or custom_op or handoff or router_chooses or late_wait" > "$OUT/gpu_tests.log" 2>&1
 echo "tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/gpu_tests.log" | tail -12
