@@ -141,6 +141,7 @@ def main() -> int:
     p.add_argument("--variants", default=";".join(VARIANTS), help="names separated by ';'")
     p.add_argument("--json", default=None)
     p.add_argument("--num-experts", type=int, default=None, help="fewer experts (512): fits an 80 GB H100 at 256")
+    p.add_argument("--eager-only", action="store_true", help="run each variant's steps eagerly once, time nothing")
     p.add_argument("--deadline", type=float, default=None, help="seconds after start: capture no more variants")
     args = p.parse_args()
     start = time.monotonic()
@@ -186,10 +187,23 @@ def main() -> int:
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])
         fused_kda.WINDOW_VALUE_SPLITS = splits.get("window", kda_splits[1])
         try:  # a variant that cannot build or run here is reported and left out, the others still run
-            captured[name] = (
+            if args.eager_only:  # (with CUDA_LAUNCH_BLOCKING=1 a fault's traceback names its launch)
+                for run in (lambda: eager(ids1, pos1, cache), lambda: eager(ids4, pos4, cache, history)):
+                    run()
+                    torch.cuda.synchronize()
+                print(f"{name}: eager one token and verification ran", flush=True)
+                continue
+            pair = (
                 graphs.capture(lambda: eager(ids1, pos1, cache))[0],
                 graphs.capture(lambda: eager(ids4, pos4, cache, history))[0],
             )
+            for graph in pair:  # a fault shows here, against this variant, not in a later one's timing
+                graph.replay()
+                torch.cuda.synchronize()
+            captured[name] = pair
+        except torch.AcceleratorError as exc:  # the context is lost: nothing after this can run
+            print(f"{name}: FAULT: {str(exc)[:300]}", flush=True)
+            return 3
         except Exception as exc:  # noqa: BLE001
             print(f"{name}: FAILED, left out: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             torch.cuda.synchronize()
