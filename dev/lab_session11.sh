@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The eleventh session's device call. The tenth's dev/lab_session10.sh captured every variant in one process
+# The eleventh session's device call (second form: all variants in one process first). The tenth's dev/lab_session10.sh captured every variant in one process
 # at the full shape on the H100, then the first timing replay hit an illegal memory access, with no way to
 # tell whose. Here each variant runs in its own process beside the product (decode_launch_ab.py replays and
 # synchronises each capture at once), so a fault names its variant and leaves the others measured. If the
@@ -18,19 +18,23 @@ ab() {  # ab TAG VARIANTS [more options]
     echo "[$tag rc=$rc at ${SECONDS}s]"; grep -E "^@|FAULT|FAILED|Error" "$OUT/ab_$tag.log" | head -5
     return $rc
 }
-base="product;"
-if ! ab product "product"; then
-    base=""  # (the variants then run alone)
-    CUDA_LAUNCH_BLOCKING=1 ab product_eager "product" --eager-only
-    grep -B2 -A8 "Traceback" "$OUT/ab_product_eager.log" | grep -E "File|Error" | tail -8
-fi
 IFS=';' read -ra variants <<< "${VARIANTS:-hand-off;shared gate_up late wait;hand-off + shared gate_up late wait;fast selection;MLA combine in 4 latent slices;MLA one token: heads in two programs;bulk}"
-i=0
-for v in "${variants[@]}"; do
-    i=$((i + 1))
-    if [ $((DEADLINE - SECONDS)) -lt 45 ]; then echo "left out: $v"; continue; fi
-    ab "v$i" "$base$v"
-done
+# all in one process first (one load, interleaved timing); where that faults, one process a variant
+all="product"; for v in "${variants[@]}"; do all="$all;$v"; done
+if ! ab all "$all" --deadline 240; then
+    base="product;"
+    if ! ab product "product"; then
+        base=""  # (the variants then run alone)
+        CUDA_LAUNCH_BLOCKING=1 ab product_eager "product" --eager-only
+        grep -B2 -A8 "Traceback" "$OUT/ab_product_eager.log" | grep -E "File|Error" | tail -8
+    fi
+    i=0
+    for v in "${variants[@]}"; do
+        i=$((i + 1))
+        if [ $((DEADLINE - SECONDS)) -lt 45 ]; then echo "left out: $v"; continue; fi
+        ab "v$i" "$base$v"
+    done
+fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 rows = []
