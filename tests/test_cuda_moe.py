@@ -443,3 +443,17 @@ def test_a_shared_expert_too_large_for_the_tile_area_is_refused():
     sched = decode_schedule(132, 256, 256, 2)  # small tiles: 2 slots of a narrow expert
     with pytest.raises(ValueError, match="exceed"):
         shared_tail(sched, 256, 256, 2, 4096)
+
+
+def test_a_new_kernel_config_keeps_the_built_kernels_aside():
+    """set_kernel_config (A/B variants) keeps the kernels built so far, with their schedule tables: graphs
+    captured before read those tables (dropped, their memory went to later buffers and such a graph
+    faulted in the tenth session's A/B). The GPU test replays such graphs; this checks the bookkeeping."""
+    from solo.kernels.cuda_moe import PersistentDecodeMoE
+
+    moe = object.__new__(PersistentDecodeMoE)  # (the constructor needs a Hopper GPU)
+    moe.kernel_config, moe._kernels, moe._retired = DecodeKernelConfig(), {}, []
+    entry = (object(), None, torch.randint(0, 99, (int(torch.randint(4, 64, ())),)), 128)
+    moe._kernels[(8, False, None, None)] = entry
+    moe.set_kernel_config(DecodeKernelConfig(fast_select=True))
+    assert moe.kernel_config.fast_select and moe._kernels == {} and moe._retired[0] is entry

@@ -137,3 +137,40 @@ def test_a_handoff_of_rows_that_are_not_whole_tasks_is_refused(start, end):
 
     with pytest.raises(ValueError, match="whole 8-row tasks"):
         task_order(20512, start, end)
+
+
+def test_the_routers_scratch_outlives_its_kernel(monkeypatch):
+    """A CUDA router's scores and arrival counters are made once per token count and kept when its kernel
+    is built again (an A/B variant): graphs captured before count in them (the tenth session's A/B lost
+    them under such graphs and hung)."""
+    import torch
+
+    import solo.kernels.cuda_runtime as runtime
+    from solo.kernels.cuda_step import CudaRouter
+    from solo.kernels.fused_router import FusedRouter
+
+    built = []
+    monkeypatch.setattr(runtime, "CudaKernel", lambda *args: built.append(args) or object())
+    experts, hidden = 256, 2560
+    counters = torch.zeros(3, dtype=torch.int32)
+    fused = FusedRouter(
+        torch.randn(experts, hidden).to(torch.bfloat16),
+        torch.randn(experts),
+        torch.randn(hidden).to(torch.bfloat16),
+        1e-6,
+        8,
+        8,
+        4,
+        True,
+        2.5,
+        counters[0:1],
+        counters[1:2],
+    )
+    router = CudaRouter(fused, counters[2:3])
+    tokens = random.randint(1, 8)
+    router.kernel(tokens)
+    scores, arrived = router.scratch(tokens)
+    assert scores.shape == (tokens, experts) and torch.equal(arrived, torch.zeros(2, dtype=torch.int32))
+    router._kernels = {}  # as an A/B does for a variant
+    router.kernel(tokens)
+    assert len(built) == 2 and all(a is b for a, b in zip(router.scratch(tokens), (scores, arrived), strict=True))

@@ -468,3 +468,71 @@ def test_pdl_launches_compute_exactly_what_plain_launches_do_and_are_proven_at_s
     assert check.status == ACTIVE, check
     assert all(check.evidence["pdl"][family] for family in with_pdl.decode_step.families_per_step()), check
     assert "pdl" not in check_decode_step(engines["plain"][0], "fused").evidence
+
+
+def test_graphs_captured_before_kernels_are_built_again_still_replay_exactly(setup):
+    """Kernels built again (an A/B's variant: the persistent MoE kernel after set_kernel_config, the CUDA
+    router after its kernels are dropped) leave the graphs captured before intact: what those graphs read
+    stays alive, and replayed in turn with the new graphs, from the same cache state, each gives what it
+    gave alone. (The tenth session's A/B freed the MoE kernel's schedule table and the router's counters
+    under such graphs: a fault, then a hang.)"""
+    import gc
+    import weakref
+
+    from solo.engine.graphs import EagerStep, GraphCapture
+    from solo.kernels.cuda_moe_plan import DecodeKernelConfig
+    from solo.kernels.cuda_step import CudaRouter
+    from solo.model.cache import HybridCache
+
+    config, _, fused = setup
+    step = fused.decode_step
+    routers = [k for k in (getattr(o, a) for o, a in step._slots()) if isinstance(k, CudaRouter)]
+    moes = [moe.experts for moe in step.routers_in_experts()]
+    cache = HybridCache(config, 96, "cuda", torch.bfloat16, with_nextn=True)
+    history = cache.new_history(4)
+    for state in cache.kda.values():
+        state.recurrent.normal_(0, 0.05)
+        state.conv.normal_()
+    for layer_cache in cache.mla.values():
+        layer_cache.latent.normal_()
+        layer_cache.rope.normal_()
+    snapshot = [t.clone() for t in cache_tensors(cache)]
+    ids1 = torch.randint(0, VOCAB, (1,), device="cuda")
+    ids4 = torch.randint(0, VOCAB, (4,), device="cuda")
+    pos1, pos4 = torch.tensor([60], device="cuda"), torch.arange(56, 60, device="cuda")
+    eager, graphs = EagerStep(fused), GraphCapture()
+
+    def capture():
+        one, out1 = graphs.capture(lambda: eager(ids1, pos1, cache))
+        four, out4 = graphs.capture(lambda: eager(ids4, pos4, cache, history))
+        return (one, out1[1]), (four, out4[1])
+
+    def replay(graph, logits):
+        for dst, src in zip(cache_tensors(cache), snapshot, strict=True):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        return logits.clone()
+
+    first = capture()
+    alone = [replay(*g) for g in first]
+    read = [weakref.ref(entry[2]) for moe in moes for entry in moe._kernels.values()]  # schedule tables
+    read += [weakref.ref(t) for router in routers for pair in router._scratch.values() for t in pair]
+    assert moes and read
+    for moe in moes:
+        moe.set_kernel_config(DecodeKernelConfig())
+    for router in routers:
+        router._kernels = {}
+    again = capture()
+    gc.collect()
+    assert all(ref() is not None for ref in read)
+    for _ in range(3):
+        for pair in (first, again):
+            for g, want in zip(pair, alone, strict=True):
+                assert torch.equal(replay(*g), want)
+
+
+def cache_tensors(cache) -> list[torch.Tensor]:
+    """Every buffer of a HybridCache that a step reads or writes."""
+    mla = [t for c in cache.mla.values() for t in (c.latent, c.rope)]
+    return [cache.kda_recurrent, cache.kda_conv, cache.kda_source, *mla]

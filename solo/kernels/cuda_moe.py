@@ -189,6 +189,7 @@ class PersistentDecodeMoE(TritonMoE):
                 "checkpoint has larger ones. Use --moe-backend triton."
             )
         self._kernels: dict[tuple, tuple[Any, DecodeSchedule, torch.Tensor, int]] = {}
+        self._retired: list[tuple[Any, DecodeSchedule, torch.Tensor, int]] = []  # see set_kernel_config
         # activations exchanged between blocks, tagged with the launch number (0xFFFF: none yet)
         self._act = torch.full((MAX_ACT_COPIES * 8 * self.inter,), -1, dtype=torch.int32, device=self.device)
         self._launches = torch.zeros(1, dtype=torch.int32, device=self.device)
@@ -214,9 +215,12 @@ class PersistentDecodeMoE(TritonMoE):
         return evidence
 
     def set_kernel_config(self, kernel_config: DecodeKernelConfig) -> None:
-        """Switch kernel variants (for A/B runs); the next call compiles or loads the new one."""
+        """Switch kernel variants (for A/B runs); the next call compiles or loads the new one. The built
+        kernels are kept aside, not dropped: their schedule tables are read by the graphs captured before
+        (freed, their memory went to later buffers and replaying such a graph faulted)."""
         self.kernel_config = kernel_config
-        self._kernels.clear()
+        self._retired.extend(self._kernels.values())
+        self._kernels = {}
 
     def kernel_for(
         self, top_k: int, id64: bool, router: RouterSpec | None = None, shared: SharedExpert | None = None

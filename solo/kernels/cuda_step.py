@@ -424,11 +424,17 @@ class CudaRouter:
                 "FAST_SELECT": int(self.fast_select),
             }
             self._kernels[tokens] = CudaKernel(ROUTER_SOURCE, "router_decode", defines, self.device)
-            self._scratch[tokens] = (  # per token count: graphs of each point at their own
-                torch.empty((tokens, f.num_experts), dtype=torch.float32, device=self.device),
+        return self._kernels[tokens]
+
+    def scratch(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores, arrival counters) for calls of `tokens` tokens: made once and kept, also when the
+        kernel is built again (a variant), since the graphs captured before still read and count in them."""
+        if tokens not in self._scratch:
+            self._scratch[tokens] = (
+                torch.empty((tokens, self.fused.num_experts), dtype=torch.float32, device=self.device),
                 torch.zeros(2, dtype=torch.int32, device=self.device),  # arrivals, selectors done
             )
-        return self._kernels[tokens]
+        return self._scratch[tokens]
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """As FusedRouter.__call__; up to `max_tokens` tokens run here, more on the Triton kernels."""
@@ -441,7 +447,7 @@ class CudaRouter:
         if x.data_ptr() % 16 or x.stride(0) % 8:
             raise ValueError("the CUDA router reads x in 16-byte pieces; it is not aligned")
         kernel = self.kernel(tokens)
-        scores, arrived = self._scratch[tokens]
+        scores, arrived = self.scratch(tokens)
         xn = torch.empty((tokens, f.hidden), dtype=torch.bfloat16, device=x.device)
         ids = torch.empty((tokens, f.top_k), dtype=torch.int32, device=x.device)
         wts = torch.empty((tokens, f.top_k), dtype=torch.float32, device=x.device)
