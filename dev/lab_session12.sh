@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The next device call (written in the eleventh session, for the twelfth). The eleventh's A/B of decode
+# variants faulted, then hung, because kernels built again freed what the graphs captured before read (the
+# MoE kernel's schedule table, the CUDA router's counters); fixed since, not yet run on a GPU. In order:
+# 1. the GPU test that replays graphs captured before and after kernels are built again, beside the fused
+#    step's other GPU tests of lab switches (hand-offs, late wait, combine slices, lazy rollback);
+# 2. dev/decode_launch_ab.py at 32K, the full shape, every variant in one process (interleaved timing);
+# 3. where time is left, the product bench at 32K (the issue's number; the H200's last was 2.472 ms).
+# Results under $OUT: gpu_tests.log, ab_all.{log,json}, bench.{log,json}. LAB_SECONDS bounds the whole.
+set -uo pipefail
+export PYTHONPATH=$PWD SOLO_CACHE_DIR=/tmp/solo_cache PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+DEADLINE=$((SECONDS + ${LAB_SECONDS:-560}))
+left() { echo $((DEADLINE - SECONDS)); }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_fused_step.py \
+    -k "built_again or handoff or late or combine or lazy" > "$OUT/gpu_tests.log" 2>&1
+echo "[tests rc=$? at ${SECONDS}s]"; grep -E "^FAILED|passed|failed" "$OUT/gpu_tests.log" | tail -8
+variants="product;${VARIANTS:-hand-off;shared gate_up late wait;hand-off + shared gate_up late wait;fast selection;MLA combine in 4 latent slices;MLA one token: heads in two programs;bulk}"
+timeout $(($(left) - 10)) python3 dev/decode_launch_ab.py --context 32768 --deadline "${AB_DEADLINE:-200}" \
+    --variants "$variants" --json "$OUT/ab_all.json" > "$OUT/ab_all.log" 2>&1
+echo "[A/B rc=$? at ${SECONDS}s]"; grep -E "^@|FAULT|FAILED|left out|Error" "$OUT/ab_all.log"
+if [ "$(left)" -gt 150 ]; then
+    timeout $(($(left) - 5)) python3 -m solo.cli bench decode --random-weights ling-3.0-flash \
+        --configs cuda:fp8:fused+cuda+pdl --context 32768 --prefill "" --loop-tokens 0 \
+        --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    echo "[bench rc=$? at ${SECONDS}s]"; grep -E "decode|roofline" "$OUT/bench.log" | head -6
+else
+    echo "no time left for the bench ($(left) s)"
+fi
