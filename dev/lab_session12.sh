@@ -21,7 +21,7 @@ timeout $(($(left) - 10)) python3 dev/decode_launch_ab.py --context 32768 --dead
     --variants "$variants" --json "$OUT/ab_all.json" > "$OUT/ab_all.log" 2>&1
 echo "[A/B rc=$? at ${SECONDS}s]"; grep -E "^@|FAULT|FAILED|left out|Error" "$OUT/ab_all.log"
 if [ "$(left)" -gt 150 ]; then
-    timeout $(($(left) - 5)) python3 -m solo.cli bench decode --random-weights ling-3.0-flash \
+    timeout $(($(left) - 5)) python3 -m solo bench decode --random-weights ling-3.0-flash \
         --configs cuda:fp8:fused+cuda+pdl --context 32768 --prefill "" --loop-tokens 0 \
         --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
     echo "[bench rc=$? at ${SECONDS}s]"; grep -E "decode|roofline" "$OUT/bench.log" | head -6

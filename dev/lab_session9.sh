@@ -37,7 +37,7 @@ elif [ "$part" = 1s ]; then  # part 1 for a short device window: fewer tests and
     timeout 200 python3 dev/decode_launch_ab.py --context 32768 --json "$OUT/launch_ab_handoff.json" --variants \
         "product;hand-off;hand-off + shared gate_up late wait" 2>&1 | tee "$OUT/launch_ab_handoff.log" | grep -v "^  "
 elif [ "$part" = 2 ]; then  # the product and the lab switches side by side in the product's bench
-    timeout 570 python3 -m solo.cli bench decode --random-weights ling-3.0-flash \
+    timeout 570 python3 -m solo bench decode --random-weights ling-3.0-flash \
         --configs cuda:fp8:fused+cuda+pdl,cuda:fp8:fused+cuda+pdl+handoff+latewait \
         --context 32768 --prefill "" --loop-tokens 0 --json "$OUT/bench_32k.json" > "$OUT/bench_32k.log" 2>&1
     echo "bench rc=$?"; grep -v "^  " "$OUT/bench_32k.log" | tail -40

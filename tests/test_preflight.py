@@ -256,3 +256,12 @@ def test_fused_decode_step_on_a_cpu_is_refused_with_the_fix(tiny_checkpoints):
     proc = solo("check", "--model", path, "--json")
     check = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}["decode_step"]
     assert check["status"] == "OFF" and "NVIDIA GPU" in check["evidence"]["reason"]
+
+
+def test_python_dash_m_solo_is_the_solo_command():
+    """`python -m solo` takes the same command line as the `solo` script (the lab's device scripts use it
+    where the package is on PYTHONPATH but not installed)."""
+    got = subprocess.run([sys.executable, "-m", "solo", "bench", "decode", "--help"], capture_output=True, text=True)
+    want = solo("bench", "decode", "--help")
+    assert got.returncode == want.returncode == 0 and "--random-weights" in got.stdout
+    assert got.stdout == want.stdout
