@@ -448,7 +448,7 @@ def test_a_shared_expert_too_large_for_the_tile_area_is_refused():
 def test_a_new_kernel_config_keeps_the_built_kernels_aside():
     """set_kernel_config (A/B variants) keeps the kernels built so far, with their schedule tables: graphs
     captured before read those tables (dropped, their memory went to later buffers and such a graph
-    faulted in the tenth session's A/B). The GPU test replays such graphs; this checks the bookkeeping."""
+    faulted in the eleventh session's A/B). The GPU test replays such graphs; this checks the bookkeeping."""
     from solo.kernels.cuda_moe import PersistentDecodeMoE
 
     moe = object.__new__(PersistentDecodeMoE)  # (the constructor needs a Hopper GPU)

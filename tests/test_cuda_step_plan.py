@@ -141,7 +141,7 @@ def test_a_handoff_of_rows_that_are_not_whole_tasks_is_refused(start, end):
 
 def test_the_routers_scratch_outlives_its_kernel(monkeypatch):
     """A CUDA router's scores and arrival counters are made once per token count and kept when its kernel
-    is built again (an A/B variant): graphs captured before count in them (the tenth session's A/B lost
+    is built again (an A/B variant): graphs captured before count in them (the eleventh session's A/B lost
     them under such graphs and hung)."""
     import torch
 

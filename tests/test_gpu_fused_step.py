@@ -474,13 +474,12 @@ def test_graphs_captured_before_kernels_are_built_again_still_replay_exactly(set
     """Kernels built again (an A/B's variant: the persistent MoE kernel after set_kernel_config, the CUDA
     router after its kernels are dropped) leave the graphs captured before intact: what those graphs read
     stays alive, and replayed in turn with the new graphs, from the same cache state, each gives what it
-    gave alone. (The tenth session's A/B freed the MoE kernel's schedule table and the router's counters
+    gave alone. (The eleventh session's A/B freed the MoE kernel's schedule table and the router's counters
     under such graphs: a fault, then a hang.)"""
     import gc
     import weakref
 
     from solo.engine.graphs import EagerStep, GraphCapture
-    from solo.kernels.cuda_moe_plan import DecodeKernelConfig
     from solo.kernels.cuda_step import CudaRouter
     from solo.model.cache import HybridCache
 
@@ -519,8 +518,8 @@ def test_graphs_captured_before_kernels_are_built_again_still_replay_exactly(set
     read = [weakref.ref(entry[2]) for moe in moes for entry in moe._kernels.values()]  # schedule tables
     read += [weakref.ref(t) for router in routers for pair in router._scratch.values() for t in pair]
     assert moes and read
-    for moe in moes:
-        moe.set_kernel_config(DecodeKernelConfig())
+    for moe in moes:  # the same variant, built again
+        moe.set_kernel_config(moe.kernel_config)
     for router in routers:
         router._kernels = {}
     again = capture()
