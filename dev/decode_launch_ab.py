@@ -87,6 +87,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # (one token) and in the CUDA router (verification)
     "fast selection": {"fast_select": True},
     "bulk + fast selection": {"bulk": 1, "fast_select": True},
+    # not a launch: the persistent MoE kernel's MMAs on the unscaled codes, each chunk's sums scaled after
+    # them (DecodeKernelConfig.post_scale: 8 FFMAs a chunk instead of 32 fp16 multiplies; eleventh session)
+    "MoE scales after the products": {"moe": {"post_scale": True}},
+    "MoE scales after the products + fast selection": {"moe": {"post_scale": True}, "fast_select": True},
     # not a launch: one token's shared expert inside the persistent MoE kernel (--moe-shared fused) instead
     # of its own two kernels after it (docs/results/h200_shared_order_ab.log)
     "shared expert inside": {"shared_inside": True},
@@ -105,7 +109,7 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "hand-off + shared gate_up late wait": {"handoff": True, "shared_late_wait": True},
 }
 # a variant's keys that are not GemvLaunch fields
-NOT_LAUNCH = ("for", "shared_inside", "mla", "mla_one", "fast_select", "kda", "handoff", "shared_late_wait")
+NOT_LAUNCH = ("for", "shared_inside", "mla", "mla_one", "fast_select", "kda", "handoff", "shared_late_wait", "moe")
 
 
 def launch_for(gemv: CudaGemv, variant: dict) -> GemvLaunch:
@@ -176,7 +180,8 @@ def main() -> int:
             g.launch_config = launch_for(g, VARIANTS[name])
         for moe in moes:
             moe.shared_in_experts = moe.shared_expert() if VARIANTS[name].get("shared_inside") else None
-            moe.experts.set_kernel_config(DecodeKernelConfig(fast_select=VARIANTS[name].get("fast_select", False)))
+            fast = VARIANTS[name].get("fast_select", False)
+            moe.experts.set_kernel_config(DecodeKernelConfig(fast_select=fast, **VARIANTS[name].get("moe", {})))
         for router in routers:
             router.fast_select = VARIANTS[name].get("fast_select", False)
         both, one_only = VARIANTS[name].get("mla", {}), VARIANTS[name].get("mla_one", {})
