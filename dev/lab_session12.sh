@@ -18,7 +18,7 @@ timeout "${TEST_TIMEOUT:-170}" python3 -m pytest -q -p no:cacheprovider tests/te
     -k "built_again or handoff or late or combine or lazy or scales_after or persistent_matches_reference" > "$OUT/gpu_tests.log" 2>&1
 echo "[tests rc=$? at ${SECONDS}s]"; grep -E "^FAILED|passed|failed" "$OUT/gpu_tests.log" | tail -8
 variants="product;${VARIANTS:-hand-off;shared gate_up late wait;hand-off + shared gate_up late wait;fast selection;MoE scales after the products;MoE scales after the products + fast selection;MLA combine in 4 latent slices;MLA one token: heads in two programs;bulk}"
-timeout $(($(left) - 10)) python3 dev/decode_launch_ab.py --context 32768 --deadline "${AB_DEADLINE:-200}" \
+timeout $(($(left) - 10)) python3 dev/decode_launch_ab.py --context 32768 --deadline "${AB_DEADLINE:-260}" \
     --variants "$variants" --json "$OUT/ab_all.json" > "$OUT/ab_all.log" 2>&1
 echo "[A/B rc=$? at ${SECONDS}s]"; grep -E "^@|FAULT|FAILED|left out|Error" "$OUT/ab_all.log"
 if [ "$(left)" -gt 150 ]; then
