@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from verify_kernels_ab import load_full_shape  # noqa: E402
 
-from solo.bench.decode import copy_bandwidth, time_graph  # noqa: E402
+from solo.bench.decode import copy_bandwidth, environment, time_graph  # noqa: E402
 from solo.engine.graphs import EagerStep, GraphCapture  # noqa: E402
 from solo.kernels import fused_kda  # noqa: E402
 from solo.kernels.cuda_moe_plan import DecodeKernelConfig  # noqa: E402
@@ -225,6 +225,7 @@ def main() -> int:
             decode[name].append(time_graph(one, replays=50, rounds=1) * 1e3)
             verify[name].append(time_graph(four, replays=30, rounds=1) * 1e3)
     report = {
+        "environment": environment(),  # (versions, device, commit, the sources' digest)
         "device": torch.cuda.get_device_name(device),
         "num_experts": model.config.num_experts,
         "copy_gbs": copy_bandwidth(device) / 1e9,
@@ -233,10 +234,13 @@ def main() -> int:
         "verify_ms": {n: statistics.median(v) for n, v in verify.items()},
         "all": {"decode": decode, "verify": verify},
     }
+    base = report["decode_ms"].get("product")
     for name in captured:
+        d = report["decode_ms"][name]
+        versus = f", {1e3 * (d - base):+.1f} us against the product" if base is not None and name != "product" else ""
         print(
-            f"@ {args.context}: {name:22s} decode {report['decode_ms'][name]:.3f} ms, "
-            f"verify 4 {report['verify_ms'][name]:.3f} ms",
+            f"@ {args.context}: {name:22s} decode {d:.3f} ms (rounds {min(decode[name]):.3f}-{max(decode[name]):.3f})"
+            f"{versus}, verify 4 {report['verify_ms'][name]:.3f} ms",
             flush=True,
         )
     if args.json:
