@@ -178,12 +178,12 @@ def main() -> int:
             owner._kernels.clear()
         for g in gemvs:
             g.launch_config = launch_for(g, VARIANTS[name])
+        fast = VARIANTS[name].get("fast_select", False)
         for moe in moes:
             moe.shared_in_experts = moe.shared_expert() if VARIANTS[name].get("shared_inside") else None
-            fast = VARIANTS[name].get("fast_select", False)
             moe.experts.set_kernel_config(DecodeKernelConfig(fast_select=fast, **VARIANTS[name].get("moe", {})))
         for router in routers:
-            router.fast_select = VARIANTS[name].get("fast_select", False)
+            router.fast_select = fast
         both, one_only = VARIANTS[name].get("mla", {}), VARIANTS[name].get("mla_one", {})
         for mla, (one, window) in zip(mlas, mla_launches, strict=True):
             mla.ONE_TOKEN = dataclasses.replace(one, **{**both, **one_only})

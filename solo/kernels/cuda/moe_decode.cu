@@ -287,6 +287,16 @@ __device__ __forceinline__ void mma16816(float *c, u32 a0, u32 a1, u32 a2, u32 a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// A pair of a word's codes as an MMA operand: scaled by the row's fp16 factor f, or (POST_SCALE) as it is,
+// the chunk's sums scaled after the products.
+__device__ __forceinline__ u32 weight_pair(u32 w, int j, u32 f) {
+#if POST_SCALE
+    return e2m1_pair(w, j);
+#else
+    return hmul2(e2m1_pair(w, j), f);
+#endif
+}
+
 // 16 rows (two 8-row groups) x one 16-byte chunk (4 words, 32 codes) per lane: 8 MMAs.
 // lo/hi: the chunk of MMA row g and g+8; flo/fhi: their scale factors (CHUNK_SCALE); xb: 16 activation pairs.
 // Two accumulators (a0: pairs 0-1, a1: pairs 2-3 of each word) halve the chain of dependent MMAs.
@@ -295,34 +305,27 @@ __device__ __forceinline__ void chunk_products(float *a0, float *a1, uint4 lo, u
     const u32 wl[4] = {lo.x, lo.y, lo.z, lo.w};
     const u32 wh[4] = {hi.x, hi.y, hi.z, hi.w};
 #if POST_SCALE
-    // the chunk's sums on their own, then scaled into the accumulators: C fragment entries 0, 1 are row g's,
-    // 2, 3 row g+8's
-    float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+    float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};  // the chunk's sums on their own
+    float *s0 = c0, *s1 = c1;
+#else
+    float *s0 = a0, *s1 = a1;
+#endif
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
             const int j0 = 2 * jj, j1 = 2 * jj + 1;
-            mma16816(jj ? c1 : c0, e2m1_pair(wl[k], j0), e2m1_pair(wh[k], j0), e2m1_pair(wl[k], j1),
-                     e2m1_pair(wh[k], j1), xb[4 * k + j0], xb[4 * k + j1]);
+            mma16816(jj ? s1 : s0, weight_pair(wl[k], j0, flo), weight_pair(wh[k], j0, fhi),
+                     weight_pair(wl[k], j1, flo), weight_pair(wh[k], j1, fhi), xb[4 * k + j0], xb[4 * k + j1]);
         }
     }
+#if POST_SCALE
+    // scaled into the accumulators: C fragment entries 0, 1 are row g's, 2, 3 row g+8's
     const float fl = __uint_as_float(flo), fh = __uint_as_float(fhi);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
         a0[q] = fmaf(c0[q], q < 2 ? fl : fh, a0[q]);
         a1[q] = fmaf(c1[q], q < 2 ? fl : fh, a1[q]);
-    }
-#else
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-            const int j0 = 2 * jj, j1 = 2 * jj + 1;
-            mma16816(jj ? a1 : a0, hmul2(e2m1_pair(wl[k], j0), flo), hmul2(e2m1_pair(wh[k], j0), fhi),
-                     hmul2(e2m1_pair(wl[k], j1), flo), hmul2(e2m1_pair(wh[k], j1), fhi), xb[4 * k + j0],
-                     xb[4 * k + j1]);
-        }
     }
 #endif
 }
