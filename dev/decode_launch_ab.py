@@ -12,6 +12,12 @@ hides nothing. This loads the full Ling-3.0-flash shape with random weights once
 configuration: fused step, CUDA step kernels, PDL), captures the decode step (and the verification
 step) once per variant of every CUDA GEMV's `GemvLaunch`, and times the graphs interleaved
 (A B C ... A B C ...): the variants share one load, one clock history and one L2 state.
+
+Each variant's outputs are checked against the product's before any timing: from the same cache state
+(random KDA states and MLA rows, restored before each check), one decode step's and one verification's
+logits, their relative L2 distance and whether the greedy tokens agree. A variant that computes
+something else is marked WRONG (the eleventh session timed a MoE variant that was faster because it was
+wrong; only a GPU test caught it).
 """
 
 from __future__ import annotations
@@ -83,14 +89,23 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MLA one token: heads in two programs": {"mla_one": {"rows_per_program": 16}},
     # the attention's products transposed (positions on the MMA's M side, rows on N)
     "MLA attention transposed": {"mla": {"transposed": True}},
+    "MLA attention transposed, 4 warps": {"mla": {"transposed": True, "warps": 4}},
+    "MLA attention transposed, 128 positions a step": {"mla": {"transposed": True, "block_l": 128, "stages": 1}},
+    # (twelfth session) the MLA switches that each won alone in the eleventh session's call, together
+    "MLA combine in 4 latent slices + heads in two programs": {
+        "mla": {"combine_rank_parts": 4},
+        "mla_one": {"rows_per_program": 16},
+    },
+    "MLA combine in 4 latent slices + transposed": {"mla": {"combine_rank_parts": 4, "transposed": True}},
+    "MLA combine in 4 latent slices + heads in two programs + fast selection": {
+        "mla": {"combine_rank_parts": 4},
+        "mla_one": {"rows_per_program": 16},
+        "fast_select": True,
+    },
     # not a GEMV launch: the selection over the kept groups' warps only (FAST_SELECT), in the MoE kernel
     # (one token) and in the CUDA router (verification)
     "fast selection": {"fast_select": True},
     "bulk + fast selection": {"bulk": 1, "fast_select": True},
-    # not a launch: the persistent MoE kernel's MMAs on the unscaled codes, each chunk's sums scaled after
-    # them (DecodeKernelConfig.post_scale: 8 FFMAs a chunk instead of 32 fp16 multiplies; eleventh session)
-    "MoE scales after the products": {"moe": {"post_scale": True}},
-    "MoE scales after the products + fast selection": {"moe": {"post_scale": True}, "fast_select": True},
     # not a launch: one token's shared expert inside the persistent MoE kernel (--moe-shared fused) instead
     # of its own two kernels after it (docs/results/h200_shared_order_ab.log)
     "shared expert inside": {"shared_inside": True},
@@ -110,6 +125,49 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
 }
 # a variant's keys that are not GemvLaunch fields
 NOT_LAUNCH = ("for", "shared_inside", "mla", "mla_one", "fast_select", "kda", "handoff", "shared_late_wait", "moe")
+
+
+WRONG_ABOVE = 0.05  # relative L2 distance of the logits from the product's: other summation orders stay far below
+
+
+class CacheState:
+    """The cache's contents a step reads and writes (KDA states, the MLA rows near `context`), filled with
+    fresh random values, saved, and put back before each output check."""
+
+    def __init__(self, cache: HybridCache, context: int, seed: int = 0) -> None:
+        gen = torch.Generator(device=cache.kda_recurrent.device).manual_seed(seed)
+
+        def fill(t: torch.Tensor, std: float) -> None:
+            t.copy_(torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32) * std)
+
+        fill(cache.kda_recurrent, 0.05)
+        fill(cache.kda_conv, 0.5)
+        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for mla in cache.mla.values():
+            for rows in (mla.latent[:context], mla.rope[:context]):
+                fill(rows, 0.5)
+            for rows in (mla.latent[context - 8 : context], mla.rope[context - 8 : context]):
+                self.saved.append((rows, rows.clone()))
+        for t in (cache.kda_recurrent, cache.kda_conv):
+            self.saved.append((t, t.clone()))
+
+    def restore(self) -> None:
+        for live, saved in self.saved:
+            live.copy_(saved)
+
+
+def outputs_of(graph: torch.cuda.CUDAGraph, logits: torch.Tensor, state: CacheState) -> torch.Tensor:
+    state.restore()
+    graph.replay()
+    out = logits.float().clone()
+    state.restore()
+    return out
+
+
+def agreement(mine: torch.Tensor, product: torch.Tensor) -> tuple[float, bool]:
+    """(relative L2 distance, whether every row's greedy token is the same)."""
+    rel = float((mine - product).norm() / product.norm().clamp_min(1e-30))
+    return rel, bool((mine.argmax(-1) == product.argmax(-1)).all())
 
 
 def launch_for(gemv: CudaGemv, variant: dict) -> GemvLaunch:
@@ -165,9 +223,12 @@ def main() -> int:
     pos1 = torch.full((1,), args.context - 2, device=device)
     ids4 = torch.randint(0, model.config.vocab_size, (4,), device=device)
     pos4 = torch.arange(args.context - 5, args.context - 1, device=device)
+    state = CacheState(cache, args.context)
     eager = EagerStep(model)
     graphs = GraphCapture()
     captured = {}
+    checked: dict[str, tuple[float, bool, float, bool]] = {}
+    reference: tuple[torch.Tensor, torch.Tensor] | None = None
     for name in (v.strip() for v in args.variants.split(";")):
         if args.deadline is not None and time.monotonic() - start > args.deadline:
             print(f"{name}: past the deadline, left out", flush=True)
@@ -200,14 +261,27 @@ def main() -> int:
                     torch.cuda.synchronize()
                 print(f"{name}: eager one token and verification ran", flush=True)
                 continue
-            pair = (
-                graphs.capture(lambda: eager(ids1, pos1, cache))[0],
-                graphs.capture(lambda: eager(ids4, pos4, cache, history))[0],
+            (one, (_, logits1)), (four, (_, logits4)) = (
+                graphs.capture(lambda: eager(ids1, pos1, cache)),
+                graphs.capture(lambda: eager(ids4, pos4, cache, history)),
             )
-            for graph in pair:  # a fault shows here, against this variant, not in a later one's timing
-                graph.replay()
+            outs = []
+            for graph, logits in ((one, logits1), (four, logits4)):  # a fault shows here, against this variant
+                outs.append(outputs_of(graph, logits, state))
                 torch.cuda.synchronize()
-            captured[name] = pair
+            captured[name] = (one, four)
+            if reference is None:  # the first variant (the product, where asked for) is the reference
+                reference = (outs[0], outs[1])
+                print(f"{name}: the reference of the output checks", flush=True)
+            else:
+                checked[name] = (*agreement(outs[0], reference[0]), *agreement(outs[1], reference[1]))
+                rel1, same1, rel4, same4 = checked[name]
+                verdict = "WRONG" if max(rel1, rel4) > WRONG_ABOVE else "ok"
+                print(
+                    f"{name}: outputs {verdict}: logits {rel1:.2e} (one token), {rel4:.2e} (four) from the "
+                    f"reference's; greedy tokens {'the same' if same1 and same4 else 'DIFFER'}",
+                    flush=True,
+                )
         except torch.AcceleratorError as exc:  # the context is lost: nothing after this can run
             print(f"{name}: FAULT: {str(exc)[:300]}", flush=True)
             return 3
@@ -233,11 +307,17 @@ def main() -> int:
         "decode_ms": {n: statistics.median(v) for n, v in decode.items()},
         "verify_ms": {n: statistics.median(v) for n, v in verify.items()},
         "all": {"decode": decode, "verify": verify},
+        "outputs_against_reference": {
+            n: {"one_token_rel": c[0], "one_token_same_greedy": c[1], "four_rel": c[2], "four_same_greedy": c[3]}
+            for n, c in checked.items()
+        },
     }
     base = report["decode_ms"].get("product")
     for name in captured:
         d = report["decode_ms"][name]
         versus = f", {1e3 * (d - base):+.1f} us against the product" if base is not None and name != "product" else ""
+        if name in checked and max(checked[name][0], checked[name][2]) > WRONG_ABOVE:
+            versus += " (outputs WRONG: not a result)"
         print(
             f"@ {args.context}: {name:22s} decode {d:.3f} ms (rounds {min(decode[name]):.3f}-{max(decode[name]):.3f})"
             f"{versus}, verify 4 {report['verify_ms'][name]:.3f} ms",

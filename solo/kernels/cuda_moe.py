@@ -257,7 +257,6 @@ class PersistentDecodeMoE(TritonMoE):
             "REFRESH_PENDING": int(kc.refresh_pending),
             "UNROLL_PAIRS": int(kc.unroll_pairs),
             "FAST_SELECT": int(kc.fast_select),
-            "POST_SCALE": int(kc.post_scale),
         }
         if router is not None:
             reason = router_unsupported(self.hidden, top_k, router)

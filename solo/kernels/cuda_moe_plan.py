@@ -32,9 +32,6 @@ class DecodeKernelConfig:
     # with the router inside: only the kept groups' warps rank their experts, and only their best are
     # candidates (moe_decode.cu FAST_SELECT; the same choices, fewer instructions)
     fast_select: bool = False
-    # the MMAs take the unscaled codes and each chunk's fp32 sums are scaled after them (moe_decode.cu
-    # POST_SCALE: 8 FFMAs a lane's chunk instead of 32 fp16 multiplies; the same sums up to fp32 rounding)
-    post_scale: bool = False
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property

@@ -166,13 +166,6 @@
 #ifndef REFRESH_PENDING
 #define REFRESH_PENDING 1
 #endif
-// POST_SCALE (a variant, DecodeKernelConfig.post_scale): the MMAs take the unscaled codes (value * 2^-14,
-// exact in fp16) and each chunk's fp32 sums are multiplied by the scale 2^(s-113) afterwards (one FFMA per
-// accumulator, 8 a chunk, instead of an fp16 multiply per weight pair, 32 a chunk). The same products up to
-// fp32 rounding: each chunk's sum is rounded before its power-of-two scale instead of inside the running sum.
-#ifndef POST_SCALE
-#define POST_SCALE 0
-#endif
 
 // u32, warp_sum, ld_stream, rms_value, bf16_pair: the helpers router_decode.cu uses too
 #include "step_common.cuh"
@@ -265,15 +258,6 @@ __device__ __forceinline__ u32 scale_factor(u32 s) {
     return (e << 10) | (e << 26);
 }
 
-// (POST_SCALE) fp32 bits of 2^(s-113) (s <= 240: the kernel runs only for scales up to 128)
-__device__ __forceinline__ u32 scale_factor_f32(u32 s) { return (s + 14u) << 23; }
-
-#if POST_SCALE
-#define CHUNK_SCALE scale_factor_f32
-#else
-#define CHUNK_SCALE scale_factor
-#endif
-
 __device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
     u32 d;
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
@@ -287,47 +271,27 @@ __device__ __forceinline__ void mma16816(float *c, u32 a0, u32 a1, u32 a2, u32 a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// A pair of a word's codes as an MMA operand: scaled by the row's fp16 factor f, or (POST_SCALE) as it is,
-// the chunk's sums scaled after the products.
-__device__ __forceinline__ u32 weight_pair(u32 w, int j, u32 f) {
-#if POST_SCALE
-    return e2m1_pair(w, j);
-#else
-    return hmul2(e2m1_pair(w, j), f);
-#endif
-}
+// A pair of a word's codes as an MMA operand, scaled by the row's fp16 factor f.
+// (The scale cannot wait until after the products: an MMA row's 16 K values come from the 4 lanes of a
+// quad, each lane's chunk a different 32-code scale group, so one row's sum mixes four scales.)
+__device__ __forceinline__ u32 weight_pair(u32 w, int j, u32 f) { return hmul2(e2m1_pair(w, j), f); }
 
 // 16 rows (two 8-row groups) x one 16-byte chunk (4 words, 32 codes) per lane: 8 MMAs.
-// lo/hi: the chunk of MMA row g and g+8; flo/fhi: their scale factors (CHUNK_SCALE); xb: 16 activation pairs.
+// lo/hi: the chunk of MMA row g and g+8; flo/fhi: their scale factors (scale_factor); xb: 16 activation pairs.
 // Two accumulators (a0: pairs 0-1, a1: pairs 2-3 of each word) halve the chain of dependent MMAs.
 __device__ __forceinline__ void chunk_products(float *a0, float *a1, uint4 lo, uint4 hi, u32 flo, u32 fhi,
                                                const u32 *xb) {
     const u32 wl[4] = {lo.x, lo.y, lo.z, lo.w};
     const u32 wh[4] = {hi.x, hi.y, hi.z, hi.w};
-#if POST_SCALE
-    float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};  // the chunk's sums on their own
-    float *s0 = c0, *s1 = c1;
-#else
-    float *s0 = a0, *s1 = a1;
-#endif
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
             const int j0 = 2 * jj, j1 = 2 * jj + 1;
-            mma16816(jj ? s1 : s0, weight_pair(wl[k], j0, flo), weight_pair(wh[k], j0, fhi),
+            mma16816(jj ? a1 : a0, weight_pair(wl[k], j0, flo), weight_pair(wh[k], j0, fhi),
                      weight_pair(wl[k], j1, flo), weight_pair(wh[k], j1, fhi), xb[4 * k + j0], xb[4 * k + j1]);
         }
     }
-#if POST_SCALE
-    // scaled into the accumulators: C fragment entries 0, 1 are row g's, 2, 3 row g+8's
-    const float fl = __uint_as_float(flo), fh = __uint_as_float(fhi);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-        a0[q] = fmaf(c0[q], q < 2 ? fl : fh, a0[q]);
-        a1[q] = fmaf(c1[q], q < 2 ? fl : fh, a1[q]);
-    }
-#endif
 }
 
 // (no cuda_fp16.h / cuda_bf16.h: NVRTC does not ship them everywhere)
@@ -1100,7 +1064,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     const uint4 lo = *reinterpret_cast<const uint4 *>(tile);
                     const uint4 hi = *reinterpret_cast<const uint4 *>(tile + GU_WORD_BYTES);
                     const unsigned char *sc = tiles + i * GU_TILE_BYTES + 2 * GU_WORD_BYTES + g * (H / 32) + c;
-                    const u32 f_lo = CHUNK_SCALE(sc[0]), f_hi = CHUNK_SCALE(sc[H / 4]);
+                    const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[H / 4]);
                     float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
                     chunk_products(acc, acc1, lo, hi, f_lo, f_hi, xb);
 #pragma unroll
@@ -1178,7 +1142,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     const uint4 lo = *reinterpret_cast<const uint4 *>(slot_a + r * (I / 2) + c * 16);
                     const uint4 hi = *reinterpret_cast<const uint4 *>(slot_a + dn_slot + r * (I / 2) + c * 16);
                     const unsigned char *sc = slot_a + dn_rows * (I / 2) + r * (I / 32) + c;
-                    const u32 f_lo = CHUNK_SCALE(sc[0]), f_hi = CHUNK_SCALE(sc[dn_slot]);
+                    const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[dn_slot]);
 #if PROBE == 4
                     acc[k][0] += __uint_as_float(lo.x ^ hi.y ^ f_lo ^ f_hi ^ xb[0]);
 #else
