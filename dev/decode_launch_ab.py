@@ -81,31 +81,27 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "bulk, at most 5 slots": {"bulk": 1, "slots": 5},
     "bulk: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 1}}},
     "bulk: o_proj, dense, downs": {"for": {("o_proj", "dense", "down"): {"bulk": 1}}},
-    # not a GEMV launch: the MLA combine cut by latent columns (AttendLaunch.combine_rank_parts), one token
-    # and verification
-    "MLA combine in 4 latent slices": {"mla": {"combine_rank_parts": 4}},
-    "bulk + MLA combine in 4 latent slices": {"bulk": 1, "mla": {"combine_rank_parts": 4}},
-    # one token's 32 heads in two attention programs of 16 per split (verification as the product's)
-    "MLA one token: heads in two programs": {"mla_one": {"rows_per_program": 16}},
-    # the attention's products transposed (positions on the MMA's M side, rows on N)
+    # not GEMV launches: the MLA switches the product turned on in the twelfth session (one token's heads in
+    # two attention programs of 16 a split, the combine cut into 4 slices of the latent columns for one
+    # token and verification, the routers' selection over the kept groups only), undone
+    "MLA and selection as before the twelfth session": {
+        "mla": {"combine_rank_parts": 0},
+        "mla_one": {"rows_per_program": 32},
+        "fast_select": False,
+    },
+    "MLA combine by the heads' value rows": {"mla": {"combine_rank_parts": 0}},
+    "MLA one token: heads in one program": {"mla_one": {"rows_per_program": 32}},
+    # the selection over every warp (FAST_SELECT off), in the MoE kernel (one token) and the CUDA router
+    "full selection": {"fast_select": False},
+    # the attention's products transposed (positions on the MMA's M side, rows on N); for one token only
+    # where verification lost (twelfth session: 4 warps for both, decode -25 us, verification +540 us).
+    # (At 128 positions a step, with one stage, the transposed kernel computed wrong logits on Triton 3.6:
+    # twelfth session, docs/results/h100_ab_mla_lab13.log; not pursued.)
     "MLA attention transposed": {"mla": {"transposed": True}},
-    "MLA attention transposed, 4 warps": {"mla": {"transposed": True, "warps": 4}},
-    "MLA attention transposed, 128 positions a step": {"mla": {"transposed": True, "block_l": 128, "stages": 1}},
-    # (twelfth session) the MLA switches that each won alone in the eleventh session's call, together
-    "MLA combine in 4 latent slices + heads in two programs": {
-        "mla": {"combine_rank_parts": 4},
-        "mla_one": {"rows_per_program": 16},
+    "MLA one token transposed, 4 warps": {"mla_one": {"transposed": True, "warps": 4}},
+    "MLA one token transposed, 4 warps, heads in one program": {
+        "mla_one": {"transposed": True, "warps": 4, "rows_per_program": 32}
     },
-    "MLA combine in 4 latent slices + transposed": {"mla": {"combine_rank_parts": 4, "transposed": True}},
-    "MLA combine in 4 latent slices + heads in two programs + fast selection": {
-        "mla": {"combine_rank_parts": 4},
-        "mla_one": {"rows_per_program": 16},
-        "fast_select": True,
-    },
-    # not a GEMV launch: the selection over the kept groups' warps only (FAST_SELECT), in the MoE kernel
-    # (one token) and in the CUDA router (verification)
-    "fast selection": {"fast_select": True},
-    "bulk + fast selection": {"bulk": 1, "fast_select": True},
     # not a launch: one token's shared expert inside the persistent MoE kernel (--moe-shared fused) instead
     # of its own two kernels after it (docs/results/h200_shared_order_ab.log)
     "shared expert inside": {"shared_inside": True},
@@ -239,7 +235,7 @@ def main() -> int:
             owner._kernels.clear()
         for g in gemvs:
             g.launch_config = launch_for(g, VARIANTS[name])
-        fast = VARIANTS[name].get("fast_select", False)
+        fast = VARIANTS[name].get("fast_select", DecodeKernelConfig.fast_select)
         for moe in moes:
             moe.shared_in_experts = moe.shared_expert() if VARIANTS[name].get("shared_inside") else None
             moe.experts.set_kernel_config(DecodeKernelConfig(fast_select=fast, **VARIANTS[name].get("moe", {})))

@@ -455,5 +455,5 @@ def test_a_new_kernel_config_keeps_the_built_kernels_aside():
     moe.kernel_config, moe._kernels, moe._retired = DecodeKernelConfig(), {}, []
     entry = (object(), None, torch.randint(0, 99, (int(torch.randint(4, 64, ())),)), 128)
     moe._kernels[(8, False, None, None)] = entry
-    moe.set_kernel_config(DecodeKernelConfig(fast_select=True))
-    assert moe.kernel_config.fast_select and moe._kernels == {} and moe._retired[0] is entry
+    moe.set_kernel_config(DecodeKernelConfig(fast_select=False))
+    assert not moe.kernel_config.fast_select and moe._kernels == {} and moe._retired[0] is entry

@@ -378,9 +378,9 @@ class CudaRouter:
 
     MIN_WARPS = 4  # per block; at least E / 32 (one expert per lane selects), so 16 at 512 experts
     family = "cuda_router"
-    # the selection over the kept groups' warps only (router_select.cuh FAST_SELECT; the same choices):
-    # a variant for A/B runs, set before the first call
-    fast_select = False
+    # the selection over the kept groups' warps only (router_select.cuh FAST_SELECT; the same choices; on
+    # since the twelfth session, as in the MoE kernel): False, set before the first call, ranks every warp
+    fast_select = True
 
     def __init__(self, fused: FusedRouter, counter: torch.Tensor, max_tokens: int = MAX_TOKENS) -> None:
         if not 1 <= max_tokens <= MAX_TOKENS:
