@@ -18,7 +18,7 @@ timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider tests/te
     tests/test_cuda_moe.py::test_gpu_router_inside_the_kernel_chooses_as_the_reference > "$OUT/gpu_tests.log" 2>&1
 echo "[tests rc=$? at ${SECONDS}s]"; grep -E "^FAILED|passed|failed" "$OUT/gpu_tests.log" | tail -8
 timeout $(($(left) - 60)) python3 -m solo bench decode --random-weights ling-3.0-flash \
-    --configs cuda:fp8:fused+cuda+pdl --context "${CONTEXTS:-4096,32768}" --loop-tokens 128 \
+    --configs cuda:fp8:fused+cuda+pdl --context "${CONTEXTS:-4096,32768}" --prefill "${PREFILL:-}" --loop-tokens 128 \
     --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
 echo "[bench rc=$? at ${SECONDS}s]"; grep -E "^\| cuda|loop" "$OUT/bench.log" | head -12
 if [ "$(left)" -gt 100 ]; then
