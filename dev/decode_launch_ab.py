@@ -13,11 +13,14 @@ configuration: fused step, CUDA step kernels, PDL), captures the decode step (an
 step) once per variant of every CUDA GEMV's `GemvLaunch`, and times the graphs interleaved
 (A B C ... A B C ...): the variants share one load, one clock history and one L2 state.
 
-Each variant's outputs are checked against the product's before any timing: from the same cache state
-(random KDA states and MLA rows, restored before each check), one decode step's and one verification's
-logits, their relative L2 distance and whether the greedy tokens agree. A variant that computes
-something else is marked WRONG (the eleventh session timed a MoE variant that was faster because it was
-wrong; only a GPU test caught it).
+Each variant's outputs are compared with the first variant's (the product's) before any timing: from the
+same cache state (random KDA states and MLA rows, restored before each check), one decode step's and one
+verification's logits, their relative L2 distance and whether the greedy tokens agree. Identical logits
+confirm a variant that only moves work; differing ones are not proof of an error, since at random weights
+one bf16 step in the residual can change an expert choice and with it everything after (the twelfth
+session saw 0.4-1.0 from such variants, and exactly 0 from most of them), so a variant that differs
+needs its GPU layer test before its time means anything. (The eleventh session timed a MoE variant that
+was faster because it was wrong; only a GPU test caught it.)
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from solo.model.cache import HybridCache  # noqa: E402
 VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the product's), and under "for" more
     # fields for the GEMVs whose names end with one of a tuple's suffixes
     "product": {},
+    "product again": {},  # a second capture of the product: the output check's and the timing's own spread
     "at most 2 blocks/SM": {"blocks_per_sm": 2},
     "at most 1 block/SM": {"blocks_per_sm": 1},
     "8 warps": {"warps": 8},
@@ -121,9 +125,6 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
 }
 # a variant's keys that are not GemvLaunch fields
 NOT_LAUNCH = ("for", "shared_inside", "mla", "mla_one", "fast_select", "kda", "handoff", "shared_late_wait", "moe")
-
-
-WRONG_ABOVE = 0.05  # relative L2 distance of the logits from the product's: other summation orders stay far below
 
 
 class CacheState:
@@ -272,10 +273,10 @@ def main() -> int:
             else:
                 checked[name] = (*agreement(outs[0], reference[0]), *agreement(outs[1], reference[1]))
                 rel1, same1, rel4, same4 = checked[name]
-                verdict = "WRONG" if max(rel1, rel4) > WRONG_ABOVE else "ok"
+                verdict = "identical" if rel1 == rel4 == 0 else "DIFFER (its GPU layer test decides)"
                 print(
                     f"{name}: outputs {verdict}: logits {rel1:.2e} (one token), {rel4:.2e} (four) from the "
-                    f"reference's; greedy tokens {'the same' if same1 and same4 else 'DIFFER'}",
+                    f"reference's; greedy tokens {'the same' if same1 and same4 else 'not the same'}",
                     flush=True,
                 )
         except torch.AcceleratorError as exc:  # the context is lost: nothing after this can run
@@ -312,8 +313,8 @@ def main() -> int:
     for name in captured:
         d = report["decode_ms"][name]
         versus = f", {1e3 * (d - base):+.1f} us against the product" if base is not None and name != "product" else ""
-        if name in checked and max(checked[name][0], checked[name][2]) > WRONG_ABOVE:
-            versus += " (outputs WRONG: not a result)"
+        if name in checked and (checked[name][0] or checked[name][2]):
+            versus += " (outputs differ from the product's)"
         print(
             f"@ {args.context}: {name:22s} decode {d:.3f} ms (rounds {min(decode[name]):.3f}-{max(decode[name]):.3f})"
             f"{versus}, verify 4 {report['verify_ms'][name]:.3f} ms",

@@ -144,8 +144,10 @@ def layer_runs(config, fused_layer, tokens: int, window: int | None, variants, m
 def test_more_programs_per_kda_head_compute_what_four_do(setup, splits, monkeypatch):
     """The KDA kernel with `splits` programs per head (a lab variant of dev/decode_launch_ab.py) against
     the product's 4: every program owns its value columns and computes q, k and the gates the same way,
-    so the outputs, the states, the conv windows and the history equal bit for bit (fresh states and
-    inputs; one token and a verification window, copying and lazy)."""
+    so the outputs, the states, the conv windows and the history agree to rounding (fresh states and
+    inputs; one token and a verification window, copying and lazy). Not bit for bit: the sums over the
+    key dimension take an order that follows the tile's layout, which the value columns' width changes
+    (Triton 3.6, twelfth session's H100 run)."""
     from solo.kernels import fused_kda
 
     config, _, fused = setup
@@ -163,7 +165,10 @@ def test_more_programs_per_kda_head_compute_what_four_do(setup, splits, monkeypa
         variants = [programs_per_head(nv) for nv in (fused_kda.VALUE_SPLITS, splits)]
         results = layer_runs(config, fused_layer, tokens, window, variants)
         for a, b in zip(*results, strict=True):
-            assert torch.equal(a, b)
+            if a.dtype == torch.bfloat16:  # the layer's output: one rounding of sums that agree to fp32
+                torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-3)
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_the_handoffs_compute_what_the_plain_waits_do(setup):
