@@ -95,6 +95,13 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     },
     "MLA combine by the heads' value rows": {"mla": {"combine_rank_parts": 0}},
     "MLA one token: heads in one program": {"mla_one": {"rows_per_program": 32}},
+    # (twelfth session) one token's attention launch around the product's: splits of 128 or 512 positions
+    # at 32K, one warpgroup, the heads in four programs of 8 (padded to 16 rows), no software pipelining
+    "MLA one token: 256 splits": {"mla_one": {"splits": 256}},
+    "MLA one token: 64 splits": {"mla_one": {"splits": 64}},
+    "MLA one token: 4 warps": {"mla_one": {"warps": 4}},
+    "MLA one token: heads in 4 programs": {"mla_one": {"rows_per_program": 8}},
+    "MLA one token: 1 stage": {"mla_one": {"stages": 1}},
     # the selection over every warp (FAST_SELECT off), in the MoE kernel (one token) and the CUDA router
     "full selection": {"fast_select": False},
     # the attention's products transposed (positions on the MMA's M side, rows on N); for one token only
