@@ -486,10 +486,11 @@ class FusedMLA:
     # bf16 operands let Triton pipeline the cache's loads into the products (2 stages): one token's MLA
     # 48.4 -> 44.4 us a layer at 32K, 24.5 -> 24.0 at 4K (docs/results/h200_mla_probe_bf16.log); the
     # combine merging 32 splits a step, not 16: 44.6 -> 43.1 at 32K, 23.6 -> 22.9 at 4K (h200_mla_probe_combine.log).
-    # (twelfth session, H100, the whole decode step at 32K in one process, docs/results/h100_ab_mla_lab13.log)
-    # the heads in two programs of 16 a split (two programs an SM) and the combine cut into 4 slices of the
-    # latent columns (each split's partial read once): 2.866 -> 2.832 ms, each alone -12 and -14 us
-    ONE_TOKEN = AttendLaunch(bf16_dots=True, stages=2, combine_chunk=32, rows_per_program=16, combine_rank_parts=4)
+    # (twelfth session, the whole decode step at 32K in one process) the combine cut into 4 slices of the
+    # latent columns (each split's partial read once): -23 us on the H200; the attention's products
+    # transposed (positions on the MMA's M side, the 32 heads on N) on one warpgroup: -22 us on the H200
+    # against the heads in two programs of 16 (docs/results/h200_ab_mla_lab15.log)
+    ONE_TOKEN = AttendLaunch(bf16_dots=True, stages=2, combine_chunk=32, combine_rank_parts=4, transposed=True, warps=4)
     # several tokens: tiles of 64 rows on the warpgroup MMA, 64 splits at most (half the partials, which
     # every combine program of a head re-reads), 64 value rows a combine program: 4 tokens' MLA 144.0 ->
     # 73.9 us a layer at 32K, 51.5 -> 38.8 at 4K (the same log)
