@@ -210,6 +210,11 @@ def main() -> int:
     p.add_argument("--eager-only", action="store_true", help="run each variant's steps eagerly once, time nothing")
     p.add_argument("--deadline", type=float, default=None, help="seconds after start: capture no more variants")
     args = p.parse_args()
+    names = [v.strip() for v in args.variants.split(";") if v.strip()]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:  # before the minute of loading, not after it
+        print(f"unknown variants {unknown}; the names are this script's VARIANTS keys", file=sys.stderr)
+        return 2
     start = time.monotonic()
     model, times = load_full_shape("fused+cuda+pdl", 4, args.num_experts)
     step = model.decode_step
@@ -233,7 +238,7 @@ def main() -> int:
     captured = {}
     checked: dict[str, tuple[float, bool, float, bool]] = {}
     reference: tuple[torch.Tensor, torch.Tensor] | None = None
-    for name in (v.strip() for v in args.variants.split(";")):
+    for name in names:
         if args.deadline is not None and time.monotonic() - start > args.deadline:
             print(f"{name}: past the deadline, left out", flush=True)
             continue

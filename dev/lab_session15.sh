@@ -11,7 +11,9 @@ OUT=${OUT:-/tmp/out}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_fused_step.py -k more_programs > "$OUT/gpu_tests.log" 2>&1
 echo "[tests rc=$?]"; grep -E "^FAILED|^E  |passed|failed" "$OUT/gpu_tests.log" | head -12
-variants="product;${VARIANTS:-product again;full selection;MLA combine by the heads' value rows;MLA one token: heads in one program;KDA one token 8 value splits}"
+# (a list with an apostrophe cannot be the default inside "${VARIANTS:-...}": bash reads the quote)
+default="product again;full selection;MLA combine by the heads' value rows;KDA one token 8 value splits"
+variants="product;${VARIANTS:-$default}"
 timeout "${AB_TIMEOUT:-300}" python3 dev/decode_launch_ab.py --context 32768 --variants "$variants" \
     --json "$OUT/ab.json" > "$OUT/ab.log" 2>&1
 echo "[A/B rc=$?]"; grep -E "^@|FAULT|FAILED|left out|Error|outputs" "$OUT/ab.log"
