@@ -31,7 +31,8 @@ class DecodeKernelConfig:
     unroll_pairs: bool = True  # the down loop over slot pairs unrolled (False: one copy of its code)
     # with the router inside: only the kept groups' warps rank their experts, and only their best are
     # candidates (moe_decode.cu FAST_SELECT; the same choices, fewer instructions; on since the twelfth
-    # session: with the MLA switches, verification 5.084 -> 5.022 ms at 32K on the H100, decode -2 us)
+    # session: neutral in the H200's decode step (docs/results/h200_ab_lab15.log); with the MLA switches and
+    # CudaRouter.fast_select, verification 5.084 -> 5.022 ms at 32K on the H100 (h100_ab_mla_lab13.log))
     fast_select: bool = True
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
