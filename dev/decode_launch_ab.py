@@ -106,8 +106,9 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "full selection": {"fast_select": False},
     # the attention's products transposed (positions on the MMA's M side, rows on N); for one token only
     # where verification lost (twelfth session: 4 warps for both, decode -25 us, verification +540 us).
-    # (At 128 positions a step, with one stage, the transposed kernel computed wrong logits on Triton 3.6:
-    # twelfth session, docs/results/h100_ab_mla_lab13.log; not pursued.)
+    # (At 128 positions a step, with one stage, the transposed kernel gave logits unlike the product's on the
+    # H100, docs/results/h100_ab_mla_lab13.log: rounding carried through an expert choice or an error; under
+    # the interpreter it matches the reference. Not pursued.)
     "MLA attention transposed": {"mla": {"transposed": True}},
     "MLA one token transposed, 4 warps": {"mla_one": {"transposed": True, "warps": 4}},
     "MLA one token transposed, 4 warps, heads in one program": {

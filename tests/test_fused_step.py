@@ -196,8 +196,9 @@ def test_mla_attention_split_over_a_long_context_equals_the_reference(models, to
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_splits_of_several_steps_equal_the_reference(models, tokens, transposed):
     """Splits of several steps each (16 positions a step, at least 64 a split: the online softmax
-    rescales what earlier steps summed), for the product's attention and the lab variant with its
-    products transposed (AttendLaunch.transposed: positions on the MMA's M side, rows on its N side)."""
+    rescales what earlier steps summed), for the attention with its products transposed
+    (AttendLaunch.transposed: positions on the MMA's M side, rows on its N side; one token's in the
+    product) and without (verification's)."""
     from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference
 
     _, _, fast = models
@@ -209,7 +210,7 @@ def test_splits_of_several_steps_equal_the_reference(models, tokens, transposed)
 @pytest.mark.parametrize("parts", [2, 4])
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_the_combine_cut_by_latent_columns_equals_the_reference(models, tokens, parts):
-    """The lab variant of the MLA combine (AttendLaunch.combine_rank_parts: slices of the latent columns,
+    """The MLA combine cut by latent columns (AttendLaunch.combine_rank_parts, the product's at 4: slices,
     the head's last program summing their partial outputs) merges as the product's does, twice in a row
     (its per-head counters back at zero after each launch)."""
     from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference

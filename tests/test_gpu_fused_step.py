@@ -297,8 +297,8 @@ def test_mla_layers_over_a_long_context_match_the_reference(setup, tokens):
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_mla_splits_of_several_steps_match_the_reference(setup, tokens, transposed):
     """At 12-20K positions every split runs several steps (one token: 128 splits of 96-160 positions, 64
-    a step), so the online softmax rescales what earlier steps summed; the product's attention and the
-    lab variant with its products transposed (AttendLaunch.transposed)."""
+    a step), so the online softmax rescales what earlier steps summed; the attention with its products
+    transposed (AttendLaunch.transposed, the product's for one token) and without (verification's)."""
     from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference
 
     _, _, fused = setup
@@ -311,7 +311,7 @@ def test_mla_splits_of_several_steps_match_the_reference(setup, tokens, transpos
 
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_the_combine_cut_by_latent_columns_matches_the_reference(setup, tokens):
-    """The lab variant of the MLA combine (AttendLaunch.combine_rank_parts) at full width on the GPU: the
+    """The MLA combine cut by latent columns (AttendLaunch.combine_rank_parts, the product's) at full width: the
     head's last program, found by an acquire-release counter, sums the slices' outputs; twice, so that
     the counters it leaves at zero are checked too."""
     from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference

@@ -264,7 +264,7 @@ def _mla_attend_t(
     BF16_DOTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """_mla_attend with the products transposed (a lab variant, AttendLaunch.transposed): the chunk's
+    """_mla_attend with the products transposed (AttendLaunch.transposed; one token's in the product): the chunk's
     positions are the products' M side and the rows (token x head) their N side, scores^T = keys . q^T
     [BLOCK_L, ROW_BLOCK] and out^T += values^T . p^T [RANK, ROW_BLOCK]. One token's 32 heads then fill
     tiles of 64 or more rows without padding, the shape Hopper's warpgroup MMA takes. Same arithmetic,
@@ -403,8 +403,8 @@ def _mla_combine_ranks(
     T_POW2: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """The combine cut by latent columns instead of value rows (a lab variant, AttendLaunch.
-    combine_rank_parts): program (head, part, token) merges the splits' partials of its RANK / PARTS
+    """The combine cut by latent columns instead of value rows (AttendLaunch.combine_rank_parts, the
+    product's since the twelfth session): program (head, part, token) merges the splits' partials of its RANK / PARTS
     latent columns, so every partial is read once (_mla_combine's programs of a head each read all of the
     head's partials: 4x the bytes at 128 value rows, 32 a program), and multiplies them by its columns of
     w_uv (loaded before the wait: weights) into a partial output of every value row. The head's last
@@ -476,7 +476,7 @@ class AttendLaunch:
     # read once, a last-arriving program per head); 0: programs of v_per_program value rows (_mla_combine)
     combine_rank_parts: int = 0
     # the attention's products transposed (_mla_attend_t: positions on the MMA's M side, rows on its N
-    # side, so that one token's heads need no padding for the warpgroup MMA); a lab variant
+    # side, so that one token's heads need no padding for the warpgroup MMA; FusedMLA.ONE_TOKEN's)
     transposed: bool = False
 
 
