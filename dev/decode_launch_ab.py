@@ -85,35 +85,35 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "bulk, at most 5 slots": {"bulk": 1, "slots": 5},
     "bulk: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 1}}},
     "bulk: o_proj, dense, downs": {"for": {("o_proj", "dense", "down"): {"bulk": 1}}},
-    # not GEMV launches: the MLA switches the product turned on in the twelfth session (one token's heads in
-    # two attention programs of 16 a split, the combine cut into 4 slices of the latent columns for one
-    # token and verification, the routers' selection over the kept groups only), undone
+    # not GEMV launches: the MLA and selection switches the product turned on in the twelfth session, undone
+    # (one token's attention transposed on one warpgroup, the combine cut into 4 slices of the latent columns
+    # for one token and verification, the routers' selection over the kept groups only). The product's
+    # launches are FusedMLA.ONE_TOKEN and .WINDOW; "mla" changes both, "mla_one" and "mla_window" one each.
     "MLA and selection as before the twelfth session": {
         "mla": {"combine_rank_parts": 0},
-        "mla_one": {"rows_per_program": 32},
+        "mla_one": {"transposed": False, "warps": 8},
         "fast_select": False,
     },
     "MLA combine by the heads' value rows": {"mla": {"combine_rank_parts": 0}},
-    "MLA one token: heads in one program": {"mla_one": {"rows_per_program": 32}},
-    # (twelfth session) one token's attention launch around the product's: splits of 128 or 512 positions
-    # at 32K, one warpgroup, the heads in four programs of 8 (padded to 16 rows), no software pipelining
-    "MLA one token: 256 splits": {"mla_one": {"splits": 256}},
-    "MLA one token: 64 splits": {"mla_one": {"splits": 64}},
-    "MLA one token: 4 warps": {"mla_one": {"warps": 4}},
-    "MLA one token: heads in 4 programs": {"mla_one": {"rows_per_program": 8}},
-    "MLA one token: 1 stage": {"mla_one": {"stages": 1}},
+    "MLA one token: plain attention": {"mla_one": {"transposed": False, "warps": 8}},
+    "MLA one token: plain attention, heads in two programs": {
+        "mla_one": {"transposed": False, "warps": 8, "rows_per_program": 16}
+    },
     # the selection over every warp (FAST_SELECT off), in the MoE kernel (one token) and the CUDA router
     "full selection": {"fast_select": False},
-    # the attention's products transposed (positions on the MMA's M side, rows on N); for one token only
-    # where verification lost (twelfth session: 4 warps for both, decode -25 us, verification +540 us).
-    # (At 128 positions a step, with one stage, the transposed kernel gave logits unlike the product's on the
-    # H100, docs/results/h100_ab_mla_lab13.log: rounding carried through an expert choice or an error; under
-    # the interpreter it matches the reference. Not pursued.)
-    "MLA attention transposed": {"mla": {"transposed": True}},
-    "MLA one token transposed, 4 warps": {"mla_one": {"transposed": True, "warps": 4}},
-    "MLA one token transposed, 4 warps, heads in one program": {
-        "mla_one": {"transposed": True, "warps": 4, "rows_per_program": 32}
-    },
+    # one token's transposed attention launched otherwise. Measured on the plain attention in the twelfth
+    # session (docs/results/h200_ab_mla_lab15.log): 256 splits +43 us, 64 +90, heads in 4 programs +255,
+    # one stage +121; transposed on 8 warps +10 (h100_ab_mla_lab13.log). At 128 positions a step, with one
+    # stage, the transposed kernel gave logits unlike the product's on the H100 (rounding carried through an
+    # expert choice or an error; under the interpreter it matches the reference); not pursued.
+    "MLA one token transposed: 8 warps": {"mla_one": {"warps": 8}},
+    "MLA one token transposed: heads in two programs": {"mla_one": {"rows_per_program": 16}},
+    "MLA one token transposed: 256 splits": {"mla_one": {"splits": 256}},
+    "MLA one token transposed: 3 stages": {"mla_one": {"stages": 3}},
+    "MLA one token transposed: 32 positions a step": {"mla_one": {"block_l": 32}},
+    # verification's attention transposed (4 warps for both lost 540 us of verification on the H100)
+    "MLA verification transposed": {"mla_window": {"transposed": True}},
+    "MLA verification: 128 splits": {"mla_window": {"splits": 128}},
     # not a launch: one token's shared expert inside the persistent MoE kernel (--moe-shared fused) instead
     # of its own two kernels after it (docs/results/h200_shared_order_ab.log)
     "shared expert inside": {"shared_inside": True},
@@ -132,7 +132,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "hand-off + shared gate_up late wait": {"handoff": True, "shared_late_wait": True},
 }
 # a variant's keys that are not GemvLaunch fields
-NOT_LAUNCH = ("for", "shared_inside", "mla", "mla_one", "fast_select", "kda", "handoff", "shared_late_wait", "moe")
+NOT_LAUNCH = (
+    *("for", "shared_inside", "mla", "mla_one", "mla_window", "fast_select"),
+    *("kda", "handoff", "shared_late_wait", "moe"),
+)
 
 
 class CacheState:
@@ -256,9 +259,10 @@ def main() -> int:
         for router in routers:
             router.fast_select = fast
         both, one_only = VARIANTS[name].get("mla", {}), VARIANTS[name].get("mla_one", {})
+        window_only = VARIANTS[name].get("mla_window", {})
         for mla, (one, window) in zip(mlas, mla_launches, strict=True):
             mla.ONE_TOKEN = dataclasses.replace(one, **{**both, **one_only})
-            mla.WINDOW = dataclasses.replace(window, **both)
+            mla.WINDOW = dataclasses.replace(window, **{**both, **window_only})
         step.handoff = VARIANTS[name].get("handoff", False)
         step.shared_late_wait = VARIANTS[name].get("shared_late_wait", False)
         splits = VARIANTS[name].get("kda", {})
