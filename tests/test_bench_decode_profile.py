@@ -129,3 +129,25 @@ def test_the_report_gives_each_components_bandwidth() -> None:
     line = next(li for li in text.splitlines() if li.startswith("- c @ 32768: projections"))
     assert "projections 3.40 GB in 1360 us = 2500 GB/s (60%)" in line
     assert line.index("projections") < line.index("experts")  # largest critical share first
+
+
+def test_the_report_gives_prefill_times_and_the_real_loop_against_the_graph() -> None:
+    """Prefill seconds and prompt tokens a second per length, and the engine loop's TPOT against the decode
+    step's graph, as lines of the markdown (before, only in the JSON)."""
+    from solo.bench.decode import markdown
+
+    rng = random.Random()
+    seconds = {str(n): rng.uniform(0.5, 40.0) for n in (1024, 8192, 32768)}
+    tpot, graph = rng.uniform(2.0, 3.0), rng.uniform(2.0, 3.0)
+    loop = {"prompt_tokens": 64, "tokens": 128, "tpot_ms": tpot, "graph_step_ms": graph}
+    loop["loop_over_graph"] = tpot / graph
+    entry = {"decode_ms": 2.4, "roofline_ms": 1.1, "roofline_fraction": 0.46, "verify_ms": 4.4}
+    entry["profile"] = summarize_kernels([("gemv_decode", 0.0, 5.0)])
+    result = {"config": "c", "decode_step": "fused", "contexts": {"4096": entry}, "prefill_s": seconds, "loop": loop}
+    text = markdown([result, {"config": "d", "error": "no GPU"}])
+    prefill = next(li for li in text.splitlines() if li.startswith("- c: 1,024 tokens"))
+    for n, s in seconds.items():
+        assert f"{int(n):,} tokens {s:.2f} s ({int(n) / s:,.0f} tok/s)" in prefill
+    looped = next(li for li in text.splitlines() if li.startswith("- c: 128 tokens after a 64-token prompt"))
+    assert f"TPOT {tpot:.3f} ms against {graph:.3f} ms ({tpot / graph:.3f}x)" in looped
+    assert "Prefill" not in markdown([dict(result, prefill_s={}, loop=None)])

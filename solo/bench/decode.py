@@ -407,14 +407,18 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
 
 
 def measure_prefill(model, lengths: list[int]) -> dict[str, float]:
+    """Seconds to prefill a prompt of each length (the model's own prefill, in chunks of PREFILL_CHUNK)."""
     from solo.model.cache import HybridCache
+    from solo.model.ling import PREFILL_CHUNK
 
     out = {}
     for n in lengths:
         cache = HybridCache(model.config, n + 1, model.device, model.dtype, with_nextn=True)
         ids = torch.randint(0, model.config.vocab_size, (n,), device=model.device)
         with torch.inference_mode():
-            model.prefill(ids[: min(n, 64)], cache)  # warm (allocations, first calls)
+            # warm at the size of the timed chunks (kernels built per token count, allocations): a warm-up of
+            # 64 tokens left the first length's time with the first calls of its chunk size in it
+            model.prefill(ids[: min(n, PREFILL_CHUNK)], cache)
             cache.reset()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -498,6 +502,22 @@ def markdown(results: list[dict[str, Any]]) -> str:
         shares = ", ".join(f"{k} {v.get('critical_us', 0.0):.0f} ({v['us']:.0f})" for k, v in parts)
         return f"{profile['kernels']} kernels; {shares}"
 
+    prefills = [(r["config"], r["prefill_s"]) for r in results if r.get("prefill_s")]
+    if prefills:
+        lines.extend(["", "Prefill (the model's prefill in chunks; seconds, prompt tokens a second):", ""])
+        for config, times in prefills:
+            each = ", ".join(f"{int(n):,} tokens {s:.2f} s ({int(n) / s:,.0f} tok/s)" for n, s in times.items())
+            lines.append(f"- {config}: {each}")
+    loops = [(r["config"], r["loop"]) for r in results if r.get("loop")]
+    if loops:
+        lines.extend(["", "The engine's generation loop (greedy, graphs) against the decode step's graph:", ""])
+        for config, loop in loops:
+            ratio = loop.get("loop_over_graph")
+            lines.append(
+                f"- {config}: {loop['tokens']} tokens after a {loop['prompt_tokens']}-token prompt, TPOT"
+                f" {loop['tpot_ms']:.3f} ms against {loop['graph_step_ms']:.3f} ms"
+                + (f" ({ratio:.3f}x)" if ratio else " (no graph time)")
+            )
     section(
         "Decode step, each component's bytes over its critical-path time (of the copy bandwidth):",
         "component_bandwidth",
