@@ -8,24 +8,15 @@
 # 2. dev/decode_launch_ab.py at 32K, the full shape, every variant in one process (interleaved timing);
 # 3. where time is left, the product bench at 32K (the issue's number; the H200's last was 2.472 ms).
 # Results under $OUT: gpu_tests.log, ab_all.{log,json}, bench.{log,json}. LAB_SECONDS bounds the whole.
-set -uo pipefail
-export PYTHONPATH=$PWD SOLO_CACHE_DIR=/tmp/solo_cache PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
-DEADLINE=$((SECONDS + ${LAB_SECONDS:-560}))
-left() { echo $((DEADLINE - SECONDS)); }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+LAB_DEFAULT_SECONDS=560
+source dev/lab_prelude.sh
 timeout "${TEST_TIMEOUT:-170}" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_fused_step.py tests/test_cuda_moe.py \
     -k "built_again or handoff or late or combine or lazy or scales_after or persistent_matches_reference" > "$OUT/gpu_tests.log" 2>&1
 echo "[tests rc=$? at ${SECONDS}s]"; grep -E "^FAILED|passed|failed" "$OUT/gpu_tests.log" | tail -8
-variants="product;${VARIANTS:-hand-off;shared gate_up late wait;hand-off + shared gate_up late wait;fast selection;MoE scales after the products;MoE scales after the products + fast selection;MLA combine in 4 latent slices;MLA one token: heads in two programs;bulk}"
-timeout $(($(left) - 10)) python3 dev/decode_launch_ab.py --context 32768 --deadline "${AB_DEADLINE:-260}" \
-    --variants "$variants" --json "$OUT/ab_all.json" > "$OUT/ab_all.log" 2>&1
-echo "[A/B rc=$? at ${SECONDS}s]"; grep -E "^@|FAULT|FAILED|left out|Error" "$OUT/ab_all.log"
+ab ab_all "product;${VARIANTS:-hand-off;shared gate_up late wait;hand-off + shared gate_up late wait;fast selection;MoE scales after the products;MoE scales after the products + fast selection;MLA combine in 4 latent slices;MLA one token: heads in two programs;bulk}" \
+    --deadline "${AB_DEADLINE:-260}"
 if [ "$(left)" -gt 150 ]; then
-    timeout $(($(left) - 5)) python3 -m solo bench decode --random-weights ling-3.0-flash \
-        --configs cuda:fp8:fused+cuda+pdl --context 32768 --prefill "" --loop-tokens 0 \
-        --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
-    echo "[bench rc=$? at ${SECONDS}s]"; grep -E "decode|roofline" "$OUT/bench.log" | head -6
+    product_bench 32768 0
 else
     echo "no time left for the bench ($(left) s)"
 fi

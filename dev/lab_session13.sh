@@ -9,25 +9,16 @@
 #    product's before timing;
 # 3. where time is left, the product bench at 32K.
 # Results under $OUT: gpu_tests.log, ab.{log,json}, bench.{log,json}. LAB_SECONDS bounds the whole.
-set -uo pipefail
-export PYTHONPATH=$PWD SOLO_CACHE_DIR=/tmp/solo_cache PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
-DEADLINE=$((SECONDS + ${LAB_SECONDS:-420}))
-left() { echo $((DEADLINE - SECONDS)); }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+LAB_DEFAULT_SECONDS=420
+source dev/lab_prelude.sh
 timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_fused_step.py \
     -k "mla or combine" > "$OUT/gpu_tests.log" 2>&1
 echo "[tests rc=$? at ${SECONDS}s]"; grep -E "^FAILED|passed|failed" "$OUT/gpu_tests.log" | tail -8
 mla="MLA combine in 4 latent slices"
-variants="product;${VARIANTS:-$mla;MLA one token: heads in two programs;MLA attention transposed;MLA attention transposed, 4 warps;MLA attention transposed, 128 positions a step;$mla + heads in two programs;$mla + transposed;$mla + heads in two programs + fast selection;fast selection;KDA one token 8 value splits}"
-timeout $(($(left) - 10)) python3 dev/decode_launch_ab.py --context 32768 --deadline "${AB_DEADLINE:-200}" \
-    --variants "$variants" --json "$OUT/ab.json" > "$OUT/ab.log" 2>&1
-echo "[A/B rc=$? at ${SECONDS}s]"; grep -E "^@|FAULT|FAILED|left out|Error|outputs" "$OUT/ab.log"
+ab ab "product;${VARIANTS:-$mla;MLA one token: heads in two programs;MLA attention transposed;MLA attention transposed, 4 warps;MLA attention transposed, 128 positions a step;$mla + heads in two programs;$mla + transposed;$mla + heads in two programs + fast selection;fast selection;KDA one token 8 value splits}" \
+    --deadline "${AB_DEADLINE:-200}"
 if [ "${BENCH:-1}" = 1 ] && [ "$(left)" -gt 120 ]; then
-    timeout $(($(left) - 5)) python3 -m solo bench decode --random-weights ling-3.0-flash \
-        --configs cuda:fp8:fused+cuda+pdl --context 32768 --prefill "" --loop-tokens 0 \
-        --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
-    echo "[bench rc=$? at ${SECONDS}s]"; grep -E "^\| cuda" "$OUT/bench.log" | head -4
+    product_bench 32768 0
 else
     echo "no time left for the bench ($(left) s)"
 fi

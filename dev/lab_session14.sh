@@ -7,25 +7,16 @@
 # 3. dev/decode_launch_ab.py at 32K where time is left: the product against the switches undone and the
 #    one-token transposed attention on one warpgroup.
 # Results under $OUT: gpu_tests.log, bench.{log,json}, ab.{log,json}. LAB_SECONDS bounds the whole.
-set -uo pipefail
-export PYTHONPATH=$PWD SOLO_CACHE_DIR=/tmp/solo_cache PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
-DEADLINE=$((SECONDS + ${LAB_SECONDS:-570}))
-left() { echo $((DEADLINE - SECONDS)); }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+LAB_DEFAULT_SECONDS=570
+source dev/lab_prelude.sh
 timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_fused_step.py \
     tests/test_gpu_cuda_step.py::test_the_router_chooses_as_the_reference \
     tests/test_cuda_moe.py::test_gpu_router_inside_the_kernel_chooses_as_the_reference > "$OUT/gpu_tests.log" 2>&1
 echo "[tests rc=$? at ${SECONDS}s]"; grep -E "^FAILED|passed|failed" "$OUT/gpu_tests.log" | tail -8
-timeout $(($(left) - 60)) python3 -m solo bench decode --random-weights ling-3.0-flash \
-    --configs cuda:fp8:fused+cuda+pdl --context "${CONTEXTS:-4096,32768}" --prefill "${PREFILL:-}" --loop-tokens 128 \
-    --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
-echo "[bench rc=$? at ${SECONDS}s]"; grep -E "^\| cuda|loop" "$OUT/bench.log" | head -12
+product_bench "${CONTEXTS:-4096,32768}" 128 60
 if [ "$(left)" -gt 100 ]; then
-    variants="product;${VARIANTS:-MLA and selection as before the twelfth session;MLA one token transposed, 4 warps;MLA one token transposed, 4 warps, heads in one program}"
-    timeout $(($(left) - 5)) python3 dev/decode_launch_ab.py --context 32768 --deadline $(($(left) - 70)) \
-        --variants "$variants" --json "$OUT/ab.json" > "$OUT/ab.log" 2>&1
-    echo "[A/B rc=$? at ${SECONDS}s]"; grep -E "^@|FAULT|FAILED|left out|Error|outputs" "$OUT/ab.log"
+    ab ab "product;${VARIANTS:-MLA and selection as before the twelfth session;MLA one token transposed, 4 warps;MLA one token transposed, 4 warps, heads in one program}" \
+        --deadline $(($(left) - 70))
 else
     echo "no time left for the A/B ($(left) s)"
 fi

@@ -5,15 +5,10 @@
 # 1. the KDA test of 8 programs a head, to rounding now (it failed bit for bit on Triton 3.6);
 # 2. dev/decode_launch_ab.py at 32K: the product twice, each switch undone alone, KDA with 8 value splits.
 # Results under $OUT: gpu_tests.log, ab.{log,json}.
-set -uo pipefail
-export PYTHONPATH=$PWD SOLO_CACHE_DIR=/tmp/solo_cache PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+LAB_DEFAULT_SECONDS=430
+source dev/lab_prelude.sh
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_fused_step.py -k more_programs > "$OUT/gpu_tests.log" 2>&1
 echo "[tests rc=$?]"; grep -E "^FAILED|^E  |passed|failed" "$OUT/gpu_tests.log" | head -12
 # (a list with an apostrophe cannot be the default inside "${VARIANTS:-...}": bash reads the quote)
 default="product again;full selection;MLA combine by the heads' value rows;KDA one token 8 value splits"
-variants="product;${VARIANTS:-$default}"
-timeout "${AB_TIMEOUT:-300}" python3 dev/decode_launch_ab.py --context 32768 --variants "$variants" \
-    --json "$OUT/ab.json" > "$OUT/ab.log" 2>&1
-echo "[A/B rc=$?]"; grep -E "^@|FAULT|FAILED|left out|Error|outputs" "$OUT/ab.log"
+ab ab "product;${VARIANTS:-$default}"
