@@ -75,6 +75,11 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # no last round of a few blocks with too few loads in flight (the KDA projections: 188 of 792 blocks)
     "balanced grids": {"balanced": True},
     "balanced grids, o_proj + MLA dense 8 warps": {"balanced": True, "for": {("o_proj", "dense"): {"warps": 8}}},
+    # (thirteenth session) a block's tasks after its first two taken from a counter as it goes
+    # (gemv_decode.cu DYNAMIC): blocks that became resident early under PDL, or stream faster, take more,
+    # so the grid ends together; the same grid and results
+    "dynamic tasks": {"dynamic": True},
+    "dynamic tasks: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"dynamic": True}}},
     # the weights through a ring of shared-memory slots filled by bulk copies (gemv_decode.cu BULK): the
     # bytes in flight bounded by shared memory, not by a lane's registers
     "bulk": {"bulk": 1},

@@ -210,6 +210,64 @@ def test_a_late_wait_computes_what_the_early_wait_does(tokens):
 
 
 @pytest.mark.parametrize("tokens", [1, 4])
+@pytest.mark.parametrize(
+    ("rows", "k", "half", "launch"),
+    [
+        (20512, 2560, None, {}),  # the KDA projections: 792 blocks, most take a dynamic third task
+        (1003, 4096, None, dict(warps=16, blocks_per_sm=1)),  # many tasks a block, rows past the last task
+        (1536, 2560, 768, {}),  # the shared gate_up: fewer tasks than two a block, nothing to take
+    ],
+)
+def test_dynamic_tasks_compute_what_the_fixed_order_does(rows, k, half, launch, tokens):
+    """GemvLaunch.dynamic takes a block's tasks after its first two from a counter: the same outputs bit
+    for bit (a task's products and sums do not depend on the block that runs it), every task run once
+    (rows past the last full task included), the counter reset for the next call, eagerly, under PDL
+    and in a CUDA graph replayed many times, on the same grid as the fixed order."""
+    import dataclasses
+
+    from solo.kernels.pdl import LaunchPolicy
+
+    g, _ = gemv(rows, k, half=half, limit=0.5 if half else None, **launch)
+    x = (torch.randn(tokens, k) * 2).to(torch.bfloat16).to(DEVICE)
+    norm = (1 + 0.2 * torch.randn(k)).to(torch.bfloat16).to(DEVICE)
+    residual = None if half else torch.randn(tokens, rows).to(torch.bfloat16).to(DEVICE)
+    want = g(x, norm_weight=norm, residual=residual)
+    fixed_grid = next(iter(g._kernels.values()))[1]
+    g.launch_config = dataclasses.replace(g.launch_config, dynamic=True)
+    g._kernels.clear()
+    for pdl in (False, True):
+        g.fused.launch = LaunchPolicy(pdl)
+        for _ in range(3):
+            assert torch.equal(g(x, norm_weight=norm, residual=residual), want)
+            assert g.dynamic_counters.tolist() == [0, 0]
+    kernel, grid, _, defines = next(iter(g._kernels.values()))
+    assert defines["DYNAMIC"] == 1 and grid == fixed_grid
+    out = torch.empty_like(want)
+    g(x, norm_weight=norm, residual=residual, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(4):
+            g(x, norm_weight=norm, residual=residual, out=out)
+    for _ in range(10):
+        out.zero_()
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+    assert g.dynamic_counters.tolist() == [0, 0]
+
+
+def test_dynamic_tasks_refuse_the_bulk_ring_and_the_late_wait():
+    g, _ = gemv(1536, 2560, half=768, limit=0.5, bulk=1, dynamic=True)
+    x = torch.randn(1, 2560).to(torch.bfloat16).to(DEVICE)
+    with pytest.raises(ValueError, match="dynamic"):
+        g(x)
+    g, _ = gemv(1536, 2560, half=768, limit=0.5, dynamic=True)
+    with pytest.raises(ValueError, match="dynamic"):
+        g(x, norm_weight=torch.ones(2560, dtype=torch.bfloat16, device=DEVICE), late_wait=True)
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
 def test_row_scales_in_bf16_and_fp32(tokens):
     """The LM head's format: one scale per row, bf16 or fp32 logits."""
     g, wf = gemv(3001, 2560, "row", warps=4)

@@ -74,6 +74,10 @@ class GemvLaunch:
     # (several tokens of a wide K), the call loads into registers.
     bulk: int = 0
     slots: int = 12
+    # a block's tasks after its first two taken from a counter as it goes (gemv_decode.cu DYNAMIC), so the
+    # blocks that start early or stream faster take more; the same results bit for bit. Only on the
+    # register path in the plain order (no bulk ring, hand-off or late wait).
+    dynamic: bool = False
 
 
 def persistent_grid(tasks: int, resident: int, balanced: bool = False) -> int:
@@ -186,6 +190,9 @@ class CudaGemv:
         self.device = fused.weight.device
         self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self._kernels: dict[tuple, tuple[Any, int, int, dict[str, int]]] = {}
+        # GemvLaunch.dynamic: the next task to take and the blocks ended (zeros between launches; made once,
+        # so graphs captured before a rebuild keep a live buffer)
+        self.dynamic_counters = torch.zeros(2, dtype=torch.int32, device=self.device)
         # signals the last call with a Handoff made (0: none; that call ran without one or on Triton)
         self.last_signals = 0
 
@@ -238,7 +245,8 @@ class CudaGemv:
                 "LATE_WAIT": int(late_wait),
             }
             # gemv_decode.cu's struct Shared: xh [NTOK][K/2] u32, part [2][WARPS][2][8][NTOK], red [NTOK][WARPS] fp32
-            shared = -(-(tokens * (2 * self.k + 128 * warps + 4 * warps)) // 16) * 16
+            # (DYNAMIC: and ids [3] int)
+            shared = -(-(tokens * (2 * self.k + 128 * warps + 4 * warps) + 12 * cfg.dynamic) // 16) * 16
             slots, tasks = 0, -(-self.rows // 8)
             if cfg.bulk:
                 kb = -(-self.k // 128)
@@ -249,20 +257,34 @@ class CudaGemv:
                 if slots:
                     defines.update(BULK=1, SLOTS=slots, SCALE_IN_SLOT=int(scales))
                     shared = ring_shared
+            if cfg.dynamic:
+                if slots or order != (0, 0) or late_wait:
+                    raise ValueError(
+                        f"{self.name}: GemvLaunch.dynamic runs on the register path in the plain order; it does not "
+                        "combine with a bulk ring, a hand-off or a late wait"
+                    )
+                defines["DYNAMIC"] = 1
             threads = 32 * warps
             carveout = -1 if cfg.carveout < 0 else 100 if slots else cfg.carveout  # (-1: the driver's)
             kernel = self._compile(defines, shared, carveout)
             fits = kernel.max_blocks_per_sm(threads, shared)
-            if not slots and (order != (0, 0) or late_wait):
-                # the hand-off's and the late wait's extra registers must not cost a block per SM (on the
-                # H100 the hand-off compiled to 5 blocks an SM against the product's 6): then capped there
-                base = self._kernel(tokens, norm, epi, add, write_xn, out_f32, group)[0]
+            same_grid = fits  # a variant's blocks per SM: at most the plain kernel's (the same grid)
+            if not slots and (order != (0, 0) or late_wait or cfg.dynamic):
+                # the hand-off's, the late wait's and the dynamic tasks' extra registers must not cost a block
+                # per SM (on the H100 the hand-off compiled to 5 blocks an SM against the product's 6): then
+                # capped there
+                if cfg.dynamic:
+                    plain = {name: value for name, value in defines.items() if name != "DYNAMIC"}
+                    base = self._compile(plain, shared, carveout)
+                else:
+                    base = self._kernel(tokens, norm, epi, add, write_xn, out_f32, group)[0]
                 want = min(cfg.blocks_per_sm, base.max_blocks_per_sm(threads, shared))
+                same_grid = want
                 if fits < want:
                     defines["MIN_BLOCKS"] = want
                     kernel = self._compile(defines, shared, carveout)
                     fits = kernel.max_blocks_per_sm(threads, shared)
-            per_sm = min(cfg.bulk if slots else cfg.blocks_per_sm, fits)
+            per_sm = min(cfg.bulk if slots else cfg.blocks_per_sm, fits, same_grid)
             if per_sm < 1:
                 raise RuntimeError(f"{self.name}: the CUDA GEMV does not fit on an SM with {cfg}")
             grid = persistent_grid(tasks, per_sm * self.sms, cfg.balanced)
@@ -364,6 +386,7 @@ class CudaGemv:
                 addend.stride(0) if addend is not None else 0,
                 xn_out.stride(0) if xn_out is not None else 0,
                 handoff.counter if handoff is not None else None,
+                self.dynamic_counters,
             ],
             dependent=launch.pdl,
         )

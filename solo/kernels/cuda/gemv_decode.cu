@@ -35,6 +35,16 @@
 // b, not the output gate g) waits for min(grid, SIGNAL) signals instead of this kernel's end, and runs
 // while the remaining tasks (g, ordered last) still stream.
 //
+// DYNAMIC (GemvLaunch.dynamic): a block's first two tasks are fixed (blockIdx.x and blockIdx.x + gridDim.x,
+// so that the first one's weights can be loaded before the wait), every later one is taken from a
+// counter (*dyn) as the block goes, so blocks that start early (under PDL they become resident as the
+// previous kernel's blocks leave their SM) or stream faster take more tasks, and the grid ends together.
+// Thread 0 takes the task after next at the start of each task (the atomic's latency hidden behind
+// the products) and leaves it in a ring of three ids for the block's warps, whose loads of the next
+// task's first steps need it during the current one. The block last to end resets the counter and the
+// exit count (dyn[1]) for the next launch. A task's products and sums are those of the fixed order,
+// so every result is the same bit for bit. Not with BULK, ROTATE, SIGNAL or LATE_WAIT.
+//
 // BULK (a lab variant, GemvLaunch.bulk): the weights stream into a ring of SLOTS task-sized slots of
 // shared memory by bulk copies (cp.async.bulk, one per row, completing on the slot's mbarrier), instead
 // of PF 16-byte loads per lane into registers: the bytes in flight per SM are bounded by shared memory
@@ -70,6 +80,12 @@
 #endif
 #ifndef SIGNAL
 #define SIGNAL 0
+#endif
+#ifndef DYNAMIC
+#define DYNAMIC 0
+#endif
+#if DYNAMIC && (BULK || ROTATE || SIGNAL || LATE_WAIT)
+#error "DYNAMIC tasks run on the register path with the plain order and wait only"
 #endif
 // the task at position `seq` of the block tasks' order
 #define TASK_AT(seq) (ROTATE ? ((seq) + ROTATE) % TASKS : (seq))
@@ -112,6 +128,9 @@ struct Shared {
     u32 xh[NTOK][K / 2];                // the prologue's x as f16 pairs
     float part[2][WARPS][2][8][NTOK];   // per task parity, warp, gate/up, row, token: the K slices' sums
     float red[NTOK][WARPS];
+#if DYNAMIC
+    int ids[3];                         // a ring of the block's next task ids
+#endif
 #if BULK
     unsigned long long full[SLOTS];     // per slot: its task's bytes have landed
 #endif
@@ -288,7 +307,8 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
             int *__restrict__ count,              // launch counter
             float eps, float limit, int x_stride, int gate_stride, int out_stride, int residual_stride,
             int addend_stride, int xn_stride,
-            int *__restrict__ signal) {           // SIGNAL: the hand-off counter
+            int *__restrict__ signal,             // SIGNAL: the hand-off counter
+            int *__restrict__ dyn) {              // DYNAMIC: [next task, blocks ended], zeros between launches
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared &sm = *reinterpret_cast<Shared *>(smem_raw);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -318,11 +338,21 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
     if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(count, 1);
+#if DYNAMIC
+    int ring_next = 1;  // where the next task's id is (the prologue's barrier publishes the first)
+    if (threadIdx.x == 0) sm.ids[1] = seq + (int)gridDim.x;
+#endif
     prologue(sm, x, x_stride, nw, gate, gate_stride, xn_out, xn_stride, eps);
 
-    for (int parity = 0, j = 0; seq < TASKS; seq += gridDim.x, parity ^= 1, ++j) {
+    for (int parity = 0, j = 0, next = 0; seq < TASKS; seq = next, parity ^= 1, ++j) {
         const int task = TASK_AT(seq);
-        const int next = seq + gridDim.x;  // (a position in the order)
+#if DYNAMIC
+        next = sm.ids[ring_next];
+        int after_next = TASKS;  // thread 0: the task after next, stored before this task's barrier
+        if (threadIdx.x == 0 && next < TASKS) after_next = 2 * (int)gridDim.x + atomicAdd(dyn, 1);
+#else
+        next = seq + gridDim.x;  // (a position in the order)
+#endif
         if (next >= TASKS) asm volatile("griddepcontrol.launch_dependents;");  // this block's last task
 #if BULK
         slot_wait(&sm.full[j % SLOTS], (u32)(j / SLOTS) & 1u);
@@ -411,6 +441,11 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
                 }
             }
         }
+#if DYNAMIC
+        const int ring_after = ring_next == 2 ? 0 : ring_next + 1;
+        if (threadIdx.x == 0) sm.ids[ring_after] = after_next < TASKS ? after_next : TASKS;
+        ring_next = ring_after;
+#endif
         __syncthreads();
 #if BULK
         if (warp == 0) {  // every warp has read this task's slot: refill it, SLOTS tasks ahead
@@ -470,5 +505,12 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
     }
 #if LATE_WAIT
     asm volatile("griddepcontrol.wait;" ::: "memory");  // (this kernel ends after the previous one)
+#endif
+#if DYNAMIC
+    // every block's last take is done before it counts itself ended: the last one resets for the next launch
+    if (threadIdx.x == 0 && atomicAdd(dyn + 1, 1) == (int)gridDim.x - 1) {
+        dyn[0] = 0;
+        dyn[1] = 0;
+    }
 #endif
 }
