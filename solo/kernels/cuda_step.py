@@ -76,7 +76,8 @@ class GemvLaunch:
     slots: int = 12
     # a block's tasks after its first two taken from a counter as it goes (gemv_decode.cu DYNAMIC), so the
     # blocks that start early or stream faster take more; the same results bit for bit. Only on the
-    # register path in the plain order (no bulk ring, hand-off or late wait).
+    # register path in the plain order (no bulk ring, hand-off or late wait). Off: +157 us on the decode
+    # step at 32K on the H100 (docs/results/h100_ab_dynamic_tasks.log), in a build that spills.
     dynamic: bool = False
 
 
