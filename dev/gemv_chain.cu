@@ -12,16 +12,19 @@
 // Stage kinds (STAGE_* below, compiled into the kernel as templates): the KDA projections (RMSNorm
 // prologue, store), the shared expert's gate_up (SwiGLU with clamp) and down (residual + addend). The
 // arithmetic is gemv_decode.cu's for one token (its 16-byte weight loads as A fragments of m16n8k16
-// products, x in f16 pairs from shared memory, block scales per 64-column step), but a warp owns a
-// task's 8 rows over all of K, so no cross-warp sum: results agree with gemv_decode to rounding, not
-// bit for bit (a different order of the fp32 sums).
+// products, x in f16 pairs from shared memory, block scales per 64-column step). A task's 8 rows are
+// shared by a team of G_* warps of a block that split its K (1: one warp sums all of K), summed in warp
+// order through shared memory; the sums' order is not gemv_decode's, so results agree with it to
+// rounding, not bit for bit. Tasks go round-robin over the grid's teams, team-major over the blocks
+// (see team()), so that the SMs share them evenly. Grid-wide wait between stages: per stage an arrival
+// counter (release after the block's stores), acquire-polled by thread 0 of each block; the block last
+// to leave resets the counters for the next launch.
 //
-// Tasks of a stage go round-robin over the grid's warps, warp-major (task t -> warp t / gridDim.x of
-// block t % gridDim.x), so that the SMs share them evenly. Grid-wide wait between stages: per stage
-// an arrival counter (release after the block's stores), acquire-polled by thread 0 of each block; the
-// block last to leave resets the counters for the next launch.
+// Measured (docs/performance.md section 0, thirteenth session, H100): it loses to the product's separate
+// kernels under PDL (33.9 against 26.9 us a layer); its waits cost 1.2-1.7 us each.
 //
-// Defines: WARPS (per block), D (ring steps per warp), STAGES (stage descriptors in `desc`), POLL_NS (a
+// Defines: WARPS (per block), D (ring steps per warp), STAGES (stage descriptors in `desc`), G_QKV, G_GATE_UP,
+// G_DOWN (the warps of a task per stage kind; each divides WARPS and the kind's K / 64), POLL_NS (a
 // back-off in the wait's polling, 0: none), NOWAIT (a timing probe: no stage waits for the previous one,
 // which the probe's stages, with inputs of their own, do not need: the streaming alone).
 
