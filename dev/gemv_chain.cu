@@ -21,7 +21,8 @@
 // to leave resets the counters for the next launch.
 //
 // Measured (docs/performance.md section 0, thirteenth session, H100): it loses to the product's separate
-// kernels under PDL (33.9 against 26.9 us a layer); its waits cost 1.2-1.7 us each.
+// kernels under PDL (33.9 against 26.9 us a layer); its waits cost 0.8-2.4 us each
+// (the chain with and without them).
 //
 // Defines: WARPS (per block), D (ring steps per warp), STAGES (stage descriptors in `desc`), G_QKV, G_GATE_UP,
 // G_DOWN (the warps of a task per stage kind; each divides WARPS and the kind's K / 64), POLL_NS (a
