@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fused_gemv_sweep import call_kwargs, make, run_once  # noqa: E402
+from launch_probe import graph_seconds  # noqa: E402
 
-from solo.bench.decode import copy_bandwidth, time_graph  # noqa: E402
+from solo.bench.decode import copy_bandwidth  # noqa: E402
 from solo.kernels.cuda_runtime import CudaKernel  # noqa: E402
 from solo.kernels.cuda_step import CudaGemv  # noqa: E402
 from solo.kernels.pdl import LaunchPolicy  # noqa: E402
@@ -165,17 +166,8 @@ def main() -> None:
         tail = f", rel err {err[0]:.1e}, {err[1]:.2%} of values differ" if err else ""
         print(f"{label:28s} {us:7.2f} us a layer, {gbs:6.0f} GB/s ({gbs / copy_gbs:.0%} of copy){tail}", flush=True)
 
-    def timed(calls) -> float:
-        for call in calls:
-            call()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for call in calls:
-                call()
-        seconds = time_graph(graph, replays=20, rounds=7)
-        del graph
-        return seconds
+    def timed(calls) -> float:  # the whole graph of `calls`
+        return graph_seconds(calls) * len(calls)
 
     product_calls = [lambda k=key: run_once(cudas[k], kwargs[k[0]], outs[k]) for key in order]
     for call in product_calls:

@@ -269,7 +269,7 @@ class CudaGemv:
             carveout = -1 if cfg.carveout < 0 else 100 if slots else cfg.carveout  # (-1: the driver's)
             kernel = self._compile(defines, shared, carveout)
             fits = kernel.max_blocks_per_sm(threads, shared)
-            same_grid = fits  # a variant's blocks per SM: at most the plain kernel's (the same grid)
+            most = cfg.bulk if slots else cfg.blocks_per_sm  # blocks per SM at most
             if not slots and (order != (0, 0) or late_wait or cfg.dynamic):
                 # the hand-off's, the late wait's and the dynamic tasks' extra registers must not cost a block
                 # per SM (on the H100 the hand-off compiled to 5 blocks an SM against the product's 6): then
@@ -280,12 +280,12 @@ class CudaGemv:
                 else:
                     base = self._kernel(tokens, norm, epi, add, write_xn, out_f32, group)[0]
                 want = min(cfg.blocks_per_sm, base.max_blocks_per_sm(threads, shared))
-                same_grid = want
+                most = want  # the plain kernel's: the same grid
                 if fits < want:
                     defines["MIN_BLOCKS"] = want
                     kernel = self._compile(defines, shared, carveout)
                     fits = kernel.max_blocks_per_sm(threads, shared)
-            per_sm = min(cfg.bulk if slots else cfg.blocks_per_sm, fits, same_grid)
+            per_sm = min(most, fits)
             if per_sm < 1:
                 raise RuntimeError(f"{self.name}: the CUDA GEMV does not fit on an SM with {cfg}")
             grid = persistent_grid(tasks, per_sm * self.sms, cfg.balanced)

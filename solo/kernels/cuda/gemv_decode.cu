@@ -106,23 +106,7 @@
 #define SLOT_BYTES (WEIGHT_BYTES + (SCALE_IN_SLOT ? (1 + SWIGLU) * KB * 4 : 0))
 #endif
 
-__device__ __forceinline__ u16 to_bf16(float f) { return (u16)(__float_as_uint(round_bf16(f)) >> 16); }
-
 __device__ __forceinline__ uint4 ld_vec(const void *p) { return *reinterpret_cast<const uint4 *>(p); }
-
-__device__ __forceinline__ u32 f16x2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-__device__ __forceinline__ void mma(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 struct Shared {
     u32 xh[NTOK][K / 2];                // the prologue's x as f16 pairs

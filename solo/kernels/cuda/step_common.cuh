@@ -39,6 +39,25 @@ __device__ __forceinline__ u32 ld_fresh_u16(const u16 *p) {
     return v;
 }
 
+// fp32 -> nearest bf16 bits (ties to even)
+__device__ __forceinline__ u16 to_bf16(float f) { return (u16)(__float_as_uint(round_bf16(f)) >> 16); }
+
+// two fp32 -> an f16x2 register (round to nearest), lo in the low half
+__device__ __forceinline__ u32 f16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// one m16n8k16 tensor-core product, f16 operands, fp32 accumulators c (c += A B)
+__device__ __forceinline__ void mma(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // two e4m3 codes (low byte first) -> f16x2 (exact), low byte in the low half
 __device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 pair) {
     u32 r;
