@@ -80,6 +80,17 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # so the grid ends together; the same grid and results
     "dynamic tasks": {"dynamic": True},
     "dynamic tasks: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"dynamic": True}}},
+    # (fourteenth session) whole tasks' weights asked of the L2 by bulk prefetches (gemv_decode.cu L2_AHEAD),
+    # beyond the 5 loads a lane holds in registers (about 61 KB an SM): the block's first tasks before its
+    # wait only, or also a fixed distance ahead as it goes
+    "L2: first 2 tasks": {"l2_ahead": 2, "l2_loop": False},
+    "L2: first 4 tasks": {"l2_ahead": 4, "l2_loop": False},
+    "L2 ahead 1": {"l2_ahead": 1},
+    "L2 ahead 2": {"l2_ahead": 2},
+    "L2 ahead 2: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"l2_ahead": 2}}},
+    "L2: first 4 tasks: qkvfgb, q|kv_a|g, MLP": {
+        "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"l2_ahead": 4, "l2_loop": False}}
+    },
     # the weights through a ring of shared-memory slots filled by bulk copies (gemv_decode.cu BULK): the
     # bytes in flight bounded by shared memory, not by a lane's registers
     "bulk": {"bulk": 1},

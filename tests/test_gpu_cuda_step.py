@@ -257,6 +257,57 @@ def test_dynamic_tasks_compute_what_the_fixed_order_does(rows, k, half, launch, 
     assert g.dynamic_counters.tolist() == [0, 0]
 
 
+@pytest.mark.parametrize("tokens", [1, 4])
+@pytest.mark.parametrize(
+    ("rows", "k", "half", "launch"),
+    [
+        (20512, 2560, None, {}),  # the KDA projections: asks past the last task are dropped
+        (1003, 4096, None, dict(warps=16, blocks_per_sm=1)),  # many tasks a block, a last task of 3 rows
+        (1536, 2560, 768, {}),  # the shared gate_up: a SwiGLU task asks for its up rows too
+    ],
+)
+@pytest.mark.parametrize(("ahead", "loop"), [(1, True), (2, True), (4, False)])
+def test_l2_asks_change_no_result(rows, k, half, launch, tokens, ahead, loop):
+    """GemvLaunch.l2_ahead only adds bulk prefetches to the L2 (a hint): the same outputs bit for bit as
+    the register path, on the same grid, eagerly, under PDL and in a replayed CUDA graph."""
+    import dataclasses
+
+    from solo.kernels.pdl import LaunchPolicy
+
+    g, _ = gemv(rows, k, half=half, limit=0.5 if half else None, **launch)
+    x = (torch.randn(tokens, k) * 2).to(torch.bfloat16).to(DEVICE)
+    norm = (1 + 0.2 * torch.randn(k)).to(torch.bfloat16).to(DEVICE)
+    residual = None if half else torch.randn(tokens, rows).to(torch.bfloat16).to(DEVICE)
+    want = g(x, norm_weight=norm, residual=residual)
+    plain_grid = next(iter(g._kernels.values()))[1]
+    g.launch_config = dataclasses.replace(g.launch_config, l2_ahead=ahead, l2_loop=loop)
+    g._kernels.clear()
+    for pdl in (False, True):
+        g.fused.launch = LaunchPolicy(pdl)
+        assert torch.equal(g(x, norm_weight=norm, residual=residual), want)
+    _, grid, _, defines = next(iter(g._kernels.values()))
+    assert (defines["L2_AHEAD"], defines["L2_LOOP"]) == (ahead, int(loop)) and grid == plain_grid
+    out = torch.empty_like(want)
+    g(x, norm_weight=norm, residual=residual, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g(x, norm_weight=norm, residual=residual, out=out)
+    for _ in range(5):
+        out.zero_()
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+
+
+def test_l2_asks_refuse_the_bulk_ring_and_dynamic_tasks():
+    x = torch.randn(1, 2560).to(torch.bfloat16).to(DEVICE)
+    for extra in (dict(bulk=1), dict(dynamic=True)):
+        g, _ = gemv(1536, 2560, half=768, limit=0.5, l2_ahead=1, **extra)
+        with pytest.raises(ValueError, match="l2_ahead"):
+            g(x)
+
+
 def test_dynamic_tasks_refuse_the_bulk_ring_and_the_late_wait():
     g, _ = gemv(1536, 2560, half=768, limit=0.5, bulk=1, dynamic=True)
     x = torch.randn(1, 2560).to(torch.bfloat16).to(DEVICE)

@@ -79,6 +79,11 @@ class GemvLaunch:
     # register path in the plain order (no bulk ring, hand-off or late wait). Off: +157 us on the decode
     # step at 32K on the H100 (docs/results/h100_ab_dynamic_tasks.log), in a build that spills.
     dynamic: bool = False
+    # > 0: a block also asks the L2 for whole tasks' weights (bulk prefetches, gemv_decode.cu L2_AHEAD),
+    # beyond the registers' loads in flight: its first l2_ahead tasks before it waits for the previous
+    # kernel, then (l2_loop) the task l2_ahead positions ahead as each task ends; a hint, the same results
+    l2_ahead: int = 0
+    l2_loop: bool = True
 
 
 def persistent_grid(tasks: int, resident: int, balanced: bool = False) -> int:
@@ -265,17 +270,25 @@ class CudaGemv:
                         "combine with a bulk ring, a hand-off or a late wait"
                     )
                 defines["DYNAMIC"] = 1
+            if cfg.l2_ahead:
+                if slots or cfg.dynamic:
+                    raise ValueError(
+                        f"{self.name}: GemvLaunch.l2_ahead runs on the register path with the fixed tasks; it does "
+                        "not combine with a bulk ring or dynamic tasks"
+                    )
+                defines.update(L2_AHEAD=cfg.l2_ahead, L2_LOOP=int(cfg.l2_loop))
             threads = 32 * warps
             carveout = -1 if cfg.carveout < 0 else 100 if slots else cfg.carveout  # (-1: the driver's)
             kernel = self._compile(defines, shared, carveout)
             fits = kernel.max_blocks_per_sm(threads, shared)
             most = cfg.bulk if slots else cfg.blocks_per_sm  # blocks per SM at most
-            if not slots and (order != (0, 0) or late_wait or cfg.dynamic):
-                # the hand-off's, the late wait's and the dynamic tasks' extra registers must not cost a block
-                # per SM (on the H100 the hand-off compiled to 5 blocks an SM against the product's 6): then
-                # capped there
-                if cfg.dynamic:
-                    plain = {name: value for name, value in defines.items() if name != "DYNAMIC"}
+            if not slots and (order != (0, 0) or late_wait or cfg.dynamic or cfg.l2_ahead):
+                # the hand-off's, the late wait's, the dynamic tasks' and the L2 asks' extra registers must not
+                # cost a block per SM (on the H100 the hand-off compiled to 5 blocks an SM against the product's
+                # 6): then capped there
+                if cfg.dynamic or cfg.l2_ahead:
+                    extra = ("DYNAMIC", "L2_AHEAD", "L2_LOOP")
+                    plain = {name: value for name, value in defines.items() if name not in extra}
                     base = self._compile(plain, shared, carveout)
                 else:
                     base = self._kernel(tokens, norm, epi, add, write_xn, out_f32, group)[0]

@@ -52,6 +52,13 @@
 // griddepcontrol.wait and refills a slot once the block's warps have passed the task's barrier; the
 // products, their order and so every result are those of the register path.
 //
+// L2_AHEAD (a lab variant, GemvLaunch.l2_ahead): the registers hold PF loads a lane (about 61 KB an SM), which may
+// bound the stream where HBM's latency under load is long (the H200's KDA projections reach 67% of the copy
+// bandwidth, the H100's 79%). So thread 0 also asks the L2 for whole tasks' weights ahead with bulk
+// prefetches (cp.async.bulk.prefetch.L2: no registers, no result): before griddepcontrol.wait the block's
+// first L2_AHEAD tasks, then (L2_LOOP) as each task's sums are stored the task L2_AHEAD positions later. A hint
+// only: every product and result is the register path's.
+//
 // Defines: NTOK (tokens, 1..8; row strides of x, gate, out, residual, addend and xn_out are arguments),
 // K (input width, multiple of 64), ROWS (output rows; SwiGLU: the gate rows, W holds
 // [gate; up]), NORM (0 none, 1 RMSNorm over K, 2 gated per-group RMSNorm of GROUP <= 256), SCALE
@@ -83,6 +90,15 @@
 #endif
 #ifndef DYNAMIC
 #define DYNAMIC 0
+#endif
+#ifndef L2_AHEAD
+#define L2_AHEAD 0
+#endif
+#ifndef L2_LOOP
+#define L2_LOOP 1
+#endif
+#if L2_AHEAD && (BULK || DYNAMIC)
+#error "L2_AHEAD runs on the register path with the fixed tasks"
 #endif
 #if DYNAMIC && (BULK || ROTATE || SIGNAL || LATE_WAIT)
 #error "DYNAMIC tasks run on the register path with the plain order and wait only"
@@ -222,6 +238,21 @@ __device__ __forceinline__ void issue(uint4 &gate_v, uint4 &up_v, const unsigned
 #endif
 }
 
+#if L2_AHEAD
+// The weights of the task at position `seq` (its 8 rows; SwiGLU: and their up rows, 8 * K contiguous bytes
+// each) asked of the L2; rows past ROWS are not asked for.
+__device__ __forceinline__ void ask_l2(const unsigned char *__restrict__ w, int seq) {
+    if (seq >= TASKS) return;
+    const int task = TASK_AT(seq);
+    const u32 bytes = (u32)((ROWS - task * 8 < 8 ? ROWS - task * 8 : 8) * K);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + (size_t)task * 8 * K), "r"(bytes) : "memory");
+#if SWIGLU
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + (size_t)(ROWS + task * 8) * K), "r"(bytes)
+                 : "memory");
+#endif
+}
+#endif
+
 #if BULK
 __device__ __forceinline__ u32 shared_address(const void *p) { return (u32)__cvta_generic_to_shared(p); }
 
@@ -316,6 +347,10 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
 #pragma unroll
     for (int s0 = 0; s0 < PF; ++s0)
         if (seq < TASKS) issue(ring[s0], ring_up[s0], w, TASK_AT(seq), s0, warp, lane);
+#endif
+#if L2_AHEAD
+    if (threadIdx.x == 0)
+        for (int j = 0; j < L2_AHEAD; ++j) ask_l2(w, seq + j * (int)gridDim.x);
 #endif
     // the weights do not depend on the previous kernel; everything below does (LATE_WAIT: not on it)
 #if !LATE_WAIT
@@ -438,6 +473,9 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
         }
 #endif
         if (warp == 0) {
+#if L2_AHEAD && L2_LOOP
+            if (lane == 31) ask_l2(w, seq + L2_AHEAD * (int)gridDim.x);  // (lane 31 stores no sum)
+#endif
 #pragma unroll
             for (int tok0 = 0; tok0 < NTOK; tok0 += 4) {
                 const int r8 = lane & 7, tok = tok0 + (lane >> 3);
