@@ -141,6 +141,12 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # the rows they read, while the output gate (computed last) still streams: solo.kernels.handoff,
     # FusedDecodeStep.handoff
     "hand-off": {"handoff": True},
+    # (fourteenth session) not a GEMV launch: the MoE kernel's producer issues the down copies only once its
+    # earlier gate_up tiles (all, or the first 2) have landed (moe_decode.cu DOWN_AFTER), so that the last
+    # gate_up tile anywhere, which the activation exchange waits for, is not served beside down bytes
+    "MoE downs after the gate_up tiles": {"moe": {"down_after": 7}},
+    "MoE downs after 2 gate_up tiles": {"moe": {"down_after": 2}},
+    "MoE copies in need order": {"moe": {"order": "need"}},
     "bulk + hand-off": {"bulk": 1, "handoff": True},
     # (ninth session) one token's shared gate_up normalises x itself and waits for the MoE kernel only at
     # its end (gemv_decode.cu LATE_WAIT): FusedDecodeStep.shared_late_wait

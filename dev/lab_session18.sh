@@ -2,13 +2,18 @@
 # Fourteenth session: whole tasks' weights asked of the L2 by the CUDA GEMV (gemv_decode.cu L2_AHEAD,
 # GemvLaunch.l2_ahead). The GEMVs hold 5 loads a lane in registers, about 61 KB an SM; on the H200 the KDA
 # projections stream at 67% of the copy bandwidth, on the H100 at 79%. Bulk prefetches to the L2 take no
-# registers: the block's first tasks before its wait, or a fixed distance ahead as it goes. First the GPU
-# tests of the variant (bit for bit the register path's), then one process at 32K, every variant's logits
-# against the product's. Results under $OUT: gpu_tests.log, ab.{log,json}. Say which card ran it.
+# registers: the block's first tasks before its wait, or a fixed distance ahead as it goes. And the MoE
+# kernel's down copies issued only once the block's gate_up tiles have landed (moe_decode.cu DOWN_AFTER):
+# the activation exchange waits for the last gate_up tile anywhere, which lands near the end of the 25 MB
+# when every block asks for everything at once. First the GPU tests of both (bit for bit the product's),
+# then one process at 32K, every variant's logits against the product's. Results under $OUT:
+# gpu_tests.log, ab.{log,json}. Say which card ran it.
 LAB_DEFAULT_SECONDS=420
 source dev/lab_prelude.sh
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_cuda_step.py -k "l2_asks" > "$OUT/gpu_tests.log" 2>&1
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_cuda_step.py \
+    tests/test_cuda_moe.py -k "l2_asks or late_down or persistent_matches" > "$OUT/gpu_tests.log" 2>&1
 echo "[tests rc=$? at ${SECONDS}s]"; tail -3 "$OUT/gpu_tests.log"
 default="product again;L2: first 2 tasks;L2: first 4 tasks;L2 ahead 1;L2 ahead 2;L2 ahead 2: qkvfgb, q|kv_a|g, MLP"
-default+=";L2: first 4 tasks: qkvfgb, q|kv_a|g, MLP"
-ab ab "product;${VARIANTS:-$default}" --deadline "${AB_DEADLINE:-300}"
+default+=";L2: first 4 tasks: qkvfgb, q|kv_a|g, MLP;MoE downs after the gate_up tiles;MoE downs after 2 gate_up tiles"
+default+=";MoE copies in need order"
+ab ab "product;${VARIANTS:-$default}" --deadline "${AB_DEADLINE:-330}"

@@ -122,6 +122,8 @@ def experts():  # (only GPU tests, all marked needs_hopper, use it)
         (7.0, torch.int32, 6, DecodeKernelConfig(order="need", act_copies=1, evict_first=False)),
         (0.5, torch.int64, 8, DecodeKernelConfig(cooperative=False, trace=True)),  # the trace build: same results
         (None, torch.int32, 2, DecodeKernelConfig(dependent_launch=False, poll_ns=0)),
+        (None, torch.int32, 8, DecodeKernelConfig(down_after=7)),  # the down copies after every gate_up tile
+        (0.5, torch.int64, 8, DecodeKernelConfig(order="need", down_after=2)),  # gate_up tiles after a down pair
     ],
 )
 def test_gpu_persistent_matches_reference(experts, limit, id_dtype, top_k, kc):
@@ -143,6 +145,23 @@ def test_gpu_persistent_matches_reference(experts, limit, id_dtype, top_k, kc):
     if kc.trace:  # both launch parities stamped, each block's end after its start
         tr = moe.trace.cpu()
         assert bool((tr[:, :, 1] > tr[:, :, 0]).all()) and bool((tr[:, :, 0] > 0).all())
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("order", ["gate_up_first", "need"])
+def test_gpu_late_down_copies_change_no_result(experts, order):
+    """DecodeKernelConfig.down_after only delays when the producer issues the down copies: the same
+    outputs bit for bit."""
+    from solo.kernels.cuda_moe import PersistentDecodeMoE
+
+    ids, w = routing(experts.gate_up.shape[0], 8, torch.int32)
+    x = torch.randn((1, H), device="cuda").to(torch.bfloat16)
+    want = PersistentDecodeMoE(experts, kernel_config=DecodeKernelConfig(order=order)).forward(x, ids, w).clone()
+    for after in (1, 2, 7):
+        moe = PersistentDecodeMoE(experts, kernel_config=DecodeKernelConfig(order=order, down_after=after))
+        for _ in range(2):
+            assert torch.equal(moe.forward(x, ids, w), want)
 
 
 @pytest.mark.gpu

@@ -257,6 +257,7 @@ class PersistentDecodeMoE(TritonMoE):
             "REFRESH_PENDING": int(kc.refresh_pending),
             "UNROLL_PAIRS": int(kc.unroll_pairs),
             "FAST_SELECT": int(kc.fast_select),
+            "DOWN_AFTER": kc.down_after,
         }
         if router is not None:
             reason = router_unsupported(self.hidden, top_k, router)

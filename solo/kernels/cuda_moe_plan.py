@@ -34,6 +34,10 @@ class DecodeKernelConfig:
     # session: neutral in the H200's decode step (docs/results/h200_ab_lab15.log); with the MLA switches and
     # CudaRouter.fast_select, verification 5.084 -> 5.022 ms at 32K on the H100 (h100_ab_mla_lab13.log))
     fast_select: bool = True
+    # the producer issues the down copies only once this many of its earlier gate_up tiles have landed (0: at
+    # once; moe_decode.cu DOWN_AFTER), so that the gate_up bytes every block waits for are not served beside
+    # down bytes needed only after the activation exchange
+    down_after: int = 0
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property

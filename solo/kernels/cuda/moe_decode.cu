@@ -139,6 +139,14 @@
 #ifndef FAST_SELECT
 #define FAST_SELECT 0
 #endif
+// DOWN_AFTER (a variant, DecodeKernelConfig.down_after): the producer issues the first down copy only once
+// this many of the gate_up tiles it issued before have landed (0: at once). Every block asks for its whole
+// share at the selection, so HBM serves the blocks' down bytes beside other blocks' gate_up tiles, and the
+// last gate_up tile anywhere (which the activation exchange waits for) lands near the end of the 25 MB; the
+// down bytes are needed only after that exchange.
+#ifndef DOWN_AFTER
+#define DOWN_AFTER 0
+#endif
 #if SHARED
 #define SH_TASKS (SHI / 8)                               // shared gate_up tasks: 8 gate + 8 up rows, block b < SH_TASKS
 #define SH_RPW ((8 * MAX_DN + DN_WARPS - 1) / DN_WARPS)  // shared down rows per down warp
@@ -701,6 +709,15 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 if (q == row[ROW_WORDS - 1]) bar_wait(smem_addr(&sm.bars[SH_FREE]));  // it lands in the shared tail
 #endif
                 const int code = order[q];
+#if DOWN_AFTER
+                if (code >= MAX_GU && code - MAX_GU == 0) {  // the first down group: the earlier gate_up tiles
+                    for (int q2 = 0, seen = 0; q2 < q && seen < DOWN_AFTER; ++q2)
+                        if (order[q2] < MAX_GU) {
+                            bar_wait(smem_addr(&sm.bars[order[q2]]));
+                            ++seen;
+                        }
+                }
+#endif
                 if (code < MAX_GU) {
                     const int i = code, slot = gu_tile[i] >> 16, r0 = gu_tile[i] & 0xFFFF;
                     const u32 bar = smem_addr(&sm.bars[i]);
