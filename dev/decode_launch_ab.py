@@ -85,6 +85,8 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # wait only, or also a fixed distance ahead as it goes
     "L2: first 2 tasks": {"l2_ahead": 2, "l2_loop": False},
     "L2: first 4 tasks": {"l2_ahead": 4, "l2_loop": False},
+    "L2 fetch 256 B": {"l2_fetch": 256},
+    "L2 fetch 128 B": {"l2_fetch": 128},
     "L2 ahead 1": {"l2_ahead": 1},
     "L2 ahead 2": {"l2_ahead": 2},
     "L2 ahead 2: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"l2_ahead": 2}}},

@@ -13,7 +13,7 @@ source dev/lab_prelude.sh
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_cuda_step.py \
     tests/test_cuda_moe.py -k "l2_asks or late_down or persistent_matches" > "$OUT/gpu_tests.log" 2>&1
 echo "[tests rc=$? at ${SECONDS}s]"; tail -3 "$OUT/gpu_tests.log"
-default="product again;L2: first 2 tasks;L2: first 4 tasks;L2 ahead 1;L2 ahead 2;L2 ahead 2: qkvfgb, q|kv_a|g, MLP"
+default="product again;L2 fetch 256 B;L2: first 2 tasks;L2: first 4 tasks;L2 ahead 1;L2 ahead 2;L2 ahead 2: qkvfgb, q|kv_a|g, MLP"
 default+=";L2: first 4 tasks: qkvfgb, q|kv_a|g, MLP;MoE downs after the gate_up tiles;MoE downs after 2 gate_up tiles"
 default+=";MoE copies in need order"
 ab ab "product;${VARIANTS:-$default}" --deadline "${AB_DEADLINE:-330}"

@@ -266,10 +266,13 @@ def test_dynamic_tasks_compute_what_the_fixed_order_does(rows, k, half, launch, 
         (1536, 2560, 768, {}),  # the shared gate_up: a SwiGLU task asks for its up rows too
     ],
 )
-@pytest.mark.parametrize(("ahead", "loop"), [(1, True), (2, True), (4, False)])
-def test_l2_asks_change_no_result(rows, k, half, launch, tokens, ahead, loop):
-    """GemvLaunch.l2_ahead only adds bulk prefetches to the L2 (a hint): the same outputs bit for bit as
-    the register path, on the same grid, eagerly, under PDL and in a replayed CUDA graph."""
+@pytest.mark.parametrize(
+    ("ahead", "loop", "fetch"), [(1, True, 0), (2, True, 0), (4, False, 0), (0, True, 256), (2, True, 128)]
+)
+def test_l2_asks_change_no_result(rows, k, half, launch, tokens, ahead, loop, fetch):
+    """GemvLaunch.l2_ahead only adds bulk prefetches to the L2 and l2_fetch a prefetch size to the weight
+    loads (hints): the same outputs bit for bit as the register path, on the same grid, eagerly, under PDL
+    and in a replayed CUDA graph."""
     import dataclasses
 
     from solo.kernels.pdl import LaunchPolicy
@@ -280,13 +283,14 @@ def test_l2_asks_change_no_result(rows, k, half, launch, tokens, ahead, loop):
     residual = None if half else torch.randn(tokens, rows).to(torch.bfloat16).to(DEVICE)
     want = g(x, norm_weight=norm, residual=residual)
     plain_grid = next(iter(g._kernels.values()))[1]
-    g.launch_config = dataclasses.replace(g.launch_config, l2_ahead=ahead, l2_loop=loop)
+    g.launch_config = dataclasses.replace(g.launch_config, l2_ahead=ahead, l2_loop=loop, l2_fetch=fetch)
     g._kernels.clear()
     for pdl in (False, True):
         g.fused.launch = LaunchPolicy(pdl)
         assert torch.equal(g(x, norm_weight=norm, residual=residual), want)
     _, grid, _, defines = next(iter(g._kernels.values()))
-    assert (defines["L2_AHEAD"], defines["L2_LOOP"]) == (ahead, int(loop)) and grid == plain_grid
+    asked = (defines.get("L2_AHEAD", 0), defines.get("L2_LOOP", 1), defines.get("L2_FETCH", 0))
+    assert asked == (ahead, int(loop), fetch) and grid == plain_grid
     out = torch.empty_like(want)
     g(x, norm_weight=norm, residual=residual, out=out)
     torch.cuda.synchronize()
@@ -306,6 +310,9 @@ def test_l2_asks_refuse_the_bulk_ring_and_dynamic_tasks():
         g, _ = gemv(1536, 2560, half=768, limit=0.5, l2_ahead=1, **extra)
         with pytest.raises(ValueError, match="l2_ahead"):
             g(x)
+    g, _ = gemv(1536, 2560, half=768, limit=0.5, l2_fetch=64)
+    with pytest.raises(ValueError, match="l2_fetch"):
+        g(x)
 
 
 def test_dynamic_tasks_refuse_the_bulk_ring_and_the_late_wait():

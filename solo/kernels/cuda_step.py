@@ -84,6 +84,9 @@ class GemvLaunch:
     # kernel, then (l2_loop) the task l2_ahead positions ahead as each task ends; a hint, the same results
     l2_ahead: int = 0
     l2_loop: bool = True
+    # 128 or 256: a weight load that misses fetches that many bytes into the L2 (PTX prefetch size,
+    # gemv_decode.cu via step_common.cuh L2_FETCH); 0: the load's own sectors
+    l2_fetch: int = 0
 
 
 def persistent_grid(tasks: int, resident: int, balanced: bool = False) -> int:
@@ -277,17 +280,21 @@ class CudaGemv:
                         "not combine with a bulk ring or dynamic tasks"
                     )
                 defines.update(L2_AHEAD=cfg.l2_ahead, L2_LOOP=int(cfg.l2_loop))
+            if cfg.l2_fetch:
+                if cfg.l2_fetch not in (128, 256):
+                    raise ValueError(f"{self.name}: GemvLaunch.l2_fetch is 0, 128 or 256 bytes, not {cfg.l2_fetch}")
+                defines["L2_FETCH"] = cfg.l2_fetch
             threads = 32 * warps
             carveout = -1 if cfg.carveout < 0 else 100 if slots else cfg.carveout  # (-1: the driver's)
             kernel = self._compile(defines, shared, carveout)
             fits = kernel.max_blocks_per_sm(threads, shared)
             most = cfg.bulk if slots else cfg.blocks_per_sm  # blocks per SM at most
-            if not slots and (order != (0, 0) or late_wait or cfg.dynamic or cfg.l2_ahead):
-                # the hand-off's, the late wait's, the dynamic tasks' and the L2 asks' extra registers must not
+            if not slots and (order != (0, 0) or late_wait or cfg.dynamic or cfg.l2_ahead or cfg.l2_fetch):
+                # the hand-off's, the late wait's, the dynamic tasks' and the L2 hints' extra registers must not
                 # cost a block per SM (on the H100 the hand-off compiled to 5 blocks an SM against the product's
                 # 6): then capped there
-                if cfg.dynamic or cfg.l2_ahead:
-                    extra = ("DYNAMIC", "L2_AHEAD", "L2_LOOP")
+                if cfg.dynamic or cfg.l2_ahead or cfg.l2_fetch:
+                    extra = ("DYNAMIC", "L2_AHEAD", "L2_LOOP", "L2_FETCH")
                     plain = {name: value for name, value in defines.items() if name not in extra}
                     base = self._compile(plain, shared, carveout)
                 else:

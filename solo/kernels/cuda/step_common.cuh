@@ -17,11 +17,18 @@ __device__ __forceinline__ float round_bf16(float f) {
 __device__ __forceinline__ u32 word(const uint4 &v, int q) { return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w; }
 
 // Weights: read once per step, never written while a kernel runs; through the read-only path, no L1.
+// L2_FETCH (a lab variant: 128 or 256): a miss fetches that many bytes into the L2 (the PTX prefetch-size
+// qualifier), so a warp's later steps along the same rows find their bytes there
+#if defined(L2_FETCH) && L2_FETCH == 256
+#define LD_STREAM_OP "ld.global.nc.L1::no_allocate.L2::256B.v4.u32"
+#elif defined(L2_FETCH) && L2_FETCH == 128
+#define LD_STREAM_OP "ld.global.nc.L1::no_allocate.L2::128B.v4.u32"
+#else
+#define LD_STREAM_OP "ld.global.nc.L1::no_allocate.v4.u32"
+#endif
 __device__ __forceinline__ uint4 ld_stream(const void *p) {
     uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    asm volatile(LD_STREAM_OP " {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
 
