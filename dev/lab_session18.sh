@@ -7,8 +7,9 @@
 # the activation exchange waits for the last gate_up tile anywhere, which lands near the end of the 25 MB
 # when every block asks for everything at once. First the GPU tests of both (bit for bit the product's),
 # then one process at 32K, every variant's logits against the product's. Results under $OUT:
-# gpu_tests.log, ab.{log,json}. Say which card ran it.
-LAB_DEFAULT_SECONDS=420
+# gpu_tests.log, ab.{log,json}; then the projections with their rows scaled (steady.log: does the
+# fraction of the copy bandwidth rise with the rows, or is the stream itself bound?). Say which card ran it.
+LAB_DEFAULT_SECONDS=540
 source dev/lab_prelude.sh
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_cuda_step.py \
     tests/test_cuda_moe.py -k "l2_asks or late_down or persistent_matches" > "$OUT/gpu_tests.log" 2>&1
@@ -17,3 +18,8 @@ default="product again;L2 fetch 256 B;L2: first 2 tasks;L2: first 4 tasks;L2 ahe
 default+=";L2: first 4 tasks: qkvfgb, q|kv_a|g, MLP;MoE downs after the gate_up tiles;MoE downs after 2 gate_up tiles"
 default+=";MoE copies in need order"
 ab ab "product;${VARIANTS:-$default}" --deadline "${AB_DEADLINE:-330}"
+if [ "$(left)" -gt 60 ]; then  # ramp and tail or the stream itself: the projections with their rows scaled
+    timeout $(($(left) - 5)) python3 dev/step_kernels_probe.py --steady qkvfgb,o_proj,shared_gate_up \
+        --scales 1,4,16 > "$OUT/steady.log" 2>&1
+    echo "[steady rc=$? at ${SECONDS}s]"; grep -v Warning "$OUT/steady.log"
+fi

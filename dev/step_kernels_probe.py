@@ -1,6 +1,7 @@
 """The CUDA step kernels (solo/kernels/cuda_step.py) against the Triton ones, shape by shape (lent GPU).
 
     python3 dev/step_kernels_probe.py [--shapes qkvfgb,o_proj,...] [--json OUT.json] [--quick] [--bulk]
+    python3 dev/step_kernels_probe.py --steady qkvfgb,o_proj [--scales 1,2,4,8]
 
 1. Every one-token projection of Ling-3.0-flash's decode step (dev/fused_gemv_sweep.py's shapes and
    call kinds): the CUDA GEMV's output against the Triton FusedGemv's (relative error; the two sum
@@ -14,6 +15,12 @@
 3. 40 routers (512 experts, hidden 2560, 8 groups keep 4, top-8) of one token and of a verification
    window (--router-tokens): Triton vs CUDA, same experts chosen, weights within rounding.
 Prints a table per part; --json writes everything.
+
+--steady (alone): where a projection's time goes, ramp and tail or the stream itself. Each named shape
+with its rows multiplied by each of --scales (the same kernel, K and launch rule; more tasks a block),
+timed as in part 1 with the product's launch and with the L2 hints (GemvLaunch.l2_ahead, l2_fetch): if
+the fraction of the copy bandwidth rises toward the copy's with the rows, the kernel's fixed costs are
+what the step pays; if it stays, the stream itself is bound (bytes in flight, issue).
 """
 
 from __future__ import annotations
@@ -119,6 +126,50 @@ def shape_rows(name: str, copy_gbs: float, device: torch.device, quick: bool, bu
     return result
 
 
+STEADY_LAUNCHES = {
+    "product": GemvLaunch(),
+    "L2 fetch 256 B": GemvLaunch(l2_fetch=256),
+    "L2 ahead 2": GemvLaunch(l2_ahead=2),
+    "L2 first 4": GemvLaunch(l2_ahead=4, l2_loop=False),
+}
+
+
+def steady(name: str, scales: list[int], copy_gbs: float, device: torch.device) -> list[dict]:
+    """The shape `name` with its rows times each scale: us and fraction of the copy bandwidth per launch."""
+    rows, k, kind, per_step = SHAPES[name]
+    out = []
+    for m in scales:
+        scaled = f"{name} x{m}"
+        SHAPES[scaled] = (rows * m, k, kind, per_step)
+        try:
+            one = make(scaled, 1, device)[0]
+            copies = max(2, -(-400_000_000 // one.nbytes()))
+            del one
+            gemvs = make(scaled, copies, device, seed=3)
+            kw = call_kwargs(scaled, 1, device)
+            counter = torch.zeros(1, dtype=torch.int32, device=device)
+            outs = [torch.empty((1, g.rows), dtype=torch.bfloat16, device=device) for g in gemvs]
+            nbytes = gemvs[0].nbytes()
+            want = None
+            line = f"{scaled:14s} {nbytes / 1e6:7.1f} MB"
+            for label, launch in STEADY_LAUNCHES.items():
+                cudas = [CudaGemv(g, counter, launch) for g in gemvs]
+                got = run_once(cudas[0], kw, outs[0]).clone()
+                same = want is None or torch.equal(got, want)
+                want = got if want is None else want
+                calls = [lambda c=c, o=o, kw=kw: run_once(c, kw, o) for c, o in zip(cudas, outs, strict=True)]
+                secs = graph_seconds(calls)
+                row = {"shape": scaled, "mb": nbytes / 1e6, "launch": label, "us": secs * 1e6}
+                row.update(of_copy=nbytes / secs / 1e9 / copy_gbs, same_as_product=same)
+                out.append(row)
+                line += f"  {label} {row['us']:7.2f} us ({row['of_copy']:.0%}{'' if same else ', DIFFERS'})"
+            print(line, flush=True)
+        finally:
+            del SHAPES[scaled]
+            torch.cuda.empty_cache()
+    return out
+
+
 def chain(copy_gbs: float, device: torch.device, layers: int = 10) -> dict:
     gemvs = {name: make(name, layers, device, seed=i) for i, name in enumerate(CHAIN)}
     counter = torch.zeros(1, dtype=torch.int32, device=device)
@@ -212,11 +263,19 @@ def main() -> int:
     p.add_argument("--router-tokens", default="1,4", help="token counts of the router part")
     p.add_argument("--only-routers", action="store_true")
     p.add_argument("--bulk", action="store_true", help="the product's launch against bulk rings (no chain, routers)")
+    p.add_argument("--steady", default="", help="shapes to time with their rows scaled (only this part)")
+    p.add_argument("--scales", default="1,2,4,8", help="row multiples of --steady")
     args = p.parse_args()
     device = torch.device("cuda")
     copy_gbs = copy_bandwidth(device) / 1e9
     print(f"device-to-device copy bandwidth: {copy_gbs:.0f} GB/s ({torch.cuda.get_device_name()})", flush=True)
     report: dict = {"device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs, "torch": torch.__version__}
+    if args.steady:
+        scales = [int(m) for m in args.scales.split(",")]
+        report["steady"] = [row for name in args.steady.split(",") for row in steady(name, scales, copy_gbs, device)]
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1))
+        return 0
     if not args.bulk:
         report["routers"] = {t: routers(copy_gbs, device, int(t)) for t in args.router_tokens.split(",")}
     shapes = [] if args.only_routers else args.shapes.split(",")
