@@ -54,10 +54,11 @@
 //
 // L2_AHEAD (a lab variant, GemvLaunch.l2_ahead): the registers hold PF loads a lane (about 61 KB an SM), which may
 // bound the stream where HBM's latency under load is long (the H200's KDA projections reach 67% of the copy
-// bandwidth, the H100's 79%). So thread 0 also asks the L2 for whole tasks' weights ahead with bulk
-// prefetches (cp.async.bulk.prefetch.L2: no registers, no result): before griddepcontrol.wait the block's
-// first L2_AHEAD tasks, then (L2_LOOP) as each task's sums are stored the task L2_AHEAD positions later. A hint
-// only: every product and result is the register path's.
+// bandwidth, the H100's 79%). So a block also asks the L2 for whole tasks' weights ahead with bulk
+// prefetches (cp.async.bulk.prefetch.L2: no registers, no result): thread 0, before griddepcontrol.wait, for
+// the block's first L2_AHEAD tasks; then (L2_LOOP) lane 31 of warp 0, as each task's sums are stored, for the
+// task L2_AHEAD positions later (in the loop's head the ask cost ptxas 8 registers and spills). A hint only:
+// every product and result is the register path's.
 //
 // Defines: NTOK (tokens, 1..8; row strides of x, gate, out, residual, addend and xn_out are arguments),
 // K (input width, multiple of 64), ROWS (output rows; SwiGLU: the gate rows, W holds

@@ -710,7 +710,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif
                 const int code = order[q];
 #if DOWN_AFTER
-                if (code >= MAX_GU && code - MAX_GU == 0) {  // the first down group: the earlier gate_up tiles
+                if (code == MAX_GU) {  // the first down group (slot pair 0): wait for the earlier gate_up tiles
                     for (int q2 = 0, seen = 0; q2 < q && seen < DOWN_AFTER; ++q2)
                         if (order[q2] < MAX_GU) {
                             bar_wait(smem_addr(&sm.bars[order[q2]]));
