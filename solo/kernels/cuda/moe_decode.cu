@@ -272,13 +272,6 @@ __device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
     return d;
 }
 
-__device__ __forceinline__ void mma16816(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // A pair of a word's codes as an MMA operand, scaled by the row's fp16 factor f.
 // (The scale cannot wait until after the products: an MMA row's 16 K values come from the 4 lanes of a
 // quad, each lane's chunk a different 32-code scale group, so one row's sum mixes four scales.)
@@ -296,7 +289,7 @@ __device__ __forceinline__ void chunk_products(float *a0, float *a1, uint4 lo, u
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
             const int j0 = 2 * jj, j1 = 2 * jj + 1;
-            mma16816(jj ? a1 : a0, weight_pair(wl[k], j0, flo), weight_pair(wh[k], j0, fhi),
+            mma(jj ? a1 : a0, weight_pair(wl[k], j0, flo), weight_pair(wh[k], j0, fhi),
                      weight_pair(wl[k], j1, flo), weight_pair(wh[k], j1, fhi), xb[4 * k + j0], xb[4 * k + j1]);
         }
     }
