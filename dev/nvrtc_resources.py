@@ -1,0 +1,125 @@
+"""Registers, stack and blocks per SM of the decode step's CUDA GEMVs as the device builds them, without a GPU.
+
+    pip download --no-deps "nvidia-cuda-nvrtc==13.0.*" -d /tmp/nvrtc && (cd /tmp/nvrtc && python3 -m zipfile -e *.whl .)
+    python3 dev/nvrtc_resources.py --nvrtc /tmp/nvrtc/nvidia/cu13/lib [--defines '{"L2_FETCH": 256}' ...]
+
+The product compiles `gemv_decode.cu` with NVRTC at run time (solo/kernels/cuda_runtime.py), and NVRTC's
+front end does not emit the PTX that nvcc does for the same source (it addresses shared memory through
+64-bit generic pointers where nvcc uses 32 bits), so ptxas allocates registers differently: nvcc 13.0
+gives the KDA projections' kernel 72 registers and no stack, the device's NVRTC 13.0 80 registers and 16
+bytes of spills, so 6 blocks an SM instead of 7. Register counts read from `nvcc --resource-usage` are
+therefore not the device's. This compiles each of the step's one-token GEMV launches (Ling-3.0-flash
+shapes, the product's warps and loads in flight as `dev/decode_launch_ab.py` prints them) with the same
+NVRTC options as the product, reads the registers and the stack frame from the cubin's attributes, and
+gives the blocks an SM the registers allow. `--defines` adds lab switches (one JSON object a column).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import struct
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from solo.kernels import cuda_runtime  # noqa: E402
+from solo.kernels.cuda_step import GEMV_SOURCE  # noqa: E402
+
+# name -> (rows, K, warps, NORM, GROUP, EPI, ADD, HAS_LIMIT): the step's one-token calls (decode_step.py)
+LAUNCHES = {
+    "qkvfgb": (20512, 2560, 4, 1, 0, 0, 0, 0),
+    "o_proj": (2560, 4096, 16, 2, 128, 1, 0, 0),
+    "q|kv_a|g": (6816, 2560, 4, 1, 0, 0, 0, 0),
+    "dense": (2560, 4096, 16, 0, 0, 1, 0, 0),
+    "shared gate_up": (768, 2560, 10, 0, 0, 2, 0, 1),
+    "shared down": (2560, 768, 12, 0, 0, 1, 1, 0),
+    "MLP gate_up": (6144, 2560, 4, 1, 0, 2, 0, 1),
+    "MLP down": (2560, 6144, 16, 0, 0, 1, 0, 0),
+}
+REGISTERS_PER_SM, REGISTER_UNIT, MAX_WARPS = 65536, 256, 64
+EIATTR_REGCOUNT, EIATTR_FRAME_SIZE = 0x2F, 0x11
+
+
+def defines_for(name: str, extra: dict) -> dict:
+    from solo.kernels.cuda_step import in_flight
+
+    rows, k, warps, norm, group, epi, add, limit = LAUNCHES[name]
+    base = dict(NTOK=1, K=k, ROWS=rows, NORM=norm, GROUP=group, SCALE=1, EPI=epi, ADD=add, HAS_LIMIT=limit)
+    base.update(OUT_F32=0, WRITE_XN=0, WARPS=warps, PF=in_flight(k // 64 // warps, 8), ROTATE=0, SIGNAL=0)
+    return {**base, "LATE_WAIT": 0, **extra}
+
+
+def load_nvrtc(folder: str) -> None:
+    """Point solo's NVRTC loader at a wheel's libraries (its builtins first: libnvrtc opens them by name)."""
+    for lib in sorted(os.listdir(folder)):
+        if lib.startswith("libnvrtc-builtins.so"):
+            ctypes.CDLL(os.path.join(folder, lib), mode=ctypes.RTLD_GLOBAL)
+            break
+    main = next(lib for lib in sorted(os.listdir(folder)) if lib.startswith("libnvrtc.so"))
+    cuda_runtime._nvrtc = ctypes.CDLL(os.path.join(folder, main))
+    cuda_runtime._nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
+
+
+def attributes(cubin: bytes) -> dict[int, list[bytes]]:
+    """The cubin's global .nv.info attributes of the size-prefixed format: code -> payloads."""
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    size, count, names = struct.unpack_from("<HHH", cubin, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * size) for i in range(count)]
+    strings = sections[names][4]
+    out: dict[int, list[bytes]] = {}
+    for sec in sections:
+        name = cubin[strings + sec[0] : cubin.index(b"\0", strings + sec[0])]
+        if name != b".nv.info":
+            continue
+        at, end = sec[4], sec[4] + sec[5]
+        while at < end:
+            fmt, code = cubin[at], cubin[at + 1]
+            if fmt == 4:  # EIFMT_SVAL: a 16-bit size, then the payload
+                length = struct.unpack_from("<H", cubin, at + 2)[0]
+                out.setdefault(code, []).append(cubin[at + 4 : at + 4 + length])
+                at += 4 + length
+            else:
+                at += 4 if fmt == 3 else 2
+    return out
+
+
+def resources(defines: dict) -> tuple[int, int, int]:
+    """(registers, stack frame bytes, blocks an SM the registers allow) of gemv_decode for sm_90."""
+    source = cuda_runtime.expand_includes(GEMV_SOURCE)  # (step_common.cuh inlined, as the product does)
+    attrs = attributes(cuda_runtime.compile_cubin(source, "gemv_decode", defines, "sm_90"))
+    regs = struct.unpack_from("<I", attrs[EIATTR_REGCOUNT][0], 4)[0]
+    frame = max((struct.unpack_from("<I", p, 4)[0] for p in attrs.get(EIATTR_FRAME_SIZE, [])), default=0)
+    per_warp = -(-regs * 32 // REGISTER_UNIT) * REGISTER_UNIT
+    warps = defines["WARPS"]
+    blocks = min(REGISTERS_PER_SM // per_warp, MAX_WARPS) // warps
+    return regs, frame, blocks
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nvrtc", required=True, help="folder holding libnvrtc.so.* (an nvidia-cuda-nvrtc wheel's lib)")
+    p.add_argument("--defines", nargs="*", default=[], help="JSON objects of extra defines, one column each")
+    p.add_argument("--launches", default=",".join(LAUNCHES))
+    args = p.parse_args()
+    load_nvrtc(args.nvrtc)
+    columns = [{}] + [json.loads(d) for d in args.defines]
+    print(f"NVRTC {'.'.join(map(str, cuda_runtime.nvrtc_version()))}, sm_90: registers / stack bytes / blocks an SM")
+    print(f"{'launch':16s}" + "".join(f"  {json.dumps(c) if c else 'product':>30s}" for c in columns))
+    for name in args.launches.split(","):
+        cells = []
+        for extra in columns:
+            try:
+                regs, frame, blocks = resources(defines_for(name, extra))
+                cells.append(f"{regs} / {frame} / {blocks}")
+            except RuntimeError as exc:  # a define the source refuses (its #error) is reported, not fatal
+                cells.append(str(exc).splitlines()[-1][:30])
+        print(f"{name:16s}" + "".join(f"  {c:>30s}" for c in cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
