@@ -102,6 +102,8 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "bulk, at most 8 slots": {"bulk": 1, "slots": 8},
     "bulk, at most 5 slots": {"bulk": 1, "slots": 5},
     "bulk: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 1}}},
+    # (a bulk block of 4 warps is an SM's only compute for its stream; the register path has 24 warps an SM)
+    "bulk, 8 warps: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 1, "warps": 8}}},
     "bulk: o_proj, dense, downs": {"for": {("o_proj", "dense", "down"): {"bulk": 1}}},
     # not GEMV launches: the MLA and selection switches the product turned on in the twelfth session, undone
     # (one token's attention transposed on one warpgroup, the combine cut into 4 slices of the latent columns
