@@ -11,7 +11,9 @@ bytes of spills, so 6 blocks an SM instead of 7. Register counts read from `nvcc
 therefore not the device's. This compiles each of the step's one-token GEMV launches (Ling-3.0-flash
 shapes, the product's warps and loads in flight as `dev/decode_launch_ab.py` prints them) with the same
 NVRTC options as the product, reads the registers and the stack frame from the cubin's attributes, and
-gives the blocks an SM the registers allow. `--defines` adds lab switches (one JSON object a column).
+gives the blocks an SM the registers allow. `--defines` adds lab switches (one JSON object a column);
+`--moe` also builds the persistent MoE kernel with its router (registers an SM left beside it: what a
+successor under PDL would need to become resident while it runs).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from solo.kernels import cuda_runtime  # noqa: E402
+from solo.kernels import cuda_moe, cuda_runtime  # noqa: E402
+from solo.kernels.cuda_moe_plan import DecodeKernelConfig, decode_schedule  # noqa: E402
 from solo.kernels.cuda_step import GEMV_SOURCE  # noqa: E402
 
 # name -> (rows, K, warps, NORM, GROUP, EPI, ADD, HAS_LIMIT): the step's one-token calls (decode_step.py)
@@ -99,15 +102,44 @@ def resources(defines: dict) -> tuple[int, int, int]:
     return regs, frame, blocks
 
 
+def moe_defines(extra: dict, blocks: int = 132) -> dict:
+    """The persistent MoE kernel with its router at Ling-3.0-flash shapes (cuda_moe.PersistentDecodeMoE's
+    defines for the product's DecodeKernelConfig; 512 experts in 8 groups keep 4, top-8, clamped SwiGLU)."""
+    kc = DecodeKernelConfig()
+    sched = decode_schedule(blocks, 2560, 768, 8, kc.order)
+    base = dict(H=2560, I=768, TOPK=8, NBLOCKS=blocks, MAX_GU=sched.max_gate_up, MAX_DN=sched.max_down, HAS_LIMIT=1)
+    base.update(ID64=0, EVICT_FIRST=int(kc.evict_first), TRACE=0, POLL_NS=kc.poll_ns, SCORE_POLL_NS=kc.score_poll_ns)
+    base.update(ACT_COPIES=kc.act_copies, PROBE=0, REFRESH_PENDING=1, UNROLL_PAIRS=1, FAST_SELECT=int(kc.fast_select))
+    base.update(DOWN_AFTER=0, ROUTER=1, E=512, GROUPS=8, KEEP=4, RENORM=1, SCORE_COPIES=cuda_moe.SCORE_COPIES)
+    return {**base, **extra}
+
+
+def moe_resources(defines: dict) -> tuple[int, int, int]:
+    """(registers, stack frame bytes, registers an SM left beside one block) of moe_decode for sm_90."""
+    source = cuda_runtime.expand_includes(cuda_moe.SOURCE)
+    attrs = attributes(cuda_runtime.compile_cubin(source, "moe_decode", defines, "sm_90"))
+    regs = struct.unpack_from("<I", attrs[EIATTR_REGCOUNT][0], 4)[0]
+    frame = max((struct.unpack_from("<I", p, 4)[0] for p in attrs.get(EIATTR_FRAME_SIZE, [])), default=0)
+    warps = defines["H"] // 128 + defines["I"] // 128 + 2 + defines["TRACE"]  # moe_decode.cu NWARPS
+    used = warps * (-(-regs * 32 // REGISTER_UNIT) * REGISTER_UNIT)
+    return regs, frame, REGISTERS_PER_SM - used
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nvrtc", required=True, help="folder holding libnvrtc.so.* (an nvidia-cuda-nvrtc wheel's lib)")
     p.add_argument("--defines", nargs="*", default=[], help="JSON objects of extra defines, one column each")
     p.add_argument("--launches", default=",".join(LAUNCHES))
+    p.add_argument("--moe", action="store_true", help="also the persistent MoE kernel (moe_decode.cu) with its router")
     args = p.parse_args()
     load_nvrtc(args.nvrtc)
     columns = [{}] + [json.loads(d) for d in args.defines]
     print(f"NVRTC {'.'.join(map(str, cuda_runtime.nvrtc_version()))}, sm_90: registers / stack bytes / blocks an SM")
+    if args.moe:
+        print("the MoE kernel with its router (registers / stack bytes / registers an SM left beside it):")
+        for extra in columns:
+            regs, frame, left = moe_resources(moe_defines(extra))
+            print(f"  {json.dumps(extra) if extra else 'product':>30s}  {regs} / {frame} / {left}")
     print(f"{'launch':16s}" + "".join(f"  {json.dumps(c) if c else 'product':>30s}" for c in columns))
     for name in args.launches.split(","):
         cells = []
