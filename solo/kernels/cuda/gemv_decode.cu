@@ -57,7 +57,7 @@
 // bandwidth, the H100's 79%). So a block also asks the L2 for whole tasks' weights ahead with bulk
 // prefetches (cp.async.bulk.prefetch.L2: no registers, no result): thread 0, before griddepcontrol.wait, for
 // the block's first L2_AHEAD tasks; then (L2_LOOP) lane 31 of warp 0, as each task's sums are stored, for the
-// task L2_AHEAD positions later (in the loop's head the ask cost ptxas 8 registers and spills). A hint only:
+// task L2_AHEAD positions later (in the loop's head the ask made the build spill). A hint only:
 // every product and result is the register path's.
 //
 // Defines: NTOK (tokens, 1..8; row strides of x, gate, out, residual, addend and xn_out are arguments),
