@@ -151,6 +151,9 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE downs after the gate_up tiles": {"moe": {"down_after": 7}},
     "MoE downs after 2 gate_up tiles": {"moe": {"down_after": 2}},
     "MoE copies in need order": {"moe": {"order": "need"}},
+    # the selection lanes' expert biases read before the MoE kernel's wait (moe_decode.cu BIAS_EARLY): one L2
+    # round trip fewer between a score's arrival and the selection
+    "MoE bias early": {"moe": {"bias_early": True}},
     "bulk + hand-off": {"bulk": 1, "handoff": True},
     # (ninth session) one token's shared gate_up normalises x itself and waits for the MoE kernel only at
     # its end (gemv_decode.cu LATE_WAIT): FusedDecodeStep.shared_late_wait

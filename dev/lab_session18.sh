@@ -13,10 +13,10 @@
 LAB_DEFAULT_SECONDS=540
 source dev/lab_prelude.sh
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_cuda_step.py \
-    tests/test_cuda_moe.py -k "l2_asks or late_down or persistent_matches" > "$OUT/gpu_tests.log" 2>&1
+    tests/test_cuda_moe.py -k "l2_asks or late_down or persistent_matches or router_inside" > "$OUT/gpu_tests.log" 2>&1
 echo "[tests rc=$? at ${SECONDS}s]"; tail -3 "$OUT/gpu_tests.log"
 # (in order of interest: the deadline leaves out the last ones first)
-default="product again;L2 fetch 256 B;L2 ahead 2: qkvfgb, q|kv_a|g, MLP;MoE downs after the gate_up tiles"
+default="product again;L2 fetch 256 B;L2 ahead 2: qkvfgb, q|kv_a|g, MLP;MoE downs after the gate_up tiles;MoE bias early"
 default+=";L2: first 4 tasks: qkvfgb, q|kv_a|g, MLP;bulk: qkvfgb, q|kv_a|g, MLP;MoE downs after 2 gate_up tiles"
 default+=";L2 ahead 2;L2: first 2 tasks;bulk, 8 warps: qkvfgb, q|kv_a|g, MLP;MoE copies in need order;L2 ahead 1"
 default+=";L2: first 4 tasks"

@@ -110,7 +110,8 @@ def moe_defines(extra: dict, blocks: int = 132) -> dict:
     base = dict(H=2560, I=768, TOPK=8, NBLOCKS=blocks, MAX_GU=sched.max_gate_up, MAX_DN=sched.max_down, HAS_LIMIT=1)
     base.update(ID64=0, EVICT_FIRST=int(kc.evict_first), TRACE=0, POLL_NS=kc.poll_ns, SCORE_POLL_NS=kc.score_poll_ns)
     base.update(ACT_COPIES=kc.act_copies, PROBE=0, REFRESH_PENDING=1, UNROLL_PAIRS=1, FAST_SELECT=int(kc.fast_select))
-    base.update(DOWN_AFTER=0, ROUTER=1, E=512, GROUPS=8, KEEP=4, RENORM=1, SCORE_COPIES=cuda_moe.SCORE_COPIES)
+    base.update(DOWN_AFTER=0, BIAS_EARLY=0, ROUTER=1, E=512, GROUPS=8, KEEP=4, RENORM=1)
+    base.update(SCORE_COPIES=cuda_moe.SCORE_COPIES)
     return {**base, **extra}
 
 

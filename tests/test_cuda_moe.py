@@ -207,16 +207,17 @@ def test_gpu_only_one_token_calls_take_the_persistent_kernel(experts):
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("fast_select", [False, True])
+@pytest.mark.parametrize(("fast_select", "bias_early"), [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize(
     "num_experts,groups,keep", [(512, 8, 4), (64, 8, 4), (64, 1, 1), (256, 4, 2)]
 )  # Ling's router; groups inside a warp; no group limit; groups of two warps each
-def test_gpu_router_inside_the_kernel_chooses_as_the_reference(num_experts, groups, keep, fast_select):
+def test_gpu_router_inside_the_kernel_chooses_as_the_reference(num_experts, groups, keep, fast_select, bias_early):
     """One launch: RMSNorm of the residual stream, router scores, grouped top-k in every block, then the
     experts it chose. Against the model's Router in fp32 on the CPU (the same experts where the draw is
     clear of ties, weights within fp32 rounding), the reference RMSNorm (bf16 values as it rounds them),
     and the same kernel given the chosen routing (exactly: the routing is all that differs). With
-    `fast_select` the selection ranks only the kept groups' warps (where groups are whole warps)."""
+    `fast_select` the selection ranks only the kept groups' warps (where groups are whole warps); with
+    `bias_early` each selection lane reads its expert's bias before the kernel's wait."""
     from solo.checkpoint.synthetic import synthetic_config
     from solo.kernels.cuda_moe import PersistentDecodeMoE
     from solo.kernels.fused_router import FusedRouter
@@ -226,7 +227,7 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(num_experts, grou
 
     experts = random_mxfp4_experts(num_experts, H, I, scales=(116, 126))
     moe = PersistentDecodeMoE(experts, swiglu_limit=7.0)
-    moe.set_kernel_config(DecodeKernelConfig(fast_select=fast_select))
+    moe.set_kernel_config(DecodeKernelConfig(fast_select=fast_select, bias_early=bias_early))
     config = synthetic_config(num_layers=1, num_experts=num_experts)
     ref = Router(config)
     ref.n_group, ref.topk_group = groups, keep

@@ -258,6 +258,7 @@ class PersistentDecodeMoE(TritonMoE):
             "UNROLL_PAIRS": int(kc.unroll_pairs),
             "FAST_SELECT": int(kc.fast_select),
             "DOWN_AFTER": kc.down_after,
+            "BIAS_EARLY": int(kc.bias_early),
         }
         if router is not None:
             reason = router_unsupported(self.hidden, top_k, router)

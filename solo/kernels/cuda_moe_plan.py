@@ -38,6 +38,9 @@ class DecodeKernelConfig:
     # once; moe_decode.cu DOWN_AFTER), so that the gate_up bytes every block waits for are not served beside
     # down bytes needed only after the activation exchange
     down_after: int = 0
+    # with the router inside: each selection lane reads its expert's bias before the wait, not after its
+    # score arrived (moe_decode.cu BIAS_EARLY: one L2 round trip off the routing's path; the same choices)
+    bias_early: bool = False
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property

@@ -147,6 +147,11 @@
 #ifndef DOWN_AFTER
 #define DOWN_AFTER 0
 #endif
+// BIAS_EARLY (a variant, DecodeKernelConfig.bias_early; with ROUTER): each selection lane reads its expert's
+// bias before griddepcontrol.wait, with the router rows, instead of after its score arrived
+#ifndef BIAS_EARLY
+#define BIAS_EARLY 0
+#endif
 #if SHARED
 #define SH_TASKS (SHI / 8)                               // shared gate_up tasks: 8 gate + 8 up rows, block b < SH_TASKS
 #define SH_RPW ((8 * MAX_DN + DN_WARPS - 1) / DN_WARPS)  // shared down rows per down warp
@@ -643,6 +648,11 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         }
         if (threadIdx.x < H / 8) rnw = ld_stream(norm_w + threadIdx.x * 8);
     }
+#if BIAS_EARLY
+    // the selection lane's expert bias, also independent of the previous kernel (read after the score's
+    // poll loop, whose relaxed loads keep it there, it is one more L2 round trip on the routing's path)
+    const float my_bias = warp < SEL_WARPS ? __ldg(bias + warp * 32 + lane) : 0.0f;
+#endif
 #endif
 #if SHARED
     // the shared expert's weights into the tail of the tile area (SH_OFFSET): gate_up rows, then down rows
@@ -899,7 +909,11 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     v = rt_ld_relaxed(mine);
                 }
                 const float sc = __uint_as_float((u32)v);
+#if BIAS_EARLY
+                const float biased = sc + my_bias;
+#else
                 const float biased = sc + __ldg(bias + me);
+#endif
                 u32 key = rt_key(biased);
 #if FAST_SEL
                 u32 kept_groups = 0xFFFFFFFFu;  // bit g: group g is kept
