@@ -8,8 +8,10 @@
 # when every block asks for everything at once. With them the bulk ring on the big projections, never run
 # on an H200 (on the H100: +251 us). First the GPU tests of both (bit for bit the product's),
 # then one process at 32K, every variant's logits against the product's. Results under $OUT:
-# gpu_tests.log, ab.{log,json}; then the projections with their rows scaled (steady.log: does the
-# fraction of the copy bandwidth rise with the rows, or is the stream itself bound?). Say which card ran it.
+# gpu_tests.log, ab.{log,json}; then the MoE kernel's routing traced step by step with and without the
+# early bias reads (moe_router.log: where do the selection's 1.7-2.1 us go?); then the projections with
+# their rows scaled (steady.log: does the fraction of the copy bandwidth rise with the rows, or is the
+# stream itself bound?). Say which card ran it.
 LAB_DEFAULT_SECONDS=540
 source dev/lab_prelude.sh
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_cuda_step.py \
@@ -21,6 +23,10 @@ default+=";L2: first 4 tasks: qkvfgb, q|kv_a|g, MLP;bulk: qkvfgb, q|kv_a|g, MLP;
 default+=";L2 ahead 2;L2: first 2 tasks;bulk, 8 warps: qkvfgb, q|kv_a|g, MLP;MoE copies in need order;L2 ahead 1"
 default+=";L2: first 4 tasks"
 ab ab "product;${VARIANTS:-$default}" --deadline "${AB_DEADLINE:-330}"
+if [ "$(left)" -gt 60 ]; then  # the MoE kernel's routing phase step by step (trace), with the biases read early
+    timeout 90 python3 dev/moe_router_ab.py --bias-early > "$OUT/moe_router.log" 2>&1
+    echo "[moe_router rc=$? at ${SECONDS}s]"; grep -v Warning "$OUT/moe_router.log" | tail -45
+fi
 if [ "$(left)" -gt 60 ]; then  # ramp and tail or the stream itself: the projections with their rows scaled
     timeout $(($(left) - 5)) python3 dev/step_kernels_probe.py --steady qkvfgb,o_proj,shared_gate_up \
         --scales 1,4,16 > "$OUT/steady.log" 2>&1

@@ -36,7 +36,11 @@ TRACE_ROWS = [  # (slot, what it stamps), moe_decode.cu T_*
     (13, "previous launch complete (griddepcontrol.wait)"),
     (14, "x normalised"),
     (15, "this block's scores published"),
+    (30, "thread 0's score and bias in hand"),
     (28, "every score seen"),
+    (31, "the warps' best written"),
+    (27, "thread 0's candidate ranked"),
+    (58, "every candidate's place written"),
     (29, "selection done"),
     (9, "producer has the experts"),
     (2, "first gate_up tile landed"),
@@ -57,6 +61,7 @@ def main() -> int:
         help="comma-separated back-offs between polls of the exchanged scores, each timed as a variant",
     )
     p.add_argument("--fast-select", action="store_true", help="also the selection over the kept groups only")
+    p.add_argument("--bias-early", action="store_true", help="also the experts' biases read before the wait")
     args = p.parse_args()
     dev = torch.device("cuda")
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}")
@@ -111,6 +116,16 @@ def main() -> int:
             assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), "fast selection differs"
         print(f"checks: the fast selection equals the full ranking in {len(xs)} of {len(xs)} calls")
         variants["router inside the MoE kernel [fast selection]"] = fast
+    if args.bias_early:
+        early = DecodeKernelConfig(score_poll_ns=polls[0], bias_early=True)
+        for x in xs:  # bit for bit the product's choices and output
+            moe.set_kernel_config(DecodeKernelConfig(score_poll_ns=polls[0]))
+            want = [t.clone() for t in inside(x)]
+            moe.set_kernel_config(early)
+            got = inside(x)
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), "early bias reads differ"
+        print(f"checks: the early bias reads equal the product's in {len(xs)} of {len(xs)} calls")
+        variants["router inside the MoE kernel [bias early]"] = early
     results: dict[str, list[float]] = {"router kernel + MoE kernel": [], **{name: [] for name in variants}}
     for r in range(args.rounds):
         moe.set_kernel_config(DecodeKernelConfig(score_poll_ns=polls[0]))
@@ -126,6 +141,8 @@ def main() -> int:
     traced = {"": DecodeKernelConfig(trace=True, score_poll_ns=polls[0])}
     if args.fast_select:
         traced[" (fast selection)"] = DecodeKernelConfig(trace=True, score_poll_ns=polls[0], fast_select=True)
+    if args.bias_early:
+        traced[" (bias early)"] = DecodeKernelConfig(trace=True, score_poll_ns=polls[0], bias_early=True)
     for label, config in traced.items():
         moe.set_kernel_config(config)
         inside(xs[0])

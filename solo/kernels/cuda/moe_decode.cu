@@ -82,6 +82,10 @@
 #define T_SCORED 15                     // ROUTER: this block's scores published
 #define T_SEEN 28                       // ROUTER: every score seen (selection warps)
 #define T_SELECTED 29                   // ROUTER: the selection in shared memory
+#define T_BIASED 30                     // ROUTER: thread 0's score arrived and its bias added
+#define T_WARP_BEST 31                  // ROUTER: the warps' best written (the selection's first barrier)
+#define T_RANKED 27                     // ROUTER: thread 0's candidate ranked (before the second barrier)
+#define T_RANKS_IN 58                   // ROUTER: every candidate's place written (after the second barrier)
 #define T_GROUP0 16                     // 16.. : copy group q (issue order) complete
 #define C_PAIR0 32                      // 32 + 4 * p + s: clock64 of warp 0 in pair p's down step s: 0 enter,
                                         // 1 staged, 2 its down rows there, 3 products done
@@ -254,6 +258,13 @@ __device__ __forceinline__ uint4 ld_cg4(const u32 *p) {
 __device__ __forceinline__ u64 globaltimer() {
     u64 t;
     asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+
+// the timer read once `v` exists (an unused input: the compiler cannot read the timer before computing it)
+__device__ __forceinline__ u64 globaltimer_after(u32 v) {
+    u64 t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t) : "r"(v));
     return t;
 }
 
@@ -914,6 +925,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #else
                 const float biased = sc + __ldg(bias + me);
 #endif
+#if TRACE
+                if (threadIdx.x == 0) trow[T_BIASED] = globaltimer_after(__float_as_uint(biased));
+#endif
                 u32 key = rt_key(biased);
 #if FAST_SEL
                 u32 kept_groups = 0xFFFFFFFFu;  // bit g: group g is kept
@@ -994,6 +1008,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     }
                 }
                 asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
+#if TRACE
+                if (threadIdx.x == 0) trow[T_WARP_BEST] = globaltimer();
+#endif
                 {
                     u64 ck;
                     const int grank = candidate_rank<SEL_CANDS, SEL_SUB, TOPK, 8>(sm.rt.key, me, ck);
@@ -1002,6 +1019,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                         sm.rt.sel_idx[grank] = (int)~(u32)ck;
                         sm.rt.sel_score[grank] = sm.rt.score[cand / TOPK][cand % TOPK];
                     }
+#if TRACE
+                    if (threadIdx.x == 0) trow[T_RANKED] = globaltimer_after((u32)grank);
+#endif
                 }
 #undef SEL_WPG
 #undef SEL_CANDS
@@ -1019,6 +1039,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     sm.rt.score[warp][wrank] = sc;
                 }
                 asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
+#if TRACE
+                if (threadIdx.x == 0) trow[T_WARP_BEST] = globaltimer();
+#endif
                 // every warp's best are candidates; each one's rank over all of them is its place in the
                 // block's top-k
                 const int cand = warp * 32 + lane;
@@ -1034,9 +1057,15 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                         sm.rt.sel_idx[grank] = (int)~(u32)ck;
                         sm.rt.sel_score[grank] = sm.rt.score[cand / TOPK][cand % TOPK];
                     }
+#if TRACE
+                    if (threadIdx.x == 0) trow[T_RANKED] = globaltimer_after((u32)grank);
+#endif
                 }
 #endif
                 asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
+#if TRACE
+                if (threadIdx.x == 0) trow[T_RANKS_IN] = globaltimer();
+#endif
                 if (warp == 0) {
                     // weights: the unbiased scores, summed in rank order as router_decode.cu does
                     float wsum = 0.f;
