@@ -106,26 +106,22 @@ def main() -> int:
         f"router inside the MoE kernel{'' if i == 0 else f' [score_poll_ns={v}]'}": DecodeKernelConfig(score_poll_ns=v)
         for i, v in enumerate(polls)
     }
-    if args.fast_select:
-        fast = DecodeKernelConfig(score_poll_ns=polls[0], fast_select=True)
-        for x in xs:  # bit for bit the full ranking's choices and output
-            moe.set_kernel_config(DecodeKernelConfig(score_poll_ns=polls[0]))
+    switches = {  # flag -> (DecodeKernelConfig field, label); each is bit for bit the plain kernel's
+        "fast_select": ("fast_select", "fast selection"),
+        "bias_early": ("bias_early", "bias early"),
+    }
+    for flag, (field, label) in switches.items():
+        if not getattr(args, flag):
+            continue
+        config = DecodeKernelConfig(score_poll_ns=polls[0], **{field: True})
+        for x in xs:  # the same choices and output as the plain kernel
+            moe.set_kernel_config(DecodeKernelConfig(score_poll_ns=polls[0], **{field: False}))
             want = [t.clone() for t in inside(x)]
-            moe.set_kernel_config(fast)
+            moe.set_kernel_config(config)
             got = inside(x)
-            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), "fast selection differs"
-        print(f"checks: the fast selection equals the full ranking in {len(xs)} of {len(xs)} calls")
-        variants["router inside the MoE kernel [fast selection]"] = fast
-    if args.bias_early:
-        early = DecodeKernelConfig(score_poll_ns=polls[0], bias_early=True)
-        for x in xs:  # bit for bit the product's choices and output
-            moe.set_kernel_config(DecodeKernelConfig(score_poll_ns=polls[0]))
-            want = [t.clone() for t in inside(x)]
-            moe.set_kernel_config(early)
-            got = inside(x)
-            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), "early bias reads differ"
-        print(f"checks: the early bias reads equal the product's in {len(xs)} of {len(xs)} calls")
-        variants["router inside the MoE kernel [bias early]"] = early
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), f"{label} differs"
+        print(f"checks: {label} equals the plain kernel in {len(xs)} of {len(xs)} calls")
+        variants[f"router inside the MoE kernel [{label}]"] = config
     results: dict[str, list[float]] = {"router kernel + MoE kernel": [], **{name: [] for name in variants}}
     for r in range(args.rounds):
         moe.set_kernel_config(DecodeKernelConfig(score_poll_ns=polls[0]))
@@ -139,10 +135,9 @@ def main() -> int:
         print(f"  {k:52s} {statistics.median(v):7.2f}   {[round(t, 2) for t in v]}")
 
     traced = {"": DecodeKernelConfig(trace=True, score_poll_ns=polls[0])}
-    if args.fast_select:
-        traced[" (fast selection)"] = DecodeKernelConfig(trace=True, score_poll_ns=polls[0], fast_select=True)
-    if args.bias_early:
-        traced[" (bias early)"] = DecodeKernelConfig(trace=True, score_poll_ns=polls[0], bias_early=True)
+    for flag, (field, label) in switches.items():
+        if getattr(args, flag):
+            traced[f" ({label})"] = DecodeKernelConfig(trace=True, score_poll_ns=polls[0], **{field: True})
     for label, config in traced.items():
         moe.set_kernel_config(config)
         inside(xs[0])

@@ -90,16 +90,20 @@ def attributes(cubin: bytes) -> dict[int, list[bytes]]:
     return out
 
 
-def resources(defines: dict) -> tuple[int, int, int]:
-    """(registers, stack frame bytes, blocks an SM the registers allow) of gemv_decode for sm_90."""
-    source = cuda_runtime.expand_includes(GEMV_SOURCE)  # (step_common.cuh inlined, as the product does)
-    attrs = attributes(cuda_runtime.compile_cubin(source, "gemv_decode", defines, "sm_90"))
+def built(source: Path, name: str, defines: dict) -> tuple[int, int, int]:
+    """(registers a thread, stack frame bytes, registers a warp as allocated) of kernel `name` for sm_90,
+    its includes inlined as the product does."""
+    cubin = cuda_runtime.compile_cubin(cuda_runtime.expand_includes(source), name, defines, "sm_90")
+    attrs = attributes(cubin)
     regs = struct.unpack_from("<I", attrs[EIATTR_REGCOUNT][0], 4)[0]
     frame = max((struct.unpack_from("<I", p, 4)[0] for p in attrs.get(EIATTR_FRAME_SIZE, [])), default=0)
-    per_warp = -(-regs * 32 // REGISTER_UNIT) * REGISTER_UNIT
-    warps = defines["WARPS"]
-    blocks = min(REGISTERS_PER_SM // per_warp, MAX_WARPS) // warps
-    return regs, frame, blocks
+    return regs, frame, -(-regs * 32 // REGISTER_UNIT) * REGISTER_UNIT
+
+
+def resources(defines: dict) -> tuple[int, int, int]:
+    """(registers, stack frame bytes, blocks an SM the registers allow) of gemv_decode for sm_90."""
+    regs, frame, per_warp = built(GEMV_SOURCE, "gemv_decode", defines)
+    return regs, frame, min(REGISTERS_PER_SM // per_warp, MAX_WARPS) // defines["WARPS"]
 
 
 def moe_defines(extra: dict, blocks: int = 132) -> dict:
@@ -108,22 +112,15 @@ def moe_defines(extra: dict, blocks: int = 132) -> dict:
     kc = DecodeKernelConfig()
     sched = decode_schedule(blocks, 2560, 768, 8, kc.order)
     base = dict(H=2560, I=768, TOPK=8, NBLOCKS=blocks, MAX_GU=sched.max_gate_up, MAX_DN=sched.max_down, HAS_LIMIT=1)
-    base.update(ID64=0, EVICT_FIRST=int(kc.evict_first), TRACE=0, POLL_NS=kc.poll_ns, SCORE_POLL_NS=kc.score_poll_ns)
-    base.update(ACT_COPIES=kc.act_copies, PROBE=0, REFRESH_PENDING=1, UNROLL_PAIRS=1, FAST_SELECT=int(kc.fast_select))
-    base.update(DOWN_AFTER=0, BIAS_EARLY=0, ROUTER=1, E=512, GROUPS=8, KEEP=4, RENORM=1)
-    base.update(SCORE_COPIES=cuda_moe.SCORE_COPIES)
-    return {**base, **extra}
+    router = cuda_moe.RouterSpec(experts=512, groups=8, keep=4, renormalize=True, blocks=blocks)
+    return {**base, "ID64": 0, **kc.defines(), **router.defines(), **extra}
 
 
 def moe_resources(defines: dict) -> tuple[int, int, int]:
     """(registers, stack frame bytes, registers an SM left beside one block) of moe_decode for sm_90."""
-    source = cuda_runtime.expand_includes(cuda_moe.SOURCE)
-    attrs = attributes(cuda_runtime.compile_cubin(source, "moe_decode", defines, "sm_90"))
-    regs = struct.unpack_from("<I", attrs[EIATTR_REGCOUNT][0], 4)[0]
-    frame = max((struct.unpack_from("<I", p, 4)[0] for p in attrs.get(EIATTR_FRAME_SIZE, [])), default=0)
+    regs, frame, per_warp = built(cuda_moe.SOURCE, "moe_decode", defines)
     warps = defines["H"] // 128 + defines["I"] // 128 + 2 + defines["TRACE"]  # moe_decode.cu NWARPS
-    used = warps * (-(-regs * 32 // REGISTER_UNIT) * REGISTER_UNIT)
-    return regs, frame, REGISTERS_PER_SM - used
+    return regs, frame, REGISTERS_PER_SM - warps * per_warp
 
 
 def main() -> int:

@@ -71,14 +71,19 @@ def variants(name: str, quick: bool, bulk: bool = False) -> list[GemvLaunch]:
     return list(dict.fromkeys(out))
 
 
-def shape_rows(name: str, copy_gbs: float, device: torch.device, quick: bool, bulk: bool = False) -> dict:
-    rows, k, kind, _ = SHAPES[name]
-    one = make(name, 1, device)[0]
-    copies = max(2, -(-400_000_000 // one.nbytes()))
+def weight_copies(name: str, device: torch.device) -> tuple[list, dict, torch.Tensor, list[torch.Tensor]]:
+    """Copies of shape `name`'s weights, >= 400 MB together (calls cycling through them read HBM, not the
+    L2), with one token's call keywords, a launch counter and an output per copy."""
+    copies = max(2, -(-400_000_000 // make(name, 1, device)[0].nbytes()))
     gemvs = make(name, copies, device, seed=3)
-    kw = call_kwargs(name, 1, device)
     counter = torch.zeros(1, dtype=torch.int32, device=device)
     outs = [torch.empty((1, g.rows), dtype=torch.bfloat16, device=device) for g in gemvs]
+    return gemvs, call_kwargs(name, 1, device), counter, outs
+
+
+def shape_rows(name: str, copy_gbs: float, device: torch.device, quick: bool, bulk: bool = False) -> dict:
+    rows, k, kind, _ = SHAPES[name]
+    gemvs, kw, counter, outs = weight_copies(name, device)
     nbytes = gemvs[0].nbytes()
     result: dict = {"shape": name, "rows": rows, "k": k, "kind": kind, "mb": nbytes / 1e6, "runs": []}
 
@@ -93,7 +98,7 @@ def shape_rows(name: str, copy_gbs: float, device: torch.device, quick: bool, bu
             return run_once(gemvs[i], kw, outs[i])
 
     want = triton_call(0).clone()
-    secs = graph_seconds([lambda i=i: triton_call(i) for i in range(copies)])
+    secs = graph_seconds([lambda i=i: triton_call(i) for i in range(len(gemvs))])
     result["runs"].append({"impl": "triton", "us": secs * 1e6, "of_copy": nbytes / secs / 1e9 / copy_gbs})
     for launch in variants(name, quick, bulk):
         try:
@@ -142,13 +147,7 @@ def steady(name: str, scales: list[int], copy_gbs: float, device: torch.device) 
         scaled = f"{name} x{m}"
         SHAPES[scaled] = (rows * m, k, kind, per_step)
         try:
-            one = make(scaled, 1, device)[0]
-            copies = max(2, -(-400_000_000 // one.nbytes()))
-            del one
-            gemvs = make(scaled, copies, device, seed=3)
-            kw = call_kwargs(scaled, 1, device)
-            counter = torch.zeros(1, dtype=torch.int32, device=device)
-            outs = [torch.empty((1, g.rows), dtype=torch.bfloat16, device=device) for g in gemvs]
+            gemvs, kw, counter, outs = weight_copies(scaled, device)
             nbytes = gemvs[0].nbytes()
             want = None
             line = f"{scaled:14s} {nbytes / 1e6:7.1f} MB"

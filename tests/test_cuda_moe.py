@@ -75,6 +75,23 @@ def test_kernel_probes_are_named():
         _ = DecodeKernelConfig(probe="fast").probe_code
 
 
+def test_kernel_config_defines_name_every_variant():
+    """The variants' defines as moe_decode.cu reads them (PersistentDecodeMoE.kernel_for and
+    dev/nvrtc_resources.py both take them from here)."""
+    kc = DecodeKernelConfig(
+        evict_first=False, poll_ns=0, score_poll_ns=200, trace=True, act_copies=4, refresh_pending=False,
+        unroll_pairs=False, fast_select=False, down_after=2, bias_early=True, probe="no_scales",
+    )  # fmt: skip
+    assert kc.defines() == {
+        "EVICT_FIRST": 0, "TRACE": 1, "POLL_NS": 0, "SCORE_POLL_NS": 200, "ACT_COPIES": 4, "PROBE": 2,
+        "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 1,
+    }  # fmt: skip
+    assert DecodeKernelConfig().defines() == {
+        "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
+        "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 0, "BIAS_EARLY": 0,
+    }  # fmt: skip
+
+
 def test_cuda_backend_on_cpu_is_a_clear_error():
     e, h, i = 4, 256, 256
     experts = MXFP4Experts(

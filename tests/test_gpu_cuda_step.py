@@ -67,6 +67,32 @@ def rows_rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return max(rel(a[i], b[i]) for i in range(b.shape[0]))
 
 
+def normed_call(rows: int, k: int, half: int | None, tokens: int) -> tuple[torch.Tensor, dict]:
+    """Fresh inputs of a normalised projection: x and the call's keywords (norm weight; a residual
+    unless SwiGLU)."""
+    x = (torch.randn(tokens, k) * 2).to(torch.bfloat16).to(DEVICE)
+    norm = (1 + 0.2 * torch.randn(k)).to(torch.bfloat16).to(DEVICE)
+    residual = None if half else torch.randn(tokens, rows).to(torch.bfloat16).to(DEVICE)
+    return x, dict(norm_weight=norm, residual=residual)
+
+
+def graph_replayed(g, x: torch.Tensor, kwargs: dict, like: torch.Tensor, captures: int, replays: int) -> torch.Tensor:
+    """`g`'s output after `captures` calls captured in one CUDA graph, replayed `replays` times into an
+    output zeroed before each replay."""
+    out = torch.empty_like(like)
+    g(x, out=out, **kwargs)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(captures):
+            g(x, out=out, **kwargs)
+    for _ in range(replays):
+        out.zero_()
+        graph.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 TOKENS = [1, 4, 8]
 
 
@@ -228,32 +254,19 @@ def test_dynamic_tasks_compute_what_the_fixed_order_does(rows, k, half, launch, 
     from solo.kernels.pdl import LaunchPolicy
 
     g, _ = gemv(rows, k, half=half, limit=0.5 if half else None, **launch)
-    x = (torch.randn(tokens, k) * 2).to(torch.bfloat16).to(DEVICE)
-    norm = (1 + 0.2 * torch.randn(k)).to(torch.bfloat16).to(DEVICE)
-    residual = None if half else torch.randn(tokens, rows).to(torch.bfloat16).to(DEVICE)
-    want = g(x, norm_weight=norm, residual=residual)
+    x, kwargs = normed_call(rows, k, half, tokens)
+    want = g(x, **kwargs)
     fixed_grid = next(iter(g._kernels.values()))[1]
     g.launch_config = dataclasses.replace(g.launch_config, dynamic=True)
     g._kernels.clear()
     for pdl in (False, True):
         g.fused.launch = LaunchPolicy(pdl)
         for _ in range(3):
-            assert torch.equal(g(x, norm_weight=norm, residual=residual), want)
+            assert torch.equal(g(x, **kwargs), want)
             assert g.dynamic_counters.tolist() == [0, 0]
     kernel, grid, _, defines = next(iter(g._kernels.values()))
     assert defines["DYNAMIC"] == 1 and grid == fixed_grid
-    out = torch.empty_like(want)
-    g(x, norm_weight=norm, residual=residual, out=out)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(4):
-            g(x, norm_weight=norm, residual=residual, out=out)
-    for _ in range(10):
-        out.zero_()
-        graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, want)
+    assert torch.equal(graph_replayed(g, x, kwargs, want, captures=4, replays=10), want)
     assert g.dynamic_counters.tolist() == [0, 0]
 
 
@@ -278,30 +291,18 @@ def test_l2_asks_change_no_result(rows, k, half, launch, tokens, ahead, loop, fe
     from solo.kernels.pdl import LaunchPolicy
 
     g, _ = gemv(rows, k, half=half, limit=0.5 if half else None, **launch)
-    x = (torch.randn(tokens, k) * 2).to(torch.bfloat16).to(DEVICE)
-    norm = (1 + 0.2 * torch.randn(k)).to(torch.bfloat16).to(DEVICE)
-    residual = None if half else torch.randn(tokens, rows).to(torch.bfloat16).to(DEVICE)
-    want = g(x, norm_weight=norm, residual=residual)
+    x, kwargs = normed_call(rows, k, half, tokens)
+    want = g(x, **kwargs)
     plain_grid = next(iter(g._kernels.values()))[1]
     g.launch_config = dataclasses.replace(g.launch_config, l2_ahead=ahead, l2_loop=loop, l2_fetch=fetch)
     g._kernels.clear()
     for pdl in (False, True):
         g.fused.launch = LaunchPolicy(pdl)
-        assert torch.equal(g(x, norm_weight=norm, residual=residual), want)
+        assert torch.equal(g(x, **kwargs), want)
     _, grid, _, defines = next(iter(g._kernels.values()))
     asked = (defines.get("L2_AHEAD", 0), defines.get("L2_LOOP", 1), defines.get("L2_FETCH", 0))
     assert asked == (ahead, int(loop), fetch) and grid == plain_grid
-    out = torch.empty_like(want)
-    g(x, norm_weight=norm, residual=residual, out=out)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        g(x, norm_weight=norm, residual=residual, out=out)
-    for _ in range(5):
-        out.zero_()
-        graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, want)
+    assert torch.equal(graph_replayed(g, x, kwargs, want, captures=1, replays=5), want)
 
 
 def test_l2_asks_refuse_the_bulk_ring_and_dynamic_tasks():

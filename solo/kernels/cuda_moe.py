@@ -248,17 +248,7 @@ class PersistentDecodeMoE(TritonMoE):
             "MAX_DN": sched.max_down,
             "HAS_LIMIT": int(self.swiglu_limit is not None),
             "ID64": int(id64),
-            "EVICT_FIRST": int(kc.evict_first),
-            "TRACE": int(kc.trace),
-            "POLL_NS": kc.poll_ns,
-            "SCORE_POLL_NS": kc.score_poll_ns,
-            "ACT_COPIES": kc.act_copies,
-            "PROBE": kc.probe_code,
-            "REFRESH_PENDING": int(kc.refresh_pending),
-            "UNROLL_PAIRS": int(kc.unroll_pairs),
-            "FAST_SELECT": int(kc.fast_select),
-            "DOWN_AFTER": kc.down_after,
-            "BIAS_EARLY": int(kc.bias_early),
+            **kc.defines(),
         }
         if router is not None:
             reason = router_unsupported(self.hidden, top_k, router)

@@ -49,6 +49,22 @@ class DecodeKernelConfig:
             raise ValueError(f"probe must be one of {', '.join(map(repr, PROBES))}, got {self.probe!r}")
         return PROBES.index(self.probe)
 
+    def defines(self) -> dict[str, int]:
+        """moe_decode.cu's defines for these variants (the shapes, router and shared expert add theirs)."""
+        return {
+            "EVICT_FIRST": int(self.evict_first),
+            "TRACE": int(self.trace),
+            "POLL_NS": self.poll_ns,
+            "SCORE_POLL_NS": self.score_poll_ns,
+            "ACT_COPIES": self.act_copies,
+            "PROBE": self.probe_code,
+            "REFRESH_PENDING": int(self.refresh_pending),
+            "UNROLL_PAIRS": int(self.unroll_pairs),
+            "FAST_SELECT": int(self.fast_select),
+            "DOWN_AFTER": self.down_after,
+            "BIAS_EARLY": int(self.bias_early),
+        }
+
 
 @dataclass(frozen=True)
 class DecodeSchedule:

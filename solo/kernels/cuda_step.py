@@ -266,36 +266,37 @@ class CudaGemv:
                 if slots:
                     defines.update(BULK=1, SLOTS=slots, SCALE_IN_SLOT=int(scales))
                     shared = ring_shared
+            extras = {}  # the register path's lab switches (the plain kernel is the build without them)
             if cfg.dynamic:
                 if slots or order != (0, 0) or late_wait:
                     raise ValueError(
                         f"{self.name}: GemvLaunch.dynamic runs on the register path in the plain order; it does not "
                         "combine with a bulk ring, a hand-off or a late wait"
                     )
-                defines["DYNAMIC"] = 1
+                extras["DYNAMIC"] = 1
             if cfg.l2_ahead:
                 if slots or cfg.dynamic:
                     raise ValueError(
                         f"{self.name}: GemvLaunch.l2_ahead runs on the register path with the fixed tasks; it does "
                         "not combine with a bulk ring or dynamic tasks"
                     )
-                defines.update(L2_AHEAD=cfg.l2_ahead, L2_LOOP=int(cfg.l2_loop))
+                extras.update(L2_AHEAD=cfg.l2_ahead, L2_LOOP=int(cfg.l2_loop))
             if cfg.l2_fetch:
                 if cfg.l2_fetch not in (128, 256):
                     raise ValueError(f"{self.name}: GemvLaunch.l2_fetch is 0, 128 or 256 bytes, not {cfg.l2_fetch}")
-                defines["L2_FETCH"] = cfg.l2_fetch
+                extras["L2_FETCH"] = cfg.l2_fetch
+            plain = dict(defines)
+            defines.update(extras)
             threads = 32 * warps
             carveout = -1 if cfg.carveout < 0 else 100 if slots else cfg.carveout  # (-1: the driver's)
             kernel = self._compile(defines, shared, carveout)
             fits = kernel.max_blocks_per_sm(threads, shared)
             most = cfg.bulk if slots else cfg.blocks_per_sm  # blocks per SM at most
-            if not slots and (order != (0, 0) or late_wait or cfg.dynamic or cfg.l2_ahead or cfg.l2_fetch):
+            if not slots and (order != (0, 0) or late_wait or extras):
                 # the hand-off's, the late wait's, the dynamic tasks' and the L2 hints' extra registers must not
                 # cost a block per SM (on the H100 the hand-off compiled to 5 blocks an SM against the product's
                 # 6): then capped there
-                if cfg.dynamic or cfg.l2_ahead or cfg.l2_fetch:
-                    extra = ("DYNAMIC", "L2_AHEAD", "L2_LOOP", "L2_FETCH")
-                    plain = {name: value for name, value in defines.items() if name not in extra}
+                if extras:
                     base = self._compile(plain, shared, carveout)
                 else:
                     base = self._kernel(tokens, norm, epi, add, write_xn, out_f32, group)[0]
