@@ -147,13 +147,29 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "hand-off": {"handoff": True},
     # (fourteenth session) not a GEMV launch: the MoE kernel's producer issues the down copies only once its
     # earlier gate_up tiles (all, or the first 2) have landed (moe_decode.cu DOWN_AFTER), so that the last
-    # gate_up tile anywhere, which the activation exchange waits for, is not served beside down bytes
-    "MoE downs after the gate_up tiles": {"moe": {"down_after": 7}},
+    # gate_up tile anywhere, which the activation exchange waits for, is not served beside down bytes; and the
+    # selection lanes' expert biases read before the MoE kernel's wait (moe_decode.cu BIAS_EARLY): one L2 round
+    # trip fewer between a score's arrival and the selection. Both in the product since the fifteenth session
+    # (-26.5 and -28.0 us at 32K on the H100, h100_ab_lab18.log); these variants take them out again
+    "MoE downs at once": {"moe": {"down_after": 0}},
     "MoE downs after 2 gate_up tiles": {"moe": {"down_after": 2}},
-    "MoE copies in need order": {"moe": {"order": "need"}},
-    # the selection lanes' expert biases read before the MoE kernel's wait (moe_decode.cu BIAS_EARLY): one L2
-    # round trip fewer between a score's arrival and the selection
-    "MoE bias early": {"moe": {"bias_early": True}},
+    "MoE copies in need order": {"moe": {"order": "need", "down_after": 0}},
+    "MoE bias late": {"moe": {"bias_early": False}},
+    "MoE as in the fourteenth session": {"moe": {"bias_early": False, "down_after": 0}},
+    # (fifteenth session) a grid-wide gate on the down copies (moe_decode.cu DOWN_GATE): a block issues them once
+    # this share of the blocks have all their gate_up tiles landed, so that HBM serves the gate_up bytes first
+    "MoE down gate 100%": {"moe": {"down_gate": 100}},
+    "MoE down gate 75%": {"moe": {"down_gate": 75}},
+    "MoE down gate 50%": {"moe": {"down_gate": 50}},
+    # (fifteenth session) the output projections (2,560 rows, K 4,096: 320 tasks) build to 74 registers at 16
+    # warps, one block an SM: 132 blocks, so 56 of them run a third task. Capped to 64 registers (16 bytes of
+    # spills) two blocks an SM fit: two rounds; at 8 warps and 4 loads in flight a lane 86 registers, two
+    # blocks an SM; capped to 80 (72 bytes of spills) three: a task a block (dev/nvrtc_resources.py)
+    "o_proj, dense: 2 blocks an SM": {"for": {("o_proj", "dense"): {"min_blocks": 2}}},
+    "o_proj, dense: 8 warps, 4 in flight": {"for": {("o_proj", "dense"): {"warps": 8, "max_in_flight": 4}}},
+    "o_proj, dense: 8 warps, 4 in flight, 3 blocks an SM": {
+        "for": {("o_proj", "dense"): {"warps": 8, "max_in_flight": 4, "min_blocks": 3}}
+    },
     "bulk + hand-off": {"bulk": 1, "handoff": True},
     # (ninth session) one token's shared gate_up normalises x itself and waits for the MoE kernel only at
     # its end (gemv_decode.cu LATE_WAIT): FusedDecodeStep.shared_late_wait

@@ -3,6 +3,7 @@ against the router inside the persistent MoE kernel (moe_decode.cu ROUTER), at L
 (512 experts in 8 groups keep 4, top-8, H 2560, I 768), with a per-block trace of the fused one.
 
     python3 dev/moe_router_ab.py [--rounds 3] [--calls 16] [--score-poll-ns 64,0,200] [--fast-select]
+        [--configs 'down_gate=100;bias_early=0,down_after=0']
 
 Each side: `--calls` different tokens, router then experts, captured in one CUDA graph (every call
 chooses its experts from its own x, so most are not in the L2), median replay / calls; rounds
@@ -10,6 +11,8 @@ alternate the sides. The choices are checked: the same experts, the same weights
 rounding, the same routed output (the fused kernel's own routing given to the plain kernel).
 `--fast-select` adds the selection over the kept groups' warps only (DecodeKernelConfig.fast_select),
 checked bit for bit against the fused kernel's full ranking (experts, weights, output), and traced too.
+`--configs` adds DecodeKernelConfig variants (fields=integers, ';' between variants) that move no result
+(copy timing, reads moved before the wait): each checked bit for bit against the product's, timed, traced.
 """
 
 from __future__ import annotations
@@ -62,7 +65,13 @@ def main() -> int:
     )
     p.add_argument("--fast-select", action="store_true", help="also the selection over the kept groups only")
     p.add_argument("--bias-early", action="store_true", help="also the experts' biases read before the wait")
+    p.add_argument("--configs", default="", help="DecodeKernelConfig variants, e.g. 'down_gate=100;down_after=0'")
     args = p.parse_args()
+    configs = {
+        spec.strip(): {k.strip(): int(v) for k, v in (kv.split("=") for kv in spec.split(","))}
+        for spec in args.configs.split(";")
+        if spec.strip()
+    }
     dev = torch.device("cuda")
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}")
     experts = random_mxfp4_experts(E, H, I, scales=(116, 126))
@@ -122,6 +131,15 @@ def main() -> int:
             assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), f"{label} differs"
         print(f"checks: {label} equals the plain kernel in {len(xs)} of {len(xs)} calls")
         variants[f"router inside the MoE kernel [{label}]"] = config
+    for spec, fields in configs.items():  # copy timing and read order only: the product's outputs bit for bit
+        config = DecodeKernelConfig(score_poll_ns=polls[0], **fields)
+        for x in xs:
+            moe.set_kernel_config(DecodeKernelConfig(score_poll_ns=polls[0]))
+            want = [t.clone() for t in inside(x)]
+            moe.set_kernel_config(config)
+            assert all(torch.equal(a, b) for a, b in zip(inside(x), want, strict=True)), f"{spec} differs"
+        print(f"checks: {spec} equals the product's kernel in {len(xs)} of {len(xs)} calls")
+        variants[f"router inside the MoE kernel [{spec}]"] = config
     results: dict[str, list[float]] = {"router kernel + MoE kernel": [], **{name: [] for name in variants}}
     for r in range(args.rounds):
         moe.set_kernel_config(DecodeKernelConfig(score_poll_ns=polls[0]))
@@ -138,6 +156,8 @@ def main() -> int:
     for flag, (field, label) in switches.items():
         if getattr(args, flag):
             traced[f" ({label})"] = DecodeKernelConfig(trace=True, score_poll_ns=polls[0], **{field: True})
+    for spec, fields in configs.items():
+        traced[f" ({spec})"] = DecodeKernelConfig(trace=True, score_poll_ns=polls[0], **fields)
     for label, config in traced.items():
         moe.set_kernel_config(config)
         inside(xs[0])

@@ -80,16 +80,25 @@ def test_kernel_config_defines_name_every_variant():
     dev/nvrtc_resources.py both take them from here)."""
     kc = DecodeKernelConfig(
         evict_first=False, poll_ns=0, score_poll_ns=200, trace=True, act_copies=4, refresh_pending=False,
-        unroll_pairs=False, fast_select=False, down_after=2, bias_early=True, probe="no_scales",
+        unroll_pairs=False, fast_select=False, down_after=2, bias_early=False, down_gate=50, probe="no_scales",
     )  # fmt: skip
     assert kc.defines() == {
         "EVICT_FIRST": 0, "TRACE": 1, "POLL_NS": 0, "SCORE_POLL_NS": 200, "ACT_COPIES": 4, "PROBE": 2,
-        "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 1,
+        "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
+        "DOWN_GATE": 50,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
-        "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 0, "BIAS_EARLY": 0,
+        "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
+        "DOWN_GATE": 0,
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("gate,order", [(101, "gate_up_first"), (-1, "gate_up_first"), (50, "need")])
+def test_a_down_gate_it_cannot_keep_is_refused(gate, order):
+    """The gate waits for all of a block's gate_up tiles, so they must be issued before its down copies."""
+    with pytest.raises(ValueError, match="down_gate"):
+        DecodeKernelConfig(down_gate=gate, order=order)
 
 
 def test_cuda_backend_on_cpu_is_a_clear_error():
@@ -139,8 +148,9 @@ def experts():  # (only GPU tests, all marked needs_hopper, use it)
         (7.0, torch.int32, 6, DecodeKernelConfig(order="need", act_copies=1, evict_first=False)),
         (0.5, torch.int64, 8, DecodeKernelConfig(cooperative=False, trace=True)),  # the trace build: same results
         (None, torch.int32, 2, DecodeKernelConfig(dependent_launch=False, poll_ns=0)),
-        (None, torch.int32, 8, DecodeKernelConfig(down_after=7)),  # the down copies after every gate_up tile
+        (None, torch.int32, 8, DecodeKernelConfig(down_after=0)),  # the down copies at once
         (0.5, torch.int64, 8, DecodeKernelConfig(order="need", down_after=2)),  # gate_up tiles after a down pair
+        (None, torch.int32, 8, DecodeKernelConfig(down_gate=100)),  # the down copies once every block's gate_ups landed
     ],
 )
 def test_gpu_persistent_matches_reference(experts, limit, id_dtype, top_k, kc):
@@ -168,17 +178,25 @@ def test_gpu_persistent_matches_reference(experts, limit, id_dtype, top_k, kc):
 @needs_hopper
 @pytest.mark.parametrize("order", ["gate_up_first", "need"])
 def test_gpu_late_down_copies_change_no_result(experts, order):
-    """DecodeKernelConfig.down_after only delays when the producer issues the down copies: the same
-    outputs bit for bit."""
+    """DecodeKernelConfig.down_after and down_gate only delay when the producer issues the down copies:
+    the same outputs bit for bit, also when a gated kernel follows other variants on the same counters."""
     from solo.kernels.cuda_moe import PersistentDecodeMoE
 
     ids, w = routing(experts.gate_up.shape[0], 8, torch.int32)
     x = torch.randn((1, H), device="cuda").to(torch.bfloat16)
-    want = PersistentDecodeMoE(experts, kernel_config=DecodeKernelConfig(order=order)).forward(x, ids, w).clone()
-    for after in (1, 2, 7):
-        moe = PersistentDecodeMoE(experts, kernel_config=DecodeKernelConfig(order=order, down_after=after))
+    plain = DecodeKernelConfig(order=order, down_after=0)
+    want = PersistentDecodeMoE(experts, kernel_config=plain).forward(x, ids, w).clone()
+    gates = (1, 50, 100) if order == "gate_up_first" else ()
+    configs = [DecodeKernelConfig(order=order, down_after=a) for a in (1, 2, 7)]
+    configs += [DecodeKernelConfig(order=order, down_after=0, down_gate=gate) for gate in gates]
+    for kc in configs:
+        moe = PersistentDecodeMoE(experts, kernel_config=kc)
         for _ in range(2):
             assert torch.equal(moe.forward(x, ids, w), want)
+    moe = PersistentDecodeMoE(experts, kernel_config=plain)  # one instance's counters through the variants
+    for kc in [plain, *configs, plain, *configs[::-1]]:
+        moe.set_kernel_config(kc)
+        assert torch.equal(moe.forward(x, ids, w), want)
 
 
 @pytest.mark.gpu
@@ -201,7 +219,7 @@ def test_gpu_graph_replays_equal_eager_across_the_launch_counter_wrap(experts):
         torch.cuda.synchronize()
         assert torch.equal(out, eager)
         assert torch.equal(moe.forward(x, ids, w), eager)
-    assert int(moe._launches) == 8 * moe.blocks  # 2 launches before the wrap, 8 after
+    assert int(moe._launches[0]) == 8 * moe.blocks  # 2 launches before the wrap, 8 after
 
 
 @pytest.mark.gpu

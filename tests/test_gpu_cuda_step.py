@@ -29,6 +29,8 @@ LAUNCHES = {  # the product's choice; 4 warps with 4 loads in flight; one block 
     "auto": {},
     "4 warps, 4 in flight": dict(warps=4, max_in_flight=4),
     "one block per SM": dict(warps=16, blocks_per_sm=1),
+    # registers capped for 3 blocks an SM (GemvLaunch.min_blocks; at K 4096 the build spills)
+    "8 warps, 4 in flight, 3 blocks per SM": dict(warps=8, max_in_flight=4, min_blocks=3),
     # the weights through a ring of shared-memory slots filled by bulk copies (gemv_decode.cu BULK)
     "bulk ring": dict(bulk=1, warps=8),
     "bulk ring, 2 blocks per SM, 2 slots": dict(bulk=2, slots=2),
@@ -303,6 +305,25 @@ def test_l2_asks_change_no_result(rows, k, half, launch, tokens, ahead, loop, fe
     asked = (defines.get("L2_AHEAD", 0), defines.get("L2_LOOP", 1), defines.get("L2_FETCH", 0))
     assert asked == (ahead, int(loop), fetch) and grid == plain_grid
     assert torch.equal(graph_replayed(g, x, kwargs, want, captures=1, replays=5), want)
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
+@pytest.mark.parametrize(("warps", "in_flight", "blocks"), [(16, 8, 2), (8, 4, 3)])
+def test_more_blocks_an_sm_change_no_result(warps, in_flight, blocks, tokens):
+    """GemvLaunch.min_blocks only caps the registers (the output projections' shape, 320 tasks): the same
+    outputs bit for bit as the same warps without it, on a grid of that many blocks an SM, in a graph too."""
+    import dataclasses
+
+    g, _ = gemv(2560, 4096, warps=warps, max_in_flight=in_flight)
+    x, kwargs = normed_call(2560, 4096, None, tokens)
+    want = g(x, **kwargs)
+    g.launch_config = dataclasses.replace(g.launch_config, min_blocks=blocks)
+    g._kernels.clear()
+    assert torch.equal(g(x, **kwargs), want)
+    _, grid, _, defines = next(iter(g._kernels.values()))
+    if tokens == 1:
+        assert defines["MIN_BLOCKS"] == blocks and grid == min(320, blocks * g.sms)
+    assert torch.equal(graph_replayed(g, x, kwargs, want, captures=2, replays=3), want)
 
 
 def test_l2_asks_refuse_the_bulk_ring_and_dynamic_tasks():

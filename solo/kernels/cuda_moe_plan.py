@@ -36,12 +36,25 @@ class DecodeKernelConfig:
     fast_select: bool = True
     # the producer issues the down copies only once this many of its earlier gate_up tiles have landed (0: at
     # once; moe_decode.cu DOWN_AFTER), so that the gate_up bytes every block waits for are not served beside
-    # down bytes needed only after the activation exchange
-    down_after: int = 0
+    # down bytes needed only after the activation exchange. 7 (all of a block's, at Ling shapes) since the
+    # fifteenth session: -26.5 us on the decode step at 32K on the H100 (docs/results/h100_ab_lab18.log)
+    down_after: int = 7
     # with the router inside: each selection lane reads its expert's bias before the wait, not after its
-    # score arrived (moe_decode.cu BIAS_EARLY: one L2 round trip off the routing's path; the same choices)
-    bias_early: bool = False
+    # score arrived (moe_decode.cu BIAS_EARLY: one L2 round trip off the routing's path; the same choices).
+    # On since the fifteenth session: -28.0 us on the decode step at 32K on the H100 (same log)
+    bias_early: bool = True
+    # a grid-wide gate on the down copies (moe_decode.cu DOWN_GATE; percent of the blocks, 0 off): a block
+    # issues its down copies once this share of the blocks have all their gate_up tiles landed (its own
+    # first); with the order "gate_up_first" only. The same results; a lab switch
+    down_gate: int = 0
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.down_gate <= 100 or self.down_gate and self.order != "gate_up_first":
+            raise ValueError(
+                f"down_gate is a percent of the blocks (0 off) and runs with the order 'gate_up_first' (the gate "
+                f"waits for every gate_up tile of the block, issued first), not {self.down_gate} with {self.order!r}"
+            )
 
     @property
     def probe_code(self) -> int:
@@ -63,6 +76,7 @@ class DecodeKernelConfig:
             "FAST_SELECT": int(self.fast_select),
             "DOWN_AFTER": self.down_after,
             "BIAS_EARLY": int(self.bias_early),
+            "DOWN_GATE": self.down_gate,
         }
 
 

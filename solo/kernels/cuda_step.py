@@ -87,6 +87,10 @@ class GemvLaunch:
     # 128 or 256: a weight load that misses fetches that many bytes into the L2 (PTX prefetch size,
     # gemv_decode.cu via step_common.cuh L2_FETCH); 0: the load's own sectors
     l2_fetch: int = 0
+    # > 0: the kernel is built for at least this many blocks an SM (MIN_BLOCKS, __launch_bounds__' second
+    # argument: ptxas caps its registers and may spill); a lab switch (at 16 warps the output projections
+    # build to 74 registers, one block an SM, so 56 of their 132 blocks run a third task)
+    min_blocks: int = 0
 
 
 def persistent_grid(tasks: int, resident: int, balanced: bool = False) -> int:
@@ -266,6 +270,8 @@ class CudaGemv:
                 if slots:
                     defines.update(BULK=1, SLOTS=slots, SCALE_IN_SLOT=int(scales))
                     shared = ring_shared
+            if cfg.min_blocks:
+                defines["MIN_BLOCKS"] = cfg.min_blocks
             extras = {}  # the register path's lab switches (the plain kernel is the build without them)
             if cfg.dynamic:
                 if slots or order != (0, 0) or late_wait:

@@ -156,6 +156,20 @@
 #ifndef BIAS_EARLY
 #define BIAS_EARLY 0
 #endif
+// DOWN_GATE (a variant, DecodeKernelConfig.down_gate, percent of the blocks; 0 off): a grid-wide gate on the down
+// copies. Every block counts itself in (launches[1], tagged with the launch number) once all its gate_up tiles
+// have landed, and its producer issues its first down copy only once DOWN_GATE percent of the blocks have. Per
+// block (DOWN_AFTER), a block whose gate_up tiles land early still puts its down bytes beside the other blocks'
+// gate_up tiles, and the exchange waits for the last of those anywhere.
+#ifndef DOWN_GATE
+#define DOWN_GATE 0
+#endif
+#if DOWN_GATE
+#define GATE_BLOCKS ((NBLOCKS * DOWN_GATE + 99) / 100)
+#if DOWN_GATE > 100 || DOWN_GATE < 0
+#error "DOWN_GATE is a percent of the blocks"
+#endif
+#endif
 #if SHARED
 #define SH_TASKS (SHI / 8)                               // shared gate_up tasks: 8 gate + 8 up rows, block b < SH_TASKS
 #define SH_RPW ((8 * MAX_DN + DN_WARPS - 1) / DN_WARPS)  // shared down rows per down warp
@@ -232,6 +246,30 @@ __device__ __forceinline__ void bar_wait(u32 bar) {
         "@!p bra WAIT_%=;\n}\n" ::"r"(bar)
         : "memory");
 }
+
+#if DOWN_GATE
+// The producer's lane 0: once the block's own gate_up tiles have landed, count the block in, then (`wait`) poll
+// until GATE_BLOCKS blocks are. The count (launches[1]) is tagged with the launch number, tag << 16 | blocks in:
+// the first block of a launch to arrive restarts it, so it needs no reset and no history (any variant may have
+// run before). A gate only delays copies; the count of this launch reaches NBLOCKS whatever came before.
+__device__ __forceinline__ void down_gate(const u64 *bars, int n_gu, u32 *gate, u32 tag, bool wait) {
+    for (int i = 0; i < n_gu; ++i) bar_wait(smem_addr(&bars[i]));
+    u32 seen = *reinterpret_cast<volatile u32 *>(gate);
+    for (;;) {
+        const u32 want = (seen >> 16) == tag ? seen + 1u : tag << 16 | 1u;
+        const u32 was = atomicCAS(gate, seen, want);
+        if (was == seen) break;
+        seen = was;
+    }
+    while (wait) {
+        u32 v;
+        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(gate) : "memory");
+        if ((v >> 16) == tag && (v & 0xFFFFu) >= GATE_BLOCKS) return;
+        __nanosleep(64);
+    }
+}
+#endif
+
 
 __device__ __forceinline__ void bulk_copy(u32 dst, const void *src, u32 bytes, u32 bar, u64 policy) {
 #if EVICT_FIRST
@@ -713,6 +751,10 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif
         const expert_id_t *e = sm.experts;
         if (lane == 0) {
+#if DOWN_GATE
+            const u32 gate_tag = __ldcg(launches) / NBLOCKS;  // this launch's number (read before any block ends)
+            bool gated = false;
+#endif
             u64 policy = 0;
 #if EVICT_FIRST
             asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
@@ -723,7 +765,12 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 if (q == row[ROW_WORDS - 1]) bar_wait(smem_addr(&sm.bars[SH_FREE]));  // it lands in the shared tail
 #endif
                 const int code = order[q];
-#if DOWN_AFTER
+#if DOWN_GATE
+                if (code == MAX_GU) {  // the first down group: this block's gate_up tiles, then the grid's
+                    down_gate(sm.bars, n_gu, launches + 1, gate_tag, true);
+                    gated = true;
+                }
+#elif DOWN_AFTER
                 if (code == MAX_GU) {  // the first down group (slot pair 0): wait for the earlier gate_up tiles
                     for (int q2 = 0, seen = 0; q2 < q && seen < DOWN_AFTER; ++q2)
                         if (order[q2] < MAX_GU) {
@@ -767,6 +814,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             }
 #if SHARED
             if (row[ROW_WORDS - 1] >= groups) bar_wait(smem_addr(&sm.bars[SH_FREE]));  // (the barrier's phase completes)
+#endif
+#if DOWN_GATE
+            if (!gated) down_gate(sm.bars, n_gu, launches + 1, gate_tag, false);  // (no down tiles: count in only)
 #endif
 #if TRACE
             trow[T_ISSUED] = globaltimer();
@@ -840,13 +890,16 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         if (lane == 0) trow[T_PUBLISHED] = globaltimer();
 #endif
     } else {  // compute warps
+#if ROUTER
+        // x before the inputs' barrier: its load and the publisher's read of the launch number fly together
+        uint4 xv = make_uint4(0u, 0u, 0u, 0u);
+        if (threadIdx.x < H / 8) xv = ld_cg4(reinterpret_cast<const u32 *>(x) + 4 * threadIdx.x);
+#endif
         asm volatile("bar.sync %0, %1;" ::"r"(BAR_INPUTS), "r"(INPUT_THREADS) : "memory");
 #if ROUTER
         if (warp < GU_WARPS) {
             // ---- RMSNorm of x: one 8-element piece per thread, sums of squares over the warps in order
             const int tid = threadIdx.x;
-            uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-            if (tid < H / 8) xv = ld_cg4(reinterpret_cast<const u32 *>(x) + 4 * tid);
             const u32 xw[4] = {xv.x, xv.y, xv.z, xv.w}, nw4[4] = {rnw.x, rnw.y, rnw.z, rnw.w};
             float ss = 0.f;
 #pragma unroll
