@@ -161,6 +161,9 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE down gate 100%": {"moe": {"down_gate": 100}},
     "MoE down gate 75%": {"moe": {"down_gate": 75}},
     "MoE down gate 50%": {"moe": {"down_gate": 50}},
+    # (fifteenth session) loads of a selection lane's score in flight at once (moe_decode.cu SCORE_POLLS)
+    "MoE 2 score polls in flight": {"moe": {"score_polls": 2}},
+    "MoE 3 score polls in flight": {"moe": {"score_polls": 3}},
     # (fifteenth session) the output projections (2,560 rows, K 4,096: 320 tasks) build to 74 registers at 16
     # warps, one block an SM: 132 blocks, so 56 of them run a third task. Capped to 64 registers (16 bytes of
     # spills) two blocks an SM fit: two rounds; at 8 warps and 4 loads in flight a lane 86 registers, two

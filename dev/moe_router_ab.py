@@ -46,6 +46,8 @@ TRACE_ROWS = [  # (slot, what it stamps), moe_decode.cu T_*
     (58, "every candidate's place written"),
     (29, "selection done"),
     (9, "producer has the experts"),
+    (59, "counted in at the down gate (DOWN_GATE)"),
+    (60, "the down gate opened (DOWN_GATE)"),
     (2, "first gate_up tile landed"),
     (10, "last gate_up tile landed"),
     (3, "last gate_up tile published"),

@@ -80,17 +80,18 @@ def test_kernel_config_defines_name_every_variant():
     dev/nvrtc_resources.py both take them from here)."""
     kc = DecodeKernelConfig(
         evict_first=False, poll_ns=0, score_poll_ns=200, trace=True, act_copies=4, refresh_pending=False,
-        unroll_pairs=False, fast_select=False, down_after=2, bias_early=False, down_gate=50, probe="no_scales",
+        unroll_pairs=False, fast_select=False, down_after=2, bias_early=False, down_gate=50, score_polls=3,
+        probe="no_scales",
     )  # fmt: skip
     assert kc.defines() == {
         "EVICT_FIRST": 0, "TRACE": 1, "POLL_NS": 0, "SCORE_POLL_NS": 200, "ACT_COPIES": 4, "PROBE": 2,
         "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
-        "DOWN_GATE": 50,
+        "DOWN_GATE": 50, "SCORE_POLLS": 3,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
-        "DOWN_GATE": 0,
+        "DOWN_GATE": 0, "SCORE_POLLS": 1,
     }  # fmt: skip
 
 
@@ -99,6 +100,12 @@ def test_a_down_gate_it_cannot_keep_is_refused(gate, order):
     """The gate waits for all of a block's gate_up tiles, so they must be issued before its down copies."""
     with pytest.raises(ValueError, match="down_gate"):
         DecodeKernelConfig(down_gate=gate, order=order)
+
+
+@pytest.mark.parametrize("polls", [0, 4])
+def test_score_polls_out_of_range_are_refused(polls):
+    with pytest.raises(ValueError, match="score_polls"):
+        DecodeKernelConfig(score_polls=polls)
 
 
 def test_cuda_backend_on_cpu_is_a_clear_error():
@@ -242,17 +249,22 @@ def test_gpu_only_one_token_calls_take_the_persistent_kernel(experts):
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize(("fast_select", "bias_early"), [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize(
+    ("fast_select", "bias_early", "polls"), [(False, False, 1), (True, False, 2), (True, True, 1), (True, True, 3)]
+)
 @pytest.mark.parametrize(
     "num_experts,groups,keep", [(512, 8, 4), (64, 8, 4), (64, 1, 1), (256, 4, 2)]
 )  # Ling's router; groups inside a warp; no group limit; groups of two warps each
-def test_gpu_router_inside_the_kernel_chooses_as_the_reference(num_experts, groups, keep, fast_select, bias_early):
+def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
+    num_experts, groups, keep, fast_select, bias_early, polls
+):
     """One launch: RMSNorm of the residual stream, router scores, grouped top-k in every block, then the
     experts it chose. Against the model's Router in fp32 on the CPU (the same experts where the draw is
     clear of ties, weights within fp32 rounding), the reference RMSNorm (bf16 values as it rounds them),
     and the same kernel given the chosen routing (exactly: the routing is all that differs). With
     `fast_select` the selection ranks only the kept groups' warps (where groups are whole warps); with
-    `bias_early` each selection lane reads its expert's bias before the kernel's wait."""
+    `bias_early` each selection lane reads its expert's bias before the kernel's wait; `polls` loads of a
+    lane's score are in flight at once."""
     from solo.checkpoint.synthetic import synthetic_config
     from solo.kernels.cuda_moe import PersistentDecodeMoE
     from solo.kernels.fused_router import FusedRouter
@@ -262,7 +274,7 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(num_experts, grou
 
     experts = random_mxfp4_experts(num_experts, H, I, scales=(116, 126))
     moe = PersistentDecodeMoE(experts, swiglu_limit=7.0)
-    moe.set_kernel_config(DecodeKernelConfig(fast_select=fast_select, bias_early=bias_early))
+    moe.set_kernel_config(DecodeKernelConfig(fast_select=fast_select, bias_early=bias_early, score_polls=polls))
     config = synthetic_config(num_layers=1, num_experts=num_experts)
     ref = Router(config)
     ref.n_group, ref.topk_group = groups, keep

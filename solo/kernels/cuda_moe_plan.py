@@ -47,9 +47,14 @@ class DecodeKernelConfig:
     # issues its down copies once this share of the blocks have all their gate_up tiles landed (its own
     # first); with the order "gate_up_first" only. The same results; a lab switch
     down_gate: int = 0
+    # with the router inside: loads of a selection lane's score in flight at once (moe_decode.cu SCORE_POLLS,
+    # 1..3), issued 200 ns apart and each issued again as it comes back stale; a lab switch
+    score_polls: int = 1
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     def __post_init__(self) -> None:
+        if not 1 <= self.score_polls <= 3:
+            raise ValueError(f"score_polls (loads of a score in flight) is 1, 2 or 3, not {self.score_polls}")
         if not 0 <= self.down_gate <= 100 or self.down_gate and self.order != "gate_up_first":
             raise ValueError(
                 f"down_gate is a percent of the blocks (0 off) and runs with the order 'gate_up_first' (the gate "
@@ -77,6 +82,7 @@ class DecodeKernelConfig:
             "DOWN_AFTER": self.down_after,
             "BIAS_EARLY": int(self.bias_early),
             "DOWN_GATE": self.down_gate,
+            "SCORE_POLLS": self.score_polls,
         }
 
 
