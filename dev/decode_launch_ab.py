@@ -155,7 +155,8 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE downs after 2 gate_up tiles": {"moe": {"down_after": 2}},
     "MoE copies in need order": {"moe": {"order": "need", "down_after": 0}},
     "MoE bias late": {"moe": {"bias_early": False}},
-    "MoE as in the fourteenth session": {"moe": {"bias_early": False, "down_after": 0}},
+    "MoE as in the fourteenth session": {"moe": {"bias_early": False, "down_after": 0, "x_early": False}},
+    "MoE x late": {"moe": {"x_early": False}},  # (the gate_up warps load x after the inputs' barrier)
     # (fifteenth session) a grid-wide gate on the down copies (moe_decode.cu DOWN_GATE): a block issues them once
     # this share of the blocks have all their gate_up tiles landed, so that HBM serves the gate_up bytes first
     "MoE down gate 100%": {"moe": {"down_gate": 100}},

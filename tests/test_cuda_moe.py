@@ -81,17 +81,17 @@ def test_kernel_config_defines_name_every_variant():
     kc = DecodeKernelConfig(
         evict_first=False, poll_ns=0, score_poll_ns=200, trace=True, act_copies=4, refresh_pending=False,
         unroll_pairs=False, fast_select=False, down_after=2, bias_early=False, down_gate=50, score_polls=3,
-        probe="no_scales",
+        x_early=False, probe="no_scales",
     )  # fmt: skip
     assert kc.defines() == {
         "EVICT_FIRST": 0, "TRACE": 1, "POLL_NS": 0, "SCORE_POLL_NS": 200, "ACT_COPIES": 4, "PROBE": 2,
         "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
-        "DOWN_GATE": 50, "SCORE_POLLS": 3,
+        "DOWN_GATE": 50, "SCORE_POLLS": 3, "X_EARLY": 0,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
-        "DOWN_GATE": 0, "SCORE_POLLS": 1,
+        "DOWN_GATE": 0, "SCORE_POLLS": 1, "X_EARLY": 1,
     }  # fmt: skip
 
 
@@ -250,13 +250,14 @@ def test_gpu_only_one_token_calls_take_the_persistent_kernel(experts):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
-    ("fast_select", "bias_early", "polls"), [(False, False, 1), (True, False, 2), (True, True, 1), (True, True, 3)]
+    ("fast_select", "bias_early", "polls", "x_early"),
+    [(False, False, 1, False), (True, False, 2, True), (True, True, 1, True), (True, True, 3, False)],
 )
 @pytest.mark.parametrize(
     "num_experts,groups,keep", [(512, 8, 4), (64, 8, 4), (64, 1, 1), (256, 4, 2)]
 )  # Ling's router; groups inside a warp; no group limit; groups of two warps each
 def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
-    num_experts, groups, keep, fast_select, bias_early, polls
+    num_experts, groups, keep, fast_select, bias_early, polls, x_early
 ):
     """One launch: RMSNorm of the residual stream, router scores, grouped top-k in every block, then the
     experts it chose. Against the model's Router in fp32 on the CPU (the same experts where the draw is
@@ -264,7 +265,7 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
     and the same kernel given the chosen routing (exactly: the routing is all that differs). With
     `fast_select` the selection ranks only the kept groups' warps (where groups are whole warps); with
     `bias_early` each selection lane reads its expert's bias before the kernel's wait; `polls` loads of a
-    lane's score are in flight at once."""
+    lane's score are in flight at once; `x_early` x is loaded before the inputs' barrier."""
     from solo.checkpoint.synthetic import synthetic_config
     from solo.kernels.cuda_moe import PersistentDecodeMoE
     from solo.kernels.fused_router import FusedRouter
@@ -274,7 +275,9 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
 
     experts = random_mxfp4_experts(num_experts, H, I, scales=(116, 126))
     moe = PersistentDecodeMoE(experts, swiglu_limit=7.0)
-    moe.set_kernel_config(DecodeKernelConfig(fast_select=fast_select, bias_early=bias_early, score_polls=polls))
+    moe.set_kernel_config(
+        DecodeKernelConfig(fast_select=fast_select, bias_early=bias_early, score_polls=polls, x_early=x_early)
+    )
     config = synthetic_config(num_layers=1, num_experts=num_experts)
     ref = Router(config)
     ref.n_group, ref.topk_group = groups, keep

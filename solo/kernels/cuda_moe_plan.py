@@ -43,6 +43,9 @@ class DecodeKernelConfig:
     # score arrived (moe_decode.cu BIAS_EARLY: one L2 round trip off the routing's path; the same choices).
     # On since the fifteenth session: -28.0 us on the decode step at 32K on the H100 (same log)
     bias_early: bool = True
+    # with the router inside: the gate_up warps load x before the inputs' barrier, beside the publisher's read
+    # of the launch number, not after it (moe_decode.cu X_EARLY: the same results)
+    x_early: bool = True
     # a grid-wide gate on the down copies (moe_decode.cu DOWN_GATE; percent of the blocks, 0 off): a block
     # issues its down copies once this share of the blocks have all their gate_up tiles landed (its own
     # first); with the order "gate_up_first" only. The same results; a lab switch
@@ -83,6 +86,7 @@ class DecodeKernelConfig:
             "BIAS_EARLY": int(self.bias_early),
             "DOWN_GATE": self.down_gate,
             "SCORE_POLLS": self.score_polls,
+            "X_EARLY": int(self.x_early),
         }
 
 

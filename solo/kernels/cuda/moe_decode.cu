@@ -174,6 +174,10 @@
 #ifndef BIAS_EARLY
 #define BIAS_EARLY 0
 #endif
+// X_EARLY (DecodeKernelConfig.x_early; with ROUTER): the gate_up warps load x before the inputs' barrier
+#ifndef X_EARLY
+#define X_EARLY 1
+#endif
 #if SHARED
 #define SH_TASKS (SHI / 8)                               // shared gate_up tasks: 8 gate + 8 up rows, block b < SH_TASKS
 #define SH_RPW ((8 * MAX_DN + DN_WARPS - 1) / DN_WARPS)  // shared down rows per down warp
@@ -914,11 +918,15 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif
     } else {  // compute warps
 #if ROUTER
-        // x before the inputs' barrier: its load and the publisher's read of the launch number fly together
+        // X_EARLY: x before the inputs' barrier, so its load and the publisher's read of the launch number fly
+        // together (else after it: two L2 round trips in a row)
         uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-        if (threadIdx.x < H / 8) xv = ld_cg4(reinterpret_cast<const u32 *>(x) + 4 * threadIdx.x);
+        if (X_EARLY && threadIdx.x < H / 8) xv = ld_cg4(reinterpret_cast<const u32 *>(x) + 4 * threadIdx.x);
 #endif
         asm volatile("bar.sync %0, %1;" ::"r"(BAR_INPUTS), "r"(INPUT_THREADS) : "memory");
+#if ROUTER
+        if (!X_EARLY && threadIdx.x < H / 8) xv = ld_cg4(reinterpret_cast<const u32 *>(x) + 4 * threadIdx.x);
+#endif
 #if ROUTER
         if (warp < GU_WARPS) {
             // ---- RMSNorm of x: one 8-element piece per thread, sums of squares over the warps in order
