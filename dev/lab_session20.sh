@@ -6,9 +6,10 @@
 # not compile). Now: the gate counted with one atomic increment a block, with the trace stamping when a block
 # counted in and when its gate opened; and two or three loads of a selection lane's score in flight (SCORE_POLLS);
 # and the x loads before the inputs' barrier, not yet measured alone (X_EARLY, variant "MoE x late").
-# GPU tests first, then the routing traced step by step, then one process at 32K. Results under $OUT:
-# gpu_tests.log, moe_router.log, ab.{log,json}. Say which card ran it. timeout_s 600.
-LAB_DEFAULT_SECONDS=560
+# GPU tests first, then the routing traced step by step, then one process at 32K, then (where 250 s are left)
+# the product bench at 4K and 32K with the real loop and prefill. Results under $OUT: gpu_tests.log,
+# moe_router.log, ab.{log,json}, bench.{log,json}. Say which card ran it. timeout_s 600.
+LAB_DEFAULT_SECONDS=585
 source dev/lab_prelude.sh
 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_moe.py > "$OUT/gpu_tests.log" 2>&1
 echo "[MoE tests rc=$? at ${SECONDS}s]"; tail -2 "$OUT/gpu_tests.log"
@@ -19,4 +20,9 @@ if [ "$(left)" -gt 330 ]; then
 fi
 default="MoE 2 score polls in flight;MoE 3 score polls in flight;MoE down gate 100%;MoE x late"
 default+=";MoE as in the fourteenth session;MoE down gate 75%;MoE down gate 50%;product again"
-ab ab "product;${VARIANTS:-$default}" --deadline "${AB_DEADLINE:-$(($(left) - 90))}"
+ab ab "product;${VARIANTS:-$default}" --deadline "${AB_DEADLINE:-$(($(left) - 330))}"
+if [ "$(left)" -gt 250 ]; then
+    PREFILL=${PREFILL-1024,8192,32768} product_bench 4096,32768 128
+else
+    echo "no time left for the bench ($(left) s)"
+fi
