@@ -157,14 +157,6 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE bias late": {"moe": {"bias_early": False}},
     "MoE as in the fourteenth session": {"moe": {"bias_early": False, "down_after": 0, "x_early": False}},
     "MoE x late": {"moe": {"x_early": False}},  # (the gate_up warps load x after the inputs' barrier)
-    # (fifteenth session) a grid-wide gate on the down copies (moe_decode.cu DOWN_GATE): a block issues them once
-    # this share of the blocks have all their gate_up tiles landed, so that HBM serves the gate_up bytes first
-    "MoE down gate 100%": {"moe": {"down_gate": 100}},
-    "MoE down gate 75%": {"moe": {"down_gate": 75}},
-    "MoE down gate 50%": {"moe": {"down_gate": 50}},
-    # (fifteenth session) loads of a selection lane's score in flight at once (moe_decode.cu SCORE_POLLS)
-    "MoE 2 score polls in flight": {"moe": {"score_polls": 2}},
-    "MoE 3 score polls in flight": {"moe": {"score_polls": 3}},
     # (fifteenth session) the output projections (2,560 rows, K 4,096: 320 tasks) build to 74 registers at 16
     # warps, one block an SM: 132 blocks, so 56 of them run a third task. Capped to 64 registers (16 bytes of
     # spills) two blocks an SM fit: two rounds; at 8 warps and 4 loads in flight a lane 86 registers, two

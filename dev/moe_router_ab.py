@@ -3,7 +3,7 @@ against the router inside the persistent MoE kernel (moe_decode.cu ROUTER), at L
 (512 experts in 8 groups keep 4, top-8, H 2560, I 768), with a per-block trace of the fused one.
 
     python3 dev/moe_router_ab.py [--rounds 3] [--calls 16] [--score-poll-ns 64,0,200] [--fast-select]
-        [--configs 'down_gate=100;bias_early=0,down_after=0']
+        [--configs 'down_after=0;bias_early=0,down_after=0']
 
 Each side: `--calls` different tokens, router then experts, captured in one CUDA graph (every call
 chooses its experts from its own x, so most are not in the L2), median replay / calls; rounds
@@ -46,8 +46,6 @@ TRACE_ROWS = [  # (slot, what it stamps), moe_decode.cu T_*
     (58, "every candidate's place written"),
     (29, "selection done"),
     (9, "producer has the experts"),
-    (59, "counted in at the down gate (DOWN_GATE)"),
-    (60, "the down gate opened (DOWN_GATE)"),
     (2, "first gate_up tile landed"),
     (10, "last gate_up tile landed"),
     (3, "last gate_up tile published"),
@@ -67,7 +65,7 @@ def main() -> int:
     )
     p.add_argument("--fast-select", action="store_true", help="also the selection over the kept groups only")
     p.add_argument("--bias-early", action="store_true", help="also the experts' biases read before the wait")
-    p.add_argument("--configs", default="", help="DecodeKernelConfig variants, e.g. 'down_gate=100;down_after=0'")
+    p.add_argument("--configs", default="", help="DecodeKernelConfig variants, e.g. 'x_early=0;down_after=0'")
     args = p.parse_args()
     configs = {
         spec.strip(): {k.strip(): int(v) for k, v in (kv.split("=") for kv in spec.split(","))}

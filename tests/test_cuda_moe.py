@@ -80,32 +80,19 @@ def test_kernel_config_defines_name_every_variant():
     dev/nvrtc_resources.py both take them from here)."""
     kc = DecodeKernelConfig(
         evict_first=False, poll_ns=0, score_poll_ns=200, trace=True, act_copies=4, refresh_pending=False,
-        unroll_pairs=False, fast_select=False, down_after=2, bias_early=False, down_gate=50, score_polls=3,
-        x_early=False, probe="no_scales",
+        unroll_pairs=False, fast_select=False, down_after=2, bias_early=False, x_early=False,
+        probe="no_scales",
     )  # fmt: skip
     assert kc.defines() == {
         "EVICT_FIRST": 0, "TRACE": 1, "POLL_NS": 0, "SCORE_POLL_NS": 200, "ACT_COPIES": 4, "PROBE": 2,
         "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
-        "DOWN_GATE": 50, "SCORE_POLLS": 3, "X_EARLY": 0,
+        "X_EARLY": 0,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
-        "DOWN_GATE": 0, "SCORE_POLLS": 1, "X_EARLY": 1,
+        "X_EARLY": 1,
     }  # fmt: skip
-
-
-@pytest.mark.parametrize("gate,order", [(101, "gate_up_first"), (-1, "gate_up_first"), (50, "need")])
-def test_a_down_gate_it_cannot_keep_is_refused(gate, order):
-    """The gate waits for all of a block's gate_up tiles, so they must be issued before its down copies."""
-    with pytest.raises(ValueError, match="down_gate"):
-        DecodeKernelConfig(down_gate=gate, order=order)
-
-
-@pytest.mark.parametrize("polls", [0, 4])
-def test_score_polls_out_of_range_are_refused(polls):
-    with pytest.raises(ValueError, match="score_polls"):
-        DecodeKernelConfig(score_polls=polls)
 
 
 def test_cuda_backend_on_cpu_is_a_clear_error():
@@ -157,7 +144,6 @@ def experts():  # (only GPU tests, all marked needs_hopper, use it)
         (None, torch.int32, 2, DecodeKernelConfig(dependent_launch=False, poll_ns=0)),
         (None, torch.int32, 8, DecodeKernelConfig(down_after=0)),  # the down copies at once
         (0.5, torch.int64, 8, DecodeKernelConfig(order="need", down_after=2)),  # gate_up tiles after a down pair
-        (None, torch.int32, 8, DecodeKernelConfig(down_gate=100)),  # the down copies once every block's gate_ups landed
     ],
 )
 def test_gpu_persistent_matches_reference(experts, limit, id_dtype, top_k, kc):
@@ -185,17 +171,15 @@ def test_gpu_persistent_matches_reference(experts, limit, id_dtype, top_k, kc):
 @needs_hopper
 @pytest.mark.parametrize("order", ["gate_up_first", "need"])
 def test_gpu_late_down_copies_change_no_result(experts, order):
-    """DecodeKernelConfig.down_after and down_gate only delay when the producer issues the down copies:
-    the same outputs bit for bit, also when a gated kernel follows other variants on the same counters."""
+    """DecodeKernelConfig.down_after only delays when the producer issues the down copies: the same
+    outputs bit for bit, also when one instance switches between the variants."""
     from solo.kernels.cuda_moe import PersistentDecodeMoE
 
     ids, w = routing(experts.gate_up.shape[0], 8, torch.int32)
     x = torch.randn((1, H), device="cuda").to(torch.bfloat16)
     plain = DecodeKernelConfig(order=order, down_after=0)
     want = PersistentDecodeMoE(experts, kernel_config=plain).forward(x, ids, w).clone()
-    gates = (1, 50, 100) if order == "gate_up_first" else ()
     configs = [DecodeKernelConfig(order=order, down_after=a) for a in (1, 2, 7)]
-    configs += [DecodeKernelConfig(order=order, down_after=0, down_gate=gate) for gate in gates]
     for kc in configs:
         moe = PersistentDecodeMoE(experts, kernel_config=kc)
         for _ in range(2):
@@ -250,22 +234,22 @@ def test_gpu_only_one_token_calls_take_the_persistent_kernel(experts):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
-    ("fast_select", "bias_early", "polls", "x_early"),
-    [(False, False, 1, False), (True, False, 2, True), (True, True, 1, True), (True, True, 3, False)],
+    ("fast_select", "bias_early", "x_early"),
+    [(False, False, False), (True, False, True), (True, True, True)],
 )
 @pytest.mark.parametrize(
     "num_experts,groups,keep", [(512, 8, 4), (64, 8, 4), (64, 1, 1), (256, 4, 2)]
 )  # Ling's router; groups inside a warp; no group limit; groups of two warps each
 def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
-    num_experts, groups, keep, fast_select, bias_early, polls, x_early
+    num_experts, groups, keep, fast_select, bias_early, x_early
 ):
     """One launch: RMSNorm of the residual stream, router scores, grouped top-k in every block, then the
     experts it chose. Against the model's Router in fp32 on the CPU (the same experts where the draw is
     clear of ties, weights within fp32 rounding), the reference RMSNorm (bf16 values as it rounds them),
     and the same kernel given the chosen routing (exactly: the routing is all that differs). With
     `fast_select` the selection ranks only the kept groups' warps (where groups are whole warps); with
-    `bias_early` each selection lane reads its expert's bias before the kernel's wait; `polls` loads of a
-    lane's score are in flight at once; `x_early` x is loaded before the inputs' barrier."""
+    `bias_early` each selection lane reads its expert's bias before the kernel's wait; with `x_early` x is
+    loaded before the inputs' barrier."""
     from solo.checkpoint.synthetic import synthetic_config
     from solo.kernels.cuda_moe import PersistentDecodeMoE
     from solo.kernels.fused_router import FusedRouter
@@ -275,9 +259,7 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
 
     experts = random_mxfp4_experts(num_experts, H, I, scales=(116, 126))
     moe = PersistentDecodeMoE(experts, swiglu_limit=7.0)
-    moe.set_kernel_config(
-        DecodeKernelConfig(fast_select=fast_select, bias_early=bias_early, score_polls=polls, x_early=x_early)
-    )
+    moe.set_kernel_config(DecodeKernelConfig(fast_select=fast_select, bias_early=bias_early, x_early=x_early))
     config = synthetic_config(num_layers=1, num_experts=num_experts)
     ref = Router(config)
     ref.n_group, ref.topk_group = groups, keep

@@ -192,9 +192,7 @@ class PersistentDecodeMoE(TritonMoE):
         self._retired: list[tuple[Any, DecodeSchedule, torch.Tensor, int]] = []  # see set_kernel_config
         # activations exchanged between blocks, tagged with the launch number (0xFFFF: none yet)
         self._act = torch.full((MAX_ACT_COPIES * 8 * self.inter,), -1, dtype=torch.int32, device=self.device)
-        # [0] the launch counter (NBLOCKS a launch, wraps at NBLOCKS * 65536); [1] DecodeKernelConfig.down_gate's
-        # count of the blocks whose gate_up tiles have landed, tagged with the launch number
-        self._launches = torch.zeros(2, dtype=torch.int32, device=self.device)
+        self._launches = torch.zeros(1, dtype=torch.int32, device=self.device)
         # ROUTER: the scores exchanged between blocks, tag << 32 | fp32 (tag 0xFFFFFFFF: none yet)
         self._scores = torch.full((SCORE_COPIES * self.num_experts,), -1, dtype=torch.int64, device=self.device)
         self._shared_act: torch.Tensor | None = None  # SHARED: the shared activations exchanged, tagged

@@ -46,23 +46,7 @@ class DecodeKernelConfig:
     # with the router inside: the gate_up warps load x before the inputs' barrier, beside the publisher's read
     # of the launch number, not after it (moe_decode.cu X_EARLY: the same results)
     x_early: bool = True
-    # a grid-wide gate on the down copies (moe_decode.cu DOWN_GATE; percent of the blocks, 0 off): a block
-    # issues its down copies once this share of the blocks have all their gate_up tiles landed (its own
-    # first); with the order "gate_up_first" only. The same results; a lab switch
-    down_gate: int = 0
-    # with the router inside: loads of a selection lane's score in flight at once (moe_decode.cu SCORE_POLLS,
-    # 1..3), issued 200 ns apart and each issued again as it comes back stale; a lab switch
-    score_polls: int = 1
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.score_polls <= 3:
-            raise ValueError(f"score_polls (loads of a score in flight) is 1, 2 or 3, not {self.score_polls}")
-        if not 0 <= self.down_gate <= 100 or self.down_gate and self.order != "gate_up_first":
-            raise ValueError(
-                f"down_gate is a percent of the blocks (0 off) and runs with the order 'gate_up_first' (the gate "
-                f"waits for every gate_up tile of the block, issued first), not {self.down_gate} with {self.order!r}"
-            )
 
     @property
     def probe_code(self) -> int:
@@ -84,8 +68,6 @@ class DecodeKernelConfig:
             "FAST_SELECT": int(self.fast_select),
             "DOWN_AFTER": self.down_after,
             "BIAS_EARLY": int(self.bias_early),
-            "DOWN_GATE": self.down_gate,
-            "SCORE_POLLS": self.score_polls,
             "X_EARLY": int(self.x_early),
         }
 

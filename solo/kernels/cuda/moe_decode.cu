@@ -86,13 +86,6 @@
 #define T_WARP_BEST 31                  // ROUTER: the warps' best written (the selection's first barrier)
 #define T_RANKED 27                     // ROUTER: thread 0's candidate ranked (before the second barrier)
 #define T_RANKS_IN 58                   // ROUTER: every candidate's place written (after the second barrier)
-#define T_GATE_IN 59                    // DOWN_GATE: this block counted in (its gate_up tiles landed)
-#define T_GATE_OPEN 60                  // DOWN_GATE: the gate opened for this block (its down copies go out)
-#if TRACE
-#define TRACE_ROW trow                  // (the kernel's row of stamps, for helpers)
-#else
-#define TRACE_ROW nullptr
-#endif
 #define T_GROUP0 16                     // 16.. : copy group q (issue order) complete
 #define C_PAIR0 32                      // 32 + 4 * p + s: clock64 of warp 0 in pair p's down step s: 0 enter,
                                         // 1 staged, 2 its down rows there, 3 products done
@@ -140,17 +133,6 @@
 #ifndef SCORE_POLL_NS
 #define SCORE_POLL_NS 64                         // back-off between polls of the scores (0: none)
 #endif
-// SCORE_POLLS (a variant, DecodeKernelConfig.score_polls; 1..3): loads of a lane's score in flight at once. One
-// load at a time sees a score up to two load latencies after it lands (one that just missed it, then the next)
-#ifndef SCORE_POLLS
-#define SCORE_POLLS 1
-#endif
-#ifndef SCORE_STAGGER_NS
-#define SCORE_STAGGER_NS 200
-#endif
-#if SCORE_POLLS < 1 || SCORE_POLLS > 3
-#error "SCORE_POLLS is 1, 2 or 3"
-#endif
 #ifndef SCORE_COPIES
 #define SCORE_COPIES 8                           // copies of the exchanged scores (block b polls copy b % 8)
 #endif
@@ -193,20 +175,6 @@
 #define FAST_SEL (FAST_SELECT && KEEP < GROUPS && GSIZE >= 32)  // (elsewhere the full ranking runs)
 #if E % 32 || SEL_WARPS > GU_WARPS || SEL_WARPS > 32 || H / 8 > GU_WARPS * 32
 #error "ROUTER needs E a multiple of 32, E / 32 <= H / 128 gate_up warps, E <= 1024"
-#endif
-#endif
-// DOWN_GATE (a variant, DecodeKernelConfig.down_gate, percent of the blocks; 0 off): a grid-wide gate on the down
-// copies. Every block counts itself in (launches[1], NBLOCKS a gated launch) once all its gate_up tiles
-// have landed, and its producer issues its first down copy only once DOWN_GATE percent of the blocks have. Per
-// block (DOWN_AFTER), a block whose gate_up tiles land early still puts its down bytes beside the other blocks'
-// gate_up tiles, and the exchange waits for the last of those anywhere.
-#ifndef DOWN_GATE
-#define DOWN_GATE 0
-#endif
-#if DOWN_GATE
-#define GATE_BLOCKS ((NBLOCKS * DOWN_GATE + 99) / 100)
-#if DOWN_GATE > 100 || DOWN_GATE < 0
-#error "DOWN_GATE is a percent of the blocks"
 #endif
 #endif
 #if SHARED && !ROUTER
@@ -269,8 +237,6 @@ __device__ __forceinline__ void bar_wait(u32 bar) {
         : "memory");
 }
 
-
-
 __device__ __forceinline__ void bulk_copy(u32 dst, const void *src, u32 bytes, u32 bar, u64 policy) {
 #if EVICT_FIRST
     asm volatile(
@@ -305,34 +271,6 @@ __device__ __forceinline__ u64 globaltimer_after(u32 v) {
     asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t) : "r"(v));
     return t;
 }
-
-#if DOWN_GATE
-// The producer's lane 0: once the block's own gate_up tiles have landed, count the block in (launches[1]: NBLOCKS
-// a gated launch, wrapping at NBLOCKS * 65536, so a multiple of NBLOCKS between launches whatever ran before: its
-// launch's base is the count it found, rounded down), then (`wait`) poll until GATE_BLOCKS blocks are in. A gate
-// only delays copies; every block counts in once a launch, so the gate opens. (A compare-and-swap restart of a
-// tagged count, the first version, cost about 35 us a launch on the H100: h100_moe_router_lab19.log.)
-__device__ __forceinline__ void down_gate(const u64 *bars, int n_gu, u32 *gate, bool wait, u64 *trow) {
-    for (int i = 0; i < n_gu; ++i) bar_wait(smem_addr(&bars[i]));
-    const u32 was = atomicInc(gate, NBLOCKS * 65536u - 1u);
-    const u32 base = was - was % NBLOCKS;
-#if TRACE
-    trow[T_GATE_IN] = globaltimer_after(was);
-#endif
-    while (wait) {
-        u32 v;
-        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(gate) : "memory");
-        const u32 in = v >= base ? v - base : v + NBLOCKS * 65536u - base;
-        if (in >= GATE_BLOCKS) break;
-        __nanosleep(64);
-    }
-#if TRACE
-    if (wait) trow[T_GATE_OPEN] = globaltimer();
-#else
-    (void)trow;
-#endif
-}
-#endif
 
 // Codes J and J+4 of a packed word as an fp16 pair (low half code J), each value * 2^-14.
 __device__ __forceinline__ u32 e2m1_pair(u32 w, int j) {
@@ -779,9 +717,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif
         const expert_id_t *e = sm.experts;
         if (lane == 0) {
-#if DOWN_GATE
-            bool gated = false;
-#endif
             u64 policy = 0;
 #if EVICT_FIRST
             asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
@@ -792,12 +727,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 if (q == row[ROW_WORDS - 1]) bar_wait(smem_addr(&sm.bars[SH_FREE]));  // it lands in the shared tail
 #endif
                 const int code = order[q];
-#if DOWN_GATE
-                if (code == MAX_GU) {  // the first down group: this block's gate_up tiles, then the grid's
-                    down_gate(sm.bars, n_gu, launches + 1, true, TRACE_ROW);
-                    gated = true;
-                }
-#elif DOWN_AFTER
+#if DOWN_AFTER
                 if (code == MAX_GU) {  // the first down group (slot pair 0): wait for the earlier gate_up tiles
                     for (int q2 = 0, seen = 0; q2 < q && seen < DOWN_AFTER; ++q2)
                         if (order[q2] < MAX_GU) {
@@ -841,9 +771,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             }
 #if SHARED
             if (row[ROW_WORDS - 1] >= groups) bar_wait(smem_addr(&sm.bars[SH_FREE]));  // (the barrier's phase completes)
-#endif
-#if DOWN_GATE
-            if (!gated) down_gate(sm.bars, n_gu, launches + 1, false, TRACE_ROW);  // (no down tiles: count in only)
 #endif
 #if TRACE
             trow[T_ISSUED] = globaltimer();
@@ -926,8 +853,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         asm volatile("bar.sync %0, %1;" ::"r"(BAR_INPUTS), "r"(INPUT_THREADS) : "memory");
 #if ROUTER
         if (!X_EARLY && threadIdx.x < H / 8) xv = ld_cg4(reinterpret_cast<const u32 *>(x) + 4 * threadIdx.x);
-#endif
-#if ROUTER
         if (warp < GU_WARPS) {
             // ---- RMSNorm of x: one 8-element piece per thread, sums of squares over the warps in order
             const int tid = threadIdx.x;
@@ -998,34 +923,11 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             if (warp < SEL_WARPS) {
                 const int me = warp * 32 + lane;
                 const u64 *mine = scores + (blockIdx.x % SCORE_COPIES) * E + me;
-#if SCORE_POLLS > 1
-                // SCORE_POLLS loads of the score in flight, issued SCORE_STAGGER_NS apart, each issued again as
-                // soon as it came back stale: a score is seen about a load's latency after it lands, not up to two
-                u64 v, p0 = rt_ld_relaxed(mine), p1, p2 = 0;
-                __nanosleep(SCORE_STAGGER_NS);
-                p1 = rt_ld_relaxed(mine);
-#if SCORE_POLLS > 2
-                __nanosleep(SCORE_STAGGER_NS);
-                p2 = rt_ld_relaxed(mine);
-#endif
-                for (;;) {
-                    if ((u32)(p0 >> 32) == rtag) { v = p0; break; }
-                    p0 = rt_ld_relaxed(mine);
-                    if ((u32)(p1 >> 32) == rtag) { v = p1; break; }
-                    p1 = rt_ld_relaxed(mine);
-#if SCORE_POLLS > 2
-                    if ((u32)(p2 >> 32) == rtag) { v = p2; break; }
-                    p2 = rt_ld_relaxed(mine);
-#endif
-                }
-                (void)p2;
-#else
                 u64 v = rt_ld_relaxed(mine);
                 while ((u32)(v >> 32) != rtag) {
                     if (SCORE_POLL_NS) __nanosleep(SCORE_POLL_NS);
                     v = rt_ld_relaxed(mine);
                 }
-#endif
                 const float sc = __uint_as_float((u32)v);
 #if BIAS_EARLY
                 const float biased = sc + my_bias;
