@@ -104,6 +104,13 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "bulk: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 1}}},
     # (a bulk block of 4 warps is an SM's only compute for its stream; the register path has 24 warps an SM)
     "bulk, 8 warps: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 1, "warps": 8}}},
+    # (fifteenth session: on the H100 the bulk ring on the big projections lost 245 us at 4 warps and 111 at 8,
+    # h100_ab_lab18.log; more warps a block, or two blocks an SM, to consume the ring faster)
+    "bulk, 10 warps: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 1, "warps": 10}}},
+    "bulk, 20 warps: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 1, "warps": 20}}},
+    "bulk, 2 blocks of 8 warps: qkvfgb, q|kv_a|g, MLP": {
+        "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 2, "warps": 8}}
+    },
     "bulk: o_proj, dense, downs": {"for": {("o_proj", "dense", "down"): {"bulk": 1}}},
     # not GEMV launches: the MLA and selection switches the product turned on in the twelfth session, undone
     # (one token's attention transposed on one warpgroup, the combine cut into 4 slices of the latent columns

@@ -33,6 +33,7 @@ LAUNCHES = {  # the product's choice; 4 warps with 4 loads in flight; one block 
     "8 warps, 4 in flight, 3 blocks per SM": dict(warps=8, max_in_flight=4, min_blocks=3),
     # the weights through a ring of shared-memory slots filled by bulk copies (gemv_decode.cu BULK)
     "bulk ring": dict(bulk=1, warps=8),
+    "bulk ring, 20 warps": dict(bulk=1, warps=20),  # (K 768: 12 warps, warps_for)
     "bulk ring, 2 blocks per SM, 2 slots": dict(bulk=2, slots=2),
 }
 
