@@ -111,6 +111,20 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "bulk, 2 blocks of 8 warps: qkvfgb, q|kv_a|g, MLP": {
         "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 2, "warps": 8}}
     },
+    # (+7.8 us against +110.9 for one block of 8 on the H100, h100_ab_lab21.log: two consumers an SM)
+    "bulk, 3 blocks of 8 warps: qkvfgb, q|kv_a|g, MLP": {
+        "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 3, "warps": 8}}
+    },
+    "bulk, 2 blocks of 10 warps: qkvfgb, q|kv_a|g, MLP": {
+        "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 2, "warps": 10}}
+    },
+    "bulk, 4 blocks of 4 warps: qkvfgb, q|kv_a|g, MLP": {
+        "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 4, "warps": 4}}
+    },
+    "bulk, 2 blocks of 8 warps, at most 6 slots: qkvfgb, q|kv_a|g, MLP": {
+        "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 2, "warps": 8, "slots": 6}}
+    },
+    "bulk, 2 blocks of 8 warps: every GEMV": {"bulk": 2, "warps": 8},
     "bulk: o_proj, dense, downs": {"for": {("o_proj", "dense", "down"): {"bulk": 1}}},
     # not GEMV launches: the MLA and selection switches the product turned on in the twelfth session, undone
     # (one token's attention transposed on one warpgroup, the combine cut into 4 slices of the latent columns
