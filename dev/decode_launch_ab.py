@@ -108,10 +108,11 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # h100_ab_lab18.log; more warps a block, or two blocks an SM, to consume the ring faster)
     "bulk, 10 warps: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 1, "warps": 10}}},
     "bulk, 20 warps: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 1, "warps": 20}}},
+    # (two blocks an SM: +7.8, -16.4, +6.8 us in three H100 runs against +110.9 for one block of 8, a tie with the
+    # register path; h100_ab_lab21.log, h100_ab_lab22.log. The H200, whose stream is more latency-bound, is next)
     "bulk, 2 blocks of 8 warps: qkvfgb, q|kv_a|g, MLP": {
         "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 2, "warps": 8}}
     },
-    # (+7.8 us against +110.9 for one block of 8 on the H100, h100_ab_lab21.log: two consumers an SM)
     "bulk, 3 blocks of 8 warps: qkvfgb, q|kv_a|g, MLP": {
         "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 3, "warps": 8}}
     },
