@@ -159,6 +159,12 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # not a launch: one token's shared expert inside the persistent MoE kernel (--moe-shared fused) instead
     # of its own two kernels after it (docs/results/h200_shared_order_ab.log)
     "shared expert inside": {"shared_inside": True},
+    # (sixteenth session) the same beside the bulk ring of two blocks of 8 warps on the big projections: the
+    # kernel after the MoE kernel (the next q|k|v|f|g|b) then streams from its ring as its blocks arrive
+    "shared expert inside, bulk, 2 blocks of 8 warps: qkvfgb, q|kv_a|g, MLP": {
+        "shared_inside": True,
+        "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 2, "warps": 8}},
+    },
     # not a GEMV launch: one token's programs per KDA head (solo.kernels.fused_kda.VALUE_SPLITS, 4 in the
     # product): 8 halves each program's slice of the state, two programs an SM (sm_90: 72 registers against
     # 107). For verification 8 lost before (4.511 -> 4.537 ms at 4K, dev/verify_kernels_ab.py --kda-splits)
