@@ -243,6 +243,57 @@ def test_the_shared_expert_inside_the_moe_kernel_matches_the_reference_layers(se
     assert step.launches()["moe_shared"] == sum(moe in trunk for moe in moes) > 0
 
 
+def test_the_big_projections_through_bulk_rings_match_the_reference_layers(setup):
+    """FusedDecodeStep.ring_big_projections (the bench modifier bulk), here beside the shared expert inside
+    the MoE kernel: the projections of thousands of rows stream through bulk rings of 2 blocks of 8 warps
+    an SM. Layer by layer, one token and four, against the reference modules and the product's step."""
+    from solo.checkpoint.synthetic import load_random_model
+    from solo.fastpath import FastPathOptions, accelerate
+    from solo.kernels.cuda_step import BIG_PROJECTION_ROWS, CudaGemv, cuda_step_unavailable
+    from solo.model.cache import HybridCache
+
+    if cuda_step_unavailable("cuda") is not None:
+        pytest.skip("the bulk ring is the CUDA GEMV's (Hopper)")
+    config, seed, fused = setup
+    options = FastPathOptions(
+        moe_backend="cuda", lm_head="fp8", block_fp8="on", decode_step="fused", pdl=False, moe_shared=True
+    )
+    ringed = accelerate(load_random_model(config, "cuda", torch.bfloat16, seed), options)
+    step = ringed.decode_step
+    big = [k for k in (getattr(o, a) for o, a in step._slots()) if getattr(k, "rows", 0) >= BIG_PROJECTION_ROWS]
+    assert step.ring_big_projections() == len(big) > 0
+    assert all(isinstance(k, CudaGemv) and (k.launch_config.bulk, k.launch_config.warps) == (2, 8) for k in big)
+    worst, apart = 0.0, 0.0
+    for tokens in (1, 4):
+        positions = torch.arange(30, 30 + tokens, device="cuda")
+        cos_sin = ringed.rotary.cos_sin(positions, torch.bfloat16)
+        for mine, prod, layer in zip(step.layers, fused.decode_step.layers, ringed.model.layers, strict=False):
+            caches = [HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True) for _ in range(3)]
+            caches[0].kda_recurrent.normal_(0, 0.05)
+            caches[0].kda_conv.normal_()
+            for layer_cache in caches[0].mla.values():
+                layer_cache.latent.normal_()
+                layer_cache.rope.normal_()
+            for cache in caches[1:]:  # the same non-zero starting state in all three
+                cache.kda_recurrent.copy_(caches[0].kda_recurrent)
+                cache.kda_conv.copy_(caches[0].kda_conv)
+                for dst, src in zip(cache.mla.values(), caches[0].mla.values(), strict=True):
+                    dst.latent.copy_(src.latent)
+                    dst.rope.copy_(src.rope)
+            history = [c.new_history(tokens) if tokens > 1 else None for c in caches]
+            x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
+            with torch.inference_mode():
+                want = layer(x, positions, cos_sin, caches[0], history[0])
+                got, other = x.clone(), x.clone()
+                mine(got, positions, caches[1], history[1])
+                prod(other, positions, caches[2], history[2])
+            worst = max(worst, rel(got - x, want - x))
+            apart = max(apart, rel(got - x, other - x))
+    print(f"\nbulk rings: worst rel. err {worst:.1e} against the reference, {apart:.1e} against the product")
+    assert worst < 2e-2 and apart < 2e-2
+    assert all(k._kernels and any(key[0] == 1 for key in k._kernels) for k in big)  # (built, one token among them)
+
+
 def test_the_shared_gate_up_waiting_late_matches_the_reference_layers(setup):
     """FusedDecodeStep.shared_late_wait (a lab variant): one token's shared gate_up normalises x itself
     and waits for the MoE kernel only at its end (gemv_decode.cu LATE_WAIT). Layer by layer against the

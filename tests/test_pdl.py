@@ -62,8 +62,10 @@ def test_bench_configs_name_the_launch_mode():
     assert lab.step == "fused" and {"handoff", "latewait"} <= set(lab.modifiers) and lab.pdl
     inside = parse_configs("cuda:fp8:fused+cuda+pdl+inshared")[0]
     assert (fused.moe_shared, separate.moe_shared, inside.moe_shared) == (None, None, True)
+    ringed = parse_configs("cuda:fp8:fused+cuda+pdl+inshared+bulk")[0]
+    assert "bulk" in ringed.modifiers and ringed.moe_shared and "bulk" not in fused.modifiers
     bad_ones = ("fused+pdl+pdl", "fused+fast", "reference+pdl", "fused+cuda+triton", "reference+seprouter")
-    bad_ones += ("fused+cuda+cuda1", "fused+pdl+pdlall", "reference+inshared", "reference+handoff")
+    bad_ones += ("fused+cuda+cuda1", "fused+pdl+pdlall", "reference+inshared", "reference+handoff", "reference+bulk")
     for bad in bad_ones:
         with pytest.raises(ValueError, match="modifiers|one of triton, cuda, cuda1|pdlall includes pdl"):
             parse_configs(f"cuda:fp8:{bad}")

@@ -87,8 +87,9 @@ STEPS = ("fused", "reference", "auto")
 # cuda1: CUDA for one-token calls only, verification on Triton), seprouter (one token's MoE router in its own
 # kernel, not inside the persistent MoE kernel), inshared (the shared expert inside the persistent MoE kernel
 # too, --moe-shared fused; measured slower, for A/B runs), handoff and latewait (the lab switches
-# FusedDecodeStep.handoff and .shared_late_wait, for A/B runs until measured)
-STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1", "seprouter", "inshared", "handoff", "latewait")
+# FusedDecodeStep.handoff and .shared_late_wait, for A/B runs until measured), bulk (the lab switch
+# FusedDecodeStep.ring_big_projections: the big projections' weights through bulk rings, 2 blocks of 8 warps an SM)
+STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1", "seprouter", "inshared", "handoff", "latewait", "bulk")
 LAB_SWITCHES = {"handoff": "handoff", "latewait": "shared_late_wait"}  # modifier -> FusedDecodeStep attribute
 
 
@@ -291,10 +292,13 @@ def load(args: argparse.Namespace, config: Config):
     loaded = time.perf_counter() - t0
     accelerate(model, options)
     switches = [LAB_SWITCHES[m] for m in config.modifiers if m in LAB_SWITCHES]
-    if switches and model.decode_step is not None:  # (modifiers come with the fused step only)
+    step = model.decode_step
+    if (switches or "bulk" in config.modifiers) and step is not None:  # (modifiers come with the fused step only)
         for switch in switches:
-            setattr(model.decode_step, switch, True)
-        model.decode_step.warmup()  # (their kernels compiled before any capture)
+            setattr(step, switch, True)
+        if "bulk" in config.modifiers and not step.ring_big_projections():
+            raise ValueError(f"{config.name}: bulk rings the CUDA step kernels' projections; this step has none")
+        step.warmup()  # (their kernels compiled before any capture)
     return model, {"load_s": round(loaded, 1), "accelerate_s": round(time.perf_counter() - t0 - loaded, 1)}
 
 

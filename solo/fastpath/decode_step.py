@@ -21,6 +21,7 @@ inside captured graphs. Static shapes, no host synchronisation, capturable.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -34,7 +35,7 @@ from solo.fastpath.availability import (
     StepKernelsUnavailable,
     fused_step_unavailable,
 )
-from solo.kernels.cuda_step import CudaGemv, Handoff
+from solo.kernels.cuda_step import BIG_PROJECTION_ROWS, CudaGemv, Handoff
 from solo.kernels.fused_gemv import FusedGemv
 from solo.kernels.fused_kda import kda_decode
 from solo.kernels.fused_mla import FusedMLA
@@ -496,6 +497,21 @@ class FusedDecodeStep:
             raise StepKernelsUnavailable(f"--moe-shared fused: {why}. Use --moe-shared auto.")
         for moe, shared in chosen:
             moe.shared_in_experts = shared
+
+    def ring_big_projections(self, blocks_per_sm: int = 2, warps: int = 8) -> int:
+        """A lab switch (bench modifier `bulk`): the CUDA projections of many rows (q|k|v|f|g|b, MLA
+        q|kv_a|g, the dense MLP's gate_up) stream their weights through a ring of shared-memory slots filled
+        by bulk copies (GemvLaunch.bulk), `blocks_per_sm` blocks of `warps` warps an SM. Their sums add K's
+        slices in another order than the product's 4 warps (other roundings, as any change of warps).
+        Returns how many projections changed; their kernels are built again at the next call."""
+        changed = 0
+        for owner, attr in self._slots():
+            kernel = getattr(owner, attr)
+            if isinstance(kernel, CudaGemv) and kernel.rows >= BIG_PROJECTION_ROWS:
+                kernel.launch_config = dataclasses.replace(kernel.launch_config, bulk=blocks_per_sm, warps=warps)
+                kernel._kernels.clear()
+                changed += 1
+        return changed
 
     def shared_in_experts(self) -> list[_MoE]:
         """The MoE layers whose shared expert runs inside the persistent MoE kernel (one token)."""

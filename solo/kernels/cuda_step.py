@@ -151,11 +151,15 @@ def task_order(rows: int, last_start: int, last_end: int) -> tuple[int, int]:
     return (last_end // 8) % tasks, tasks - (last_end - last_start) // 8
 
 
+# projections of at least this many rows (q|k|v|f|g|b, MLA q|kv_a|g, the dense MLP's gate_up) are "big"
+BIG_PROJECTION_ROWS = 4096
+
+
 def choose_launch(rows: int) -> GemvLaunch:
     """Measured on the H200 (dev/step_kernels_probe.py, docs/performance.md): many rows (q|k|v|f|g|b,
     MLA q|kv_a|g, dense gate_up: thousands of 8-row tasks) run best as many small blocks of 4 warps;
     a few hundred tasks (2,560 output rows) as blocks of up to 16 warps that split K finely."""
-    return GemvLaunch(warps=4 if rows >= 4096 else 16)
+    return GemvLaunch(warps=4 if rows >= BIG_PROJECTION_ROWS else 16)
 
 
 def warps_for(k: int, wanted: int) -> int:
