@@ -502,7 +502,8 @@ class FusedDecodeStep:
         """A lab switch (bench modifier `bulk`): the CUDA projections of many rows (q|k|v|f|g|b, MLA
         q|kv_a|g, the dense MLP's gate_up) stream their weights through a ring of shared-memory slots filled
         by bulk copies (GemvLaunch.bulk), `blocks_per_sm` blocks of `warps` warps an SM. Their sums add K's
-        slices in another order than the product's 4 warps (other roundings, as any change of warps).
+        slices in another order than the product's 4 warps (other roundings, as any change of warps). Not
+        the product's: on the H100 the decode step ties (docs/performance.md section 0); the H200 is untried.
         Returns how many projections changed; their kernels are built again at the next call."""
         changed = 0
         for owner, attr in self._slots():
