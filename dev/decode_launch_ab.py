@@ -165,6 +165,16 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
         "shared_inside": True,
         "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 2, "warps": 8}},
     },
+    # (the KDA recurrence after a ringed q|k|v|f|g|b took 5.1-5.7 us against 3.7, h100_bench_decode_both_lab24.json:
+    # two blocks of 5 slots fill the SM's shared memory, so its programs become resident only as the blocks end;
+    # at most 4 slots leave about 47 KB an SM)
+    "bulk, 2 blocks of 8 warps, at most 4 slots: qkvfgb, q|kv_a|g, MLP": {
+        "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 2, "warps": 8, "slots": 4}}
+    },
+    "shared expert inside, bulk, 2 blocks of 8 warps, at most 4 slots: qkvfgb, q|kv_a|g, MLP": {
+        "shared_inside": True,
+        "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 2, "warps": 8, "slots": 4}},
+    },
     # not a GEMV launch: one token's programs per KDA head (solo.kernels.fused_kda.VALUE_SPLITS, 4 in the
     # product): 8 halves each program's slice of the state, two programs an SM (sm_90: 72 registers against
     # 107). For verification 8 lost before (4.511 -> 4.537 ms at 4K, dev/verify_kernels_ab.py --kda-splits)
