@@ -40,12 +40,42 @@ def setup():
     return config, seed, fused
 
 
+def caches_from_one_random_state(config, n: int) -> list:
+    """n caches that start from the same fresh random state: KDA states and conv windows, MLA latent rows."""
+    from solo.model.cache import HybridCache
+
+    caches = [HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True) for _ in range(n)]
+    first = caches[0]
+    first.kda_recurrent.normal_(0, 0.05)
+    first.kda_conv.normal_()
+    for layer_cache in first.mla.values():
+        layer_cache.latent.normal_()
+        layer_cache.rope.normal_()
+    for cache in caches[1:]:
+        cache.kda_recurrent.copy_(first.kda_recurrent)
+        cache.kda_conv.copy_(first.kda_conv)
+        for dst, src in zip(cache.mla.values(), first.mla.values(), strict=True):
+            dst.latent.copy_(src.latent)
+            dst.rope.copy_(src.rope)
+    return caches
+
+
+def with_shared_inside(config, seed: int):
+    """The setup's random model loaded again and accelerated with the shared expert inside the MoE kernel."""
+    from solo.checkpoint.synthetic import load_random_model
+    from solo.fastpath import FastPathOptions, accelerate
+
+    options = FastPathOptions(
+        moe_backend="cuda", lm_head="fp8", block_fp8="on", decode_step="fused", pdl=False, moe_shared=True
+    )
+    return accelerate(load_random_model(config, "cuda", torch.bfloat16, seed), options)
+
+
 def test_every_fused_layer_matches_its_reference_layer(setup):
     """Layer by layer, from the same input and the same cache, decode (1 token) and verification
     (4 tokens, with the KDA history): the fused kernels against the model's own reference modules on
     the GPU (same weights, same expert backend). Comparing whole random models instead would compare
     routing decisions: a bf16-sized difference anywhere flips near-tied experts downstream."""
-    from solo.model.cache import HybridCache
 
     config, _, fused = setup
     step = fused.decode_step
@@ -55,18 +85,7 @@ def test_every_fused_layer_matches_its_reference_layer(setup):
         positions = torch.arange(30, 30 + tokens, device="cuda")
         cos_sin = rotary.cos_sin(positions, torch.bfloat16)
         for fused_layer, layer in zip(step.layers, fused.model.layers, strict=False):
-            caches = [HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True) for _ in range(2)]
-            for cache in caches[1:]:  # the same non-zero starting state in both
-                for dst, src in zip(cache.kda.values(), caches[0].kda.values(), strict=True):
-                    src.recurrent.normal_(0, 0.05)
-                    src.conv.normal_()
-                    dst.recurrent.copy_(src.recurrent)
-                    dst.conv.copy_(src.conv)
-                for dst, src in zip(cache.mla.values(), caches[0].mla.values(), strict=True):
-                    src.latent.normal_()
-                    src.rope.normal_()
-                    dst.latent.copy_(src.latent)
-                    dst.rope.copy_(src.rope)
+            caches = caches_from_one_random_state(config, 2)  # the same non-zero starting state in both
             histories = [c.new_history(tokens) if tokens > 1 else None for c in caches]
             x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
             with torch.inference_mode():
@@ -208,18 +227,13 @@ def test_the_shared_expert_inside_the_moe_kernel_matches_the_reference_layers(se
     """--moe-shared fused (opt-in): one token's MoE layers run router, routed and shared experts in one
     launch and update the residual stream in place. Layer by layer against the reference modules (as
     above) and against the product's step (the shared expert's own kernels); its launches are counted."""
-    from solo.checkpoint.synthetic import load_random_model
-    from solo.fastpath import FastPathOptions, accelerate
     from solo.kernels.cuda_step import cuda_step_unavailable
     from solo.model.cache import HybridCache
 
     if cuda_step_unavailable("cuda") is not None:
         pytest.skip("the persistent MoE kernel with its router runs with the CUDA step kernels (Hopper)")
     config, seed, fused = setup
-    options = FastPathOptions(
-        moe_backend="cuda", lm_head="fp8", block_fp8="on", decode_step="fused", pdl=False, moe_shared=True
-    )
-    inside = accelerate(load_random_model(config, "cuda", torch.bfloat16, seed), options)
+    inside = with_shared_inside(config, seed)
     step = inside.decode_step
     moes = step.shared_in_experts()
     assert moes and len(moes) == len(step.routers_in_experts()) and step.describe()["shared_in_experts"] == len(moes)
@@ -247,18 +261,12 @@ def test_the_big_projections_through_bulk_rings_match_the_reference_layers(setup
     """FusedDecodeStep.ring_big_projections (the bench modifier bulk), here beside the shared expert inside
     the MoE kernel: the projections of thousands of rows stream through bulk rings of 2 blocks of 8 warps
     an SM. Layer by layer, one token and four, against the reference modules and the product's step."""
-    from solo.checkpoint.synthetic import load_random_model
-    from solo.fastpath import FastPathOptions, accelerate
     from solo.kernels.cuda_step import BIG_PROJECTION_ROWS, CudaGemv, cuda_step_unavailable
-    from solo.model.cache import HybridCache
 
     if cuda_step_unavailable("cuda") is not None:
         pytest.skip("the bulk ring is the CUDA GEMV's (Hopper)")
     config, seed, fused = setup
-    options = FastPathOptions(
-        moe_backend="cuda", lm_head="fp8", block_fp8="on", decode_step="fused", pdl=False, moe_shared=True
-    )
-    ringed = accelerate(load_random_model(config, "cuda", torch.bfloat16, seed), options)
+    ringed = with_shared_inside(config, seed)
     step = ringed.decode_step
     big = [k for k in (getattr(o, a) for o, a in step._slots()) if getattr(k, "rows", 0) >= BIG_PROJECTION_ROWS]
     assert step.ring_big_projections() == len(big) > 0
@@ -268,18 +276,7 @@ def test_the_big_projections_through_bulk_rings_match_the_reference_layers(setup
         positions = torch.arange(30, 30 + tokens, device="cuda")
         cos_sin = ringed.rotary.cos_sin(positions, torch.bfloat16)
         for mine, prod, layer in zip(step.layers, fused.decode_step.layers, ringed.model.layers, strict=False):
-            caches = [HybridCache(config, 64, "cuda", torch.bfloat16, with_nextn=True) for _ in range(3)]
-            caches[0].kda_recurrent.normal_(0, 0.05)
-            caches[0].kda_conv.normal_()
-            for layer_cache in caches[0].mla.values():
-                layer_cache.latent.normal_()
-                layer_cache.rope.normal_()
-            for cache in caches[1:]:  # the same non-zero starting state in all three
-                cache.kda_recurrent.copy_(caches[0].kda_recurrent)
-                cache.kda_conv.copy_(caches[0].kda_conv)
-                for dst, src in zip(cache.mla.values(), caches[0].mla.values(), strict=True):
-                    dst.latent.copy_(src.latent)
-                    dst.rope.copy_(src.rope)
+            caches = caches_from_one_random_state(config, 3)  # the same non-zero starting state in all three
             history = [c.new_history(tokens) if tokens > 1 else None for c in caches]
             x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
             with torch.inference_mode():

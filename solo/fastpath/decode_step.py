@@ -509,8 +509,7 @@ class FusedDecodeStep:
         for owner, attr in self._slots():
             kernel = getattr(owner, attr)
             if isinstance(kernel, CudaGemv) and kernel.rows >= BIG_PROJECTION_ROWS:
-                kernel.launch_config = dataclasses.replace(kernel.launch_config, bulk=blocks_per_sm, warps=warps)
-                kernel._kernels.clear()
+                kernel.relaunch(dataclasses.replace(kernel.launch_config, bulk=blocks_per_sm, warps=warps))
                 changed += 1
         return changed
 

@@ -217,6 +217,12 @@ class CudaGemv:
     def launch(self) -> LaunchPolicy:
         return self.fused.launch
 
+    def relaunch(self, launch: GemvLaunch) -> None:
+        """Run later calls with `launch`: the kernels built so far are dropped and built again at the next
+        call (graphs captured before keep the ones they launch)."""
+        self.launch_config = launch
+        self._kernels.clear()
+
     def _order(self, handoff: Handoff | None) -> tuple[int, int]:
         if handoff is None:
             return 0, 0
