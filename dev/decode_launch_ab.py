@@ -44,7 +44,7 @@ from solo.bench.decode import copy_bandwidth, environment, time_graph  # noqa: E
 from solo.engine.graphs import EagerStep, GraphCapture  # noqa: E402
 from solo.kernels import fused_kda  # noqa: E402
 from solo.kernels.cuda_moe_plan import DecodeKernelConfig  # noqa: E402
-from solo.kernels.cuda_step import CudaGemv, CudaRouter, GemvLaunch  # noqa: E402
+from solo.kernels.cuda_step import WINDOW_RING, CudaGemv, CudaRouter, GemvLaunch, choose_launch  # noqa: E402
 from solo.model.cache import HybridCache  # noqa: E402
 
 VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the product's), and under "for" more
@@ -205,6 +205,14 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
         "for": {("o_proj", "dense"): {"warps": 8, "max_in_flight": 4, "min_blocks": 3}}
     },
     "bulk + hand-off": {"bulk": 1, "handoff": True},
+    # (seventeenth session) verification's big projections only (GemvLaunch.window; the decode step's kernels
+    # are the product's): through bulk rings of 2 blocks of 10 warps (WINDOW_RING, the product's on the cards
+    # of WINDOW_RING_CARDS), or on the register path (the product's elsewhere)
+    "window ring: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"window": WINDOW_RING}}},
+    "window ring, 2 blocks of 8 warps: qkvfgb, q|kv_a|g, MLP": {
+        "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"window": dataclasses.replace(WINDOW_RING, warps=8)}}
+    },
+    "windows on the register path": {"window": None},
     # (ninth session) one token's shared gate_up normalises x itself and waits for the MoE kernel only at
     # its end (gemv_decode.cu LATE_WAIT): FusedDecodeStep.shared_late_wait
     "shared gate_up late wait": {"shared_late_wait": True},
@@ -265,12 +273,16 @@ def agreement(mine: torch.Tensor, product: torch.Tensor) -> tuple[float, bool]:
 
 
 def launch_for(gemv: CudaGemv, variant: dict) -> GemvLaunch:
-    """The GemvLaunch a variant gives this GEMV."""
+    """The GemvLaunch a variant gives this GEMV: the product's on this card (choose_launch) with the variant's
+    fields. A variant that changes a GEMV's launch without naming its `window` runs that launch for every
+    call (verification's too, as before GemvLaunch.window existed)."""
     fields = {k: v for k, v in variant.items() if k not in NOT_LAUNCH}
     for suffixes, more in variant.get("for", {}).items():
         if gemv.name.endswith(suffixes):
             fields.update(more)
-    return dataclasses.replace(GemvLaunch(), **fields)
+    if fields and "window" not in fields:
+        fields["window"] = None
+    return dataclasses.replace(choose_launch(gemv.rows, gemv.card), **fields)
 
 
 def grids(gemvs: list[CudaGemv]) -> list[str]:

@@ -95,6 +95,23 @@ def test_the_bulk_ring_fits_its_share_of_the_sm(rows, k, warps, swiglu, tokens, 
     assert bulk_ring(1, 2560, 8, False, GemvLaunch(bulk=1), 2564, 132)[0] == 10
 
 
+@pytest.mark.parametrize("rows", [20512, 6816, 6144, 4096, 4095, 2560, 1536, random.randint(8, 30000)])
+@pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA H100 PCIe", ""])
+def test_verification_takes_the_window_ring_only_on_its_cards_and_big_projections(rows, card):
+    """The product's launch: 4 warps for thousands of rows, 16 below BIG_PROJECTION_ROWS; verification's
+    calls of the big projections through WINDOW_RING on the cards it was measured faster on, elsewhere the
+    one-token launch (no window)."""
+    from solo.kernels.cuda_step import BIG_PROJECTION_ROWS, WINDOW_RING, WINDOW_RING_CARDS, choose_launch
+
+    launch = choose_launch(rows, card)
+    big = rows >= BIG_PROJECTION_ROWS
+    assert launch.warps == (4 if big else 16) and launch.bulk == 0  # one token: the register path
+    assert launch.window == (WINDOW_RING if big and card in WINDOW_RING_CARDS else None)
+    assert choose_launch(rows) == choose_launch(rows, "some other GPU")
+    if launch.window is not None:
+        assert (launch.window.bulk, launch.window.warps, launch.window.window) == (2, 10, None)
+
+
 def order_of(rows: int, rotate: int) -> list[int]:
     """The tasks in gemv_decode.cu's order (TASK_AT: position seq runs task (seq + ROTATE) mod TASKS)."""
     tasks = -(-rows // 8)

@@ -293,6 +293,65 @@ def test_the_big_projections_through_bulk_rings_match_the_reference_layers(setup
     assert one_token and all(d.get("BULK") == 1 and d["WARPS"] == 8 for d in one_token)
 
 
+def test_verification_through_the_window_rings_matches_the_reference_layers(setup):
+    """GemvLaunch.window = WINDOW_RING (the product's on the cards of WINDOW_RING_CARDS, set here on any
+    Hopper): verification's big projections stream through bulk rings of 2 blocks of 10 warps an SM, the
+    decode step's one-token calls keep their launch. Layer by layer over 4 tokens, against the reference
+    modules and against the same step with the windows on the register path."""
+    import dataclasses
+
+    from solo.kernels.cuda_step import (
+        BIG_PROJECTION_ROWS,
+        WINDOW_RING,
+        WINDOW_RING_CARDS,
+        CudaGemv,
+        cuda_step_unavailable,
+    )
+
+    if cuda_step_unavailable("cuda") is not None:
+        pytest.skip("the bulk ring is the CUDA GEMV's (Hopper)")
+    config, _, fused = setup
+    step = fused.decode_step
+    big = [k for k in (getattr(o, a) for o, a in step._slots()) if getattr(k, "rows", 0) >= BIG_PROJECTION_ROWS]
+    assert big and all(isinstance(k, CudaGemv) for k in big)
+    product = [k.launch_config for k in big]
+    on_this_card = torch.cuda.get_device_name() in WINDOW_RING_CARDS
+    assert step.window_rings() == (len(big) if on_this_card else 0)  # the product's choice for this card
+    tokens = 4
+    positions = torch.arange(30, 30 + tokens, device="cuda")
+    cos_sin = fused.rotary.cos_sin(positions, torch.bfloat16)
+    layers = list(zip(fused.model.layers, step.layers, strict=False))
+    caches = [caches_from_one_random_state(config, 3) for _ in layers]  # reference, register path, rings
+    history = [[c.new_history(tokens) for c in three] for three in caches]
+    xs = [torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16) for _ in layers]
+    outs: list[list[torch.Tensor]] = [[], []]
+    try:
+        for i, window in enumerate((None, WINDOW_RING)):
+            for k, launch in zip(big, product, strict=True):
+                k.relaunch(dataclasses.replace(launch, window=window))
+            for j, (_, mine) in enumerate(layers):
+                out = xs[j].clone()
+                with torch.inference_mode():
+                    mine(out, positions, caches[j][i + 1], history[j][i + 1])
+                outs[i].append(out)
+        ringed = [(key[0], v[3]) for k in big for key, v in k._kernels.items()]
+        assert step.window_rings() == len(big)
+    finally:
+        for k, launch in zip(big, product, strict=True):
+            k.relaunch(launch)
+    worst, apart = 0.0, 0.0
+    for j, (layer, _) in enumerate(layers):
+        x = xs[j]
+        with torch.inference_mode():
+            want = layer(x, positions, cos_sin, caches[j][0], history[j][0])
+        worst = max(worst, rel(outs[1][j] - x, want - x))
+        apart = max(apart, rel(outs[1][j] - x, outs[0][j] - x))
+    print(f"\nwindow rings: worst rel. err {worst:.1e} against the reference, {apart:.1e} against the register path")
+    assert worst < 2e-2 and apart < 2e-2
+    # the trunk's windows streamed through the rings (the NEXTN layer's kernels were not run)
+    assert ringed and all(d.get("BULK") == 1 and d["WARPS"] == 10 for n, d in ringed if n == tokens)
+
+
 def test_the_shared_gate_up_waiting_late_matches_the_reference_layers(setup):
     """FusedDecodeStep.shared_late_wait (a lab variant): one token's shared gate_up normalises x itself
     and waits for the MoE kernel only at its end (gemv_decode.cu LATE_WAIT). Layer by layer against the

@@ -320,6 +320,7 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
         if model.decode_step.kernels_note:
             result["step_kernels_note"] = model.decode_step.kernels_note
         result["routers_in_experts"] = len(model.decode_step.routers_in_experts())
+        result["window_rings"] = model.decode_step.window_rings()
     if model.decode_step is None and getattr(model, "decode_step_note", ""):
         result["decode_step_note"] = model.decode_step_note
     result["copy_bandwidth_gbs"] = round(copy_bandwidth(device) / 1e9, 1)

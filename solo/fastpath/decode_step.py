@@ -513,6 +513,12 @@ class FusedDecodeStep:
                 changed += 1
         return changed
 
+    def window_rings(self) -> int:
+        """How many CUDA projections run verification's calls through a bulk ring (GemvLaunch.window: the
+        product's on the cards of solo.kernels.cuda_step.WINDOW_RING_CARDS)."""
+        launches = [getattr(o, a).launch_config for o, a in self._slots() if isinstance(getattr(o, a), CudaGemv)]
+        return sum(launch.window is not None and launch.window.bulk > 0 for launch in launches)
+
     def shared_in_experts(self) -> list[_MoE]:
         """The MoE layers whose shared expert runs inside the persistent MoE kernel (one token)."""
         return [owner for owner in self.routers_in_experts() if owner.shared_in_experts is not None]

@@ -91,6 +91,9 @@ class GemvLaunch:
     # argument: ptxas caps its registers and may spill); a lab switch (at 16 warps the output projections
     # build to 74 registers, one block an SM, so 56 of their 132 blocks run a third task)
     min_blocks: int = 0
+    # the launch of the calls of several tokens (NEXTN verification's window), where it is not this one's
+    # (None: every call runs this launch); one-token calls, the decode step, always run this one
+    window: GemvLaunch | None = None
 
 
 def persistent_grid(tasks: int, resident: int, balanced: bool = False) -> int:
@@ -155,11 +158,23 @@ def task_order(rows: int, last_start: int, last_end: int) -> tuple[int, int]:
 BIG_PROJECTION_ROWS = 4096
 
 
-def choose_launch(rows: int) -> GemvLaunch:
+# Cards (torch.cuda.get_device_name) on which NEXTN verification's big projections stream their weights
+# through bulk rings of 2 blocks of 10 warps an SM (WINDOW_RING). Measured in the whole verification step at
+# full shape, 32K, against the register path: on the H100 4.92 / 4.86 / 4.88 ms against 5.05 / 4.99 / 4.99
+# (three device calls, docs/results/h100_ab_lab23.log, _lab24, _lab25), the decode step unchanged. Not on the
+# H200 until measured there: its step kernels were chosen on it, and the ring has not run on one.
+WINDOW_RING_CARDS = ("NVIDIA H100 80GB HBM3",)
+WINDOW_RING = GemvLaunch(warps=10, bulk=2)
+
+
+def choose_launch(rows: int, card: str = "") -> GemvLaunch:
     """Measured on the H200 (dev/step_kernels_probe.py, docs/performance.md): many rows (q|k|v|f|g|b,
     MLA q|kv_a|g, dense gate_up: thousands of 8-row tasks) run best as many small blocks of 4 warps;
-    a few hundred tasks (2,560 output rows) as blocks of up to 16 warps that split K finely."""
-    return GemvLaunch(warps=4 if rows >= BIG_PROJECTION_ROWS else 16)
+    a few hundred tasks (2,560 output rows) as blocks of up to 16 warps that split K finely. On the cards
+    of WINDOW_RING_CARDS (`card`: the GPU's name) the big projections' verification calls run WINDOW_RING."""
+    if rows < BIG_PROJECTION_ROWS:
+        return GemvLaunch(warps=16)
+    return GemvLaunch(warps=4, window=WINDOW_RING if card in WINDOW_RING_CARDS else None)
 
 
 def warps_for(k: int, wanted: int) -> int:
@@ -202,10 +217,12 @@ class CudaGemv:
         self.rows = fused.rows
         self.k = fused.k
         self.counter = counter
-        self.launch_config = launch or GemvLaunch()
         self.max_tokens = max_tokens
         self.device = fused.weight.device
         self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        # the product's launch for this card unless one is given (GemvLaunch.window: verification's)
+        self.card = torch.cuda.get_device_name(self.device)
+        self.launch_config = launch or choose_launch(self.rows, self.card)
         self._kernels: dict[tuple, tuple[Any, int, int, dict[str, int]]] = {}
         # GemvLaunch.dynamic: the next task to take and the blocks ended (zeros between launches; made once,
         # so graphs captured before a rebuild keep a live buffer)
@@ -248,6 +265,8 @@ class CudaGemv:
         key = (tokens, norm, epi, add, write_xn, out_f32, group, order, late_wait)
         if key not in self._kernels:
             f, cfg = self.fused, self.launch_config
+            if tokens > 1 and cfg.window is not None:
+                cfg = cfg.window
             warps = warps_for(self.k, cfg.warps or choose_launch(self.rows).warps)
             defines = {
                 "NTOK": tokens,
