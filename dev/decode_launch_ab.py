@@ -213,6 +213,8 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
         "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"window": dataclasses.replace(WINDOW_RING, warps=8)}}
     },
     "windows on the register path": {"window": None},
+    "window ring: every GEMV": {"window": WINDOW_RING},
+    "window ring: o_proj, dense, downs": {"for": {("o_proj", "dense", "down"): {"window": WINDOW_RING}}},
     # (ninth session) one token's shared gate_up normalises x itself and waits for the MoE kernel only at
     # its end (gemv_decode.cu LATE_WAIT): FusedDecodeStep.shared_late_wait
     "shared gate_up late wait": {"shared_late_wait": True},
