@@ -346,6 +346,8 @@ def check_decode_step(engine: Engine, requested: str) -> Check:
     evidence["step_kernels"] = step.kernels  # the projections' and routers' kernels (CUDA or Triton)
     if step.kernels_note:
         evidence["step_kernels_note"] = step.kernels_note
+    if rings := step.window_rings():  # verification's big projections through bulk rings (this card's choice)
+        evidence["window_rings"] = rings
     idle = [family for family in expected if ran.get(family, 0) == 0]
     if idle:
         return Check(
