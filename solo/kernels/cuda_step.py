@@ -161,8 +161,9 @@ BIG_PROJECTION_ROWS = 4096
 # Cards (torch.cuda.get_device_name) on which NEXTN verification's big projections stream their weights
 # through bulk rings of 2 blocks of 10 warps an SM (WINDOW_RING). Measured in the whole verification step at
 # full shape, 32K, against the register path: on the H100 4.92 / 4.86 / 4.88 ms against 5.05 / 4.99 / 4.99
-# (three device calls, docs/results/h100_ab_lab23.log, _lab24, _lab25), the decode step unchanged. Not on the
-# H200 until measured there: its step kernels were chosen on it, and the ring has not run on one.
+# (three device calls, docs/results/h100_ab_lab23.log, _lab24, _lab25), and as the product 4.93 / 4.91 against
+# 5.02 (h100_ab_lab26.log), the decode step unchanged. Not on the H200 until measured there: its step kernels
+# were chosen on it, and the ring has not run on one.
 WINDOW_RING_CARDS = ("NVIDIA H100 80GB HBM3",)
 WINDOW_RING = GemvLaunch(warps=10, bulk=2)
 
