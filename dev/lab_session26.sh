@@ -3,8 +3,9 @@
 # register path there) against the window ring (GemvLaunch.window = WINDOW_RING on the big projections, the H100's
 # product since 25806be), the bulk ring on the decode step's big projections, the shared expert inside beside it;
 # then the product's bench with the 1K, 8K and 32K prefills. On an H100: the window ring on every GEMV and on the
-# 2,560-row ones (o_proj, MLA dense, the downs) beside the product's, then the product's bench again.
-# Results under $OUT: ab.{log,json}, bench.{log,json}. Say which card ran it. timeout_s 600.
+# 2,560-row ones (o_proj, MLA dense, the downs) beside the product's, then the product's bench again. On an H200, with
+# time left, the bench of the bulk ring on the decode step's big projections (bench modifier bulk), for its profile.
+# Results under $OUT: ab.{log,json}, bench.{log,json} (bench_bulk.{log,json}). Say which card ran it. timeout_s 600.
 LAB_DEFAULT_SECONDS=585
 source dev/lab_prelude.sh
 b="qkvfgb, q|kv_a|g, MLP"
@@ -19,3 +20,9 @@ mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -
 if [ "${mem:-0}" -gt 100000 ]; then PREFILL=${PREFILL-1024,8192,32768}; else PREFILL=${PREFILL-}; fi
 PREFILL=$PREFILL product_bench 4096,32768 128 5
 grep -o '"window_rings": [0-9]*' "$OUT/bench.json" | head -1
+if nvidia-smi -L | grep -q H200 && [ "$(left)" -gt 90 ]; then
+    timeout $(($(left) - 5)) python3 -m solo bench decode --random-weights ling-3.0-flash \
+        --configs cuda:fp8:fused+cuda+pdl+bulk --context 4096,32768 --prefill "" --loop-tokens 0 \
+        --json "$OUT/bench_bulk.json" > "$OUT/bench_bulk.log" 2>&1
+    echo "[bench of the bulk ring rc=$? at ${SECONDS}s]"; grep -E "^\| cuda" "$OUT/bench_bulk.log" | head -4
+fi
