@@ -323,7 +323,7 @@ def main() -> int:
     model, times = load_full_shape("fused+cuda+pdl", 4, args.num_experts)
     step = model.decode_step
     device = model.device
-    gemvs = [k for k in (getattr(o, a) for o, a in step._slots()) if isinstance(k, CudaGemv)]
+    gemvs = step.cuda_projections()
     routers = [k for k in (getattr(o, a) for o, a in step._slots()) if isinstance(k, CudaRouter)]
     moes = step.routers_in_experts()
     mlas = [layer.attention.mla for layer in step.layers if hasattr(layer.attention, "mla")]

@@ -505,19 +505,20 @@ class FusedDecodeStep:
         slices in another order than the product's 4 warps (other roundings, as any change of warps). Not
         the product's: on the H100 the decode step ties (docs/performance.md section 0); the H200 is untried.
         Returns how many projections changed; their kernels are built again at the next call."""
-        changed = 0
-        for owner, attr in self._slots():
-            kernel = getattr(owner, attr)
-            if isinstance(kernel, CudaGemv) and kernel.rows >= BIG_PROJECTION_ROWS:
-                kernel.relaunch(dataclasses.replace(kernel.launch_config, bulk=blocks_per_sm, warps=warps))
-                changed += 1
-        return changed
+        big = [kernel for kernel in self.cuda_projections() if kernel.rows >= BIG_PROJECTION_ROWS]
+        for kernel in big:
+            kernel.relaunch(dataclasses.replace(kernel.launch_config, bulk=blocks_per_sm, warps=warps))
+        return len(big)
 
     def window_rings(self) -> int:
         """How many CUDA projections run verification's calls through a bulk ring (GemvLaunch.window: the
         product's on the cards of solo.kernels.cuda_step.WINDOW_RING_CARDS)."""
-        launches = [getattr(o, a).launch_config for o, a in self._slots() if isinstance(getattr(o, a), CudaGemv)]
-        return sum(launch.window is not None and launch.window.bulk > 0 for launch in launches)
+        windows = [kernel.launch_config.window for kernel in self.cuda_projections()]
+        return sum(window is not None and window.bulk > 0 for window in windows)
+
+    def cuda_projections(self) -> list[CudaGemv]:
+        """The step's projections that run on the CUDA GEMV (the others stay on Triton's)."""
+        return [kernel for kernel in (getattr(o, a) for o, a in self._slots()) if isinstance(kernel, CudaGemv)]
 
     def shared_in_experts(self) -> list[_MoE]:
         """The MoE layers whose shared expert runs inside the persistent MoE kernel (one token)."""
