@@ -215,6 +215,20 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "windows on the register path": {"window": None},
     "window ring: every GEMV": {"window": WINDOW_RING},
     "window ring: o_proj, dense, downs": {"for": {("o_proj", "dense", "down"): {"window": WINDOW_RING}}},
+    # (eighteenth session) not a GEMV launch: each MoE kernel (one token) asks the L2 for the weights the step
+    # reads after it, the shared expert's and the first MB of the next layer's input projection in its reading
+    # order (FusedDecodeStep.prefetch_next_weights, moe_decode.cu L2_NEXT), once its block's copies landed (1),
+    # its activation exchange is done (2) or at its end (3): HBM idles in the MoE kernel's tail and in the
+    # shared expert's two short kernels. (The fourteenth session's ask for 16-32 MB while it routed collided
+    # with the experts' copies.)
+    "L2 next: shared expert, after the copies": {"l2_next": {"megabytes": 0}, "moe": {"l2_next_at": 1}},
+    "L2 next: shared expert, after the exchange": {"l2_next": {"megabytes": 0}, "moe": {"l2_next_at": 2}},
+    "L2 next: shared + 8 MB, after the copies": {"l2_next": {"megabytes": 8}, "moe": {"l2_next_at": 1}},
+    "L2 next: shared + 8 MB, after the exchange": {"l2_next": {"megabytes": 8}, "moe": {"l2_next_at": 2}},
+    "L2 next: shared + 8 MB, at the end": {"l2_next": {"megabytes": 8}, "moe": {"l2_next_at": 3}},
+    "L2 next: shared + 4 MB, after the exchange": {"l2_next": {"megabytes": 4}, "moe": {"l2_next_at": 2}},
+    "L2 next: shared + 16 MB, after the exchange": {"l2_next": {"megabytes": 16}, "moe": {"l2_next_at": 2}},
+    "L2 next: 8 MB, after the exchange": {"l2_next": {"megabytes": 8, "shared": False}, "moe": {"l2_next_at": 2}},
     # (ninth session) one token's shared gate_up normalises x itself and waits for the MoE kernel only at
     # its end (gemv_decode.cu LATE_WAIT): FusedDecodeStep.shared_late_wait
     "shared gate_up late wait": {"shared_late_wait": True},
@@ -232,6 +246,7 @@ NOT_LAUNCH = (
     "handoff",
     "shared_late_wait",
     "moe",
+    "l2_next",
 )
 
 
@@ -364,6 +379,8 @@ def main() -> int:
             mla.ONE_TOKEN = dataclasses.replace(one, **{**both, **one_only})
             mla.WINDOW = dataclasses.replace(window, **{**both, **window_only})
         step.handoff = VARIANTS[name].get("handoff", False)
+        ahead = VARIANTS[name].get("l2_next")  # (none: the regions cleared)
+        step.prefetch_next_weights(**({"megabytes": 0, "shared": False} if ahead is None else ahead))
         step.shared_late_wait = VARIANTS[name].get("shared_late_wait", False)
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])

@@ -81,18 +81,20 @@ def test_kernel_config_defines_name_every_variant():
     kc = DecodeKernelConfig(
         evict_first=False, poll_ns=0, score_poll_ns=200, trace=True, act_copies=4, refresh_pending=False,
         unroll_pairs=False, fast_select=False, down_after=2, bias_early=False, x_early=False,
-        probe="no_scales",
+        l2_next_at=3, probe="no_scales",
     )  # fmt: skip
     assert kc.defines() == {
         "EVICT_FIRST": 0, "TRACE": 1, "POLL_NS": 0, "SCORE_POLL_NS": 200, "ACT_COPIES": 4, "PROBE": 2,
         "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
-        "X_EARLY": 0,
+        "X_EARLY": 0, "L2_NEXT_AT": 3,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
-        "X_EARLY": 1,
+        "X_EARLY": 1, "L2_NEXT_AT": 0,
     }  # fmt: skip
+    with pytest.raises(ValueError, match="l2_next_at must be 0"):
+        DecodeKernelConfig(l2_next_at=4).defines()
 
 
 def test_cuda_backend_on_cpu_is_a_clear_error():
@@ -188,6 +190,38 @@ def test_gpu_late_down_copies_change_no_result(experts, order):
     for kc in [plain, *configs, plain, *configs[::-1]]:
         moe.set_kernel_config(kc)
         assert torch.equal(moe.forward(x, ids, w), want)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_asking_the_l2_for_later_weights_changes_no_result(experts):
+    """PersistentDecodeMoE.prefetch_next with DecodeKernelConfig.l2_next_at 1, 2, 3 (moe_decode.cu L2_NEXT: bulk
+    prefetches of other tensors' bytes, a hint) gives the plain kernel's outputs bit for bit, and a region is cut
+    to its tensor and to whole 16-byte pieces; one that does not start 16-byte aligned is refused."""
+    from solo.kernels.cuda_moe import PersistentDecodeMoE
+
+    ids, w = routing(experts.gate_up.shape[0], 8, torch.int32)
+    x = torch.randn((1, H), device="cuda").to(torch.bfloat16)
+    want = PersistentDecodeMoE(experts).forward(x, ids, w).clone()
+    later = torch.randn((3 << 20,), device="cuda").to(torch.float8_e4m3fn)  # 3 MB standing in for later weights
+    other = torch.randn((4096, 777), device="cuda").to(torch.bfloat16)
+    moe = PersistentDecodeMoE(experts)
+    moe.prefetch_next([(later, 0, 1 << 30), (other, 4096, 1 << 20), (other, 0, 8)])  # (8 bytes: nothing)
+    assert moe._l2_next.tolist() == [[later.data_ptr(), 3 << 20], [other.data_ptr() + 4096, 1 << 20]]
+    assert moe._l2_regions() == 0  # l2_next_at 0: the product's kernel
+    for at in (1, 2, 3, 0, 2):
+        moe.set_kernel_config(DecodeKernelConfig(l2_next_at=at))
+        assert moe._l2_regions() == (2 if at else 0)
+        for _ in range(2):
+            assert torch.equal(moe.forward(x, ids, w), want), at
+    tail = other.numel() * 2 - 112
+    moe.prefetch_next([(other, tail, 1 << 20), (other, 0, 100)])  # cut to the tensor; to whole 16-byte pieces
+    assert moe._l2_next.tolist() == [[other.data_ptr() + tail, 112], [other.data_ptr(), 96]]
+    assert torch.equal(moe.forward(x, ids, w), want)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        moe.prefetch_next([(other, 2, 1024)])
+    moe.prefetch_next([])
+    assert moe._l2_regions() == 0 and torch.equal(moe.forward(x, ids, w), want)
 
 
 @pytest.mark.gpu

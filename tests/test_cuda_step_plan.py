@@ -191,3 +191,26 @@ def test_the_routers_scratch_outlives_its_kernel(monkeypatch):
     router._kernels = {}  # as an A/B does for a variant
     router.kernel(tokens)
     assert len(built) == 2 and all(a is b for a, b in zip(router.scratch(tokens), (scores, arrived), strict=True))
+
+
+@pytest.mark.parametrize(
+    "rows,row_bytes,start,nbytes,want",
+    [
+        (100, 10, 0, 250, [(0, 250)]),  # from row 0: one range
+        (100, 10, 90, 250, [(900, 100), (0, 150)]),  # a rotated order wraps to row 0
+        (100, 10, 90, 100, [(900, 100)]),  # exactly to the end
+        (100, 10, 0, 5000, [(0, 1000)]),  # at most the whole weight
+        (100, 10, 50, 5000, [(500, 500), (0, 500)]),
+        (100, 10, 3, 0, []),
+    ],
+)
+def test_the_bytes_a_projection_reads_first_follow_its_task_order(rows, row_bytes, start, nbytes, want):
+    """FusedDecodeStep.prefetch_next_weights asks the L2 for the next input projection's first bytes in the
+    order its one-token GEMV reads them: from the hand-off's rotated first row on, then from row 0."""
+    from solo.fastpath.decode_step import reading_order_bytes
+
+    assert reading_order_bytes(rows, row_bytes, start, nbytes) == want
+    covered = sum(n for _, n in want)
+    assert covered == min(nbytes, rows * row_bytes)
+    with pytest.raises(ValueError, match="starts at a row"):
+        reading_order_bytes(rows, row_bytes, rows, nbytes)

@@ -352,6 +352,43 @@ def test_verification_through_the_window_rings_matches_the_reference_layers(setu
     assert ringed and all(d.get("BULK") == 1 and d["WARPS"] == 10 for n, d in ringed if n == tokens)
 
 
+def test_the_moe_kernels_asking_the_l2_for_later_weights_change_no_result(setup):
+    """FusedDecodeStep.prefetch_next_weights with each DecodeKernelConfig.l2_next_at (moe_decode.cu L2_NEXT:
+    bulk prefetches of the shared expert's weights and the next input projection's first bytes, a hint):
+    whole decode steps from the same fresh cache state give the same hidden states and caches bit for bit as
+    without, and the MoE kernels were built to ask (the regions a layer asks for)."""
+    from solo.kernels.cuda_moe_plan import DecodeKernelConfig
+
+    config, _, fused = setup
+    step = fused.decode_step
+    moes = step.routers_in_experts()
+    trunk = [layer.mlp for layer in step.layers if layer.mlp in moes]
+    if not trunk:
+        pytest.skip("the MoE kernel runs its router inside with the CUDA step kernels (Hopper)")
+    settings = ((0, 0.0, False), (1, 8.0, True), (2, 0.5, True), (3, 8.0, False))
+    caches = caches_from_one_random_state(config, len(settings))
+    ids = torch.randint(0, VOCAB, (1,), device="cuda")
+    positions = torch.tensor([int(torch.randint(8, 60, ()))], device="cuda")
+    outputs = []
+    try:
+        for (at, megabytes, shared), cache in zip(settings, caches, strict=True):
+            asking = step.prefetch_next_weights(megabytes, shared)
+            assert asking == (len(trunk) if shared else len(trunk) - (trunk[-1] is step.layers[-1].mlp))
+            for moe in moes:
+                moe.experts.set_kernel_config(DecodeKernelConfig(l2_next_at=at))
+            with torch.inference_mode():
+                outputs.append([step.forward(ids, positions, cache).clone(), *cache_tensors(cache)])
+            regions = trunk[0].experts._l2_regions()
+            assert regions == (0 if at == 0 else 2 * shared + (megabytes > 0)), (at, megabytes, shared)
+    finally:
+        step.prefetch_next_weights(0, False)
+        for moe in moes:
+            moe.experts.set_kernel_config(DecodeKernelConfig())
+    for setting, result in zip(settings[1:], outputs[1:], strict=True):
+        for a, b in zip(result, outputs[0], strict=True):
+            assert torch.equal(a, b), setting
+
+
 def test_the_shared_gate_up_waiting_late_matches_the_reference_layers(setup):
     """FusedDecodeStep.shared_late_wait (a lab variant): one token's shared gate_up normalises x itself
     and waits for the MoE kernel only at its end (gemv_decode.cu LATE_WAIT). Layer by layer against the

@@ -35,7 +35,7 @@ from solo.fastpath.availability import (
     StepKernelsUnavailable,
     fused_step_unavailable,
 )
-from solo.kernels.cuda_step import BIG_PROJECTION_ROWS, CudaGemv, Handoff
+from solo.kernels.cuda_step import BIG_PROJECTION_ROWS, CudaGemv, Handoff, task_order
 from solo.kernels.fused_gemv import FusedGemv
 from solo.kernels.fused_kda import kda_decode
 from solo.kernels.fused_mla import FusedMLA
@@ -112,6 +112,20 @@ def _gemv(linear: Linear, step: FusedDecodeStep, name: str) -> FusedGemv:
     return FusedGemv(weight.contiguous(), scale, "block", counter=step.counter("gemv"), name=name, launch=step.launch)
 
 
+def reading_order_bytes(rows: int, row_bytes: int, start_row: int, nbytes: int) -> list[tuple[int, int]]:
+    """The byte ranges (first byte, bytes) of a row-major weight's first `nbytes` in the order a one-token
+    GEMV reads its rows: from `start_row` on, then from row 0 (a hand-off's rotated task order)."""
+    if not 0 <= start_row < rows or row_bytes <= 0:
+        raise ValueError(f"the reading order starts at a row of 0..{rows - 1}, not {start_row}")
+    size, first = rows * row_bytes, start_row * row_bytes
+    nbytes = min(max(nbytes, 0), size)
+    head = min(nbytes, size - first)
+    ranges = [(first, head)] if head else []
+    if nbytes > head:
+        ranges.append((0, nbytes - head))
+    return ranges
+
+
 def _project_handing_over(
     step: FusedDecodeStep, gemv: Any, x: torch.Tensor, norm: torch.Tensor, eps: float, gate_start: int, gate_end: int
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, int] | None]:
@@ -143,6 +157,7 @@ class _KDAAttention:
             weight, scales, "block", counter=step.counter("gemv"), name=f"layer {index} qkvfgb", launch=step.launch
         )
         self.dense = _gemv(attn.dense, step, f"layer {index} o_proj")
+        self.handoff_rows = (4 * self.dim, 5 * self.dim)  # (the output gate's rows, computed last with a hand-off)
         self.attn = attn
         self.counter = step.counter("kda")
         self.sync = step.kda_sync
@@ -212,7 +227,7 @@ class _MLAAttention:
             launch=step.launch,
         )
         self.out_dim = attn.num_heads * attn.v_dim
-        self.gate_rows = (offsets[2], weight.shape[0])
+        self.gate_rows = self.handoff_rows = (offsets[2], weight.shape[0])
         self.step = step
 
     def __call__(self, x, positions, cache: HybridCache, history) -> None:
@@ -509,6 +524,35 @@ class FusedDecodeStep:
         for kernel in big:
             kernel.relaunch(dataclasses.replace(kernel.launch_config, bulk=blocks_per_sm, warps=warps))
         return len(big)
+
+    def prefetch_next_weights(self, megabytes: float = 8.0, shared: bool = True) -> int:
+        """A lab switch: each MoE layer's one-token kernel (router inside) asks the L2 for weights the step
+        reads after it, while HBM idles in its tail and in the short kernels after it: the layer's shared
+        expert (`shared`) and the first `megabytes` of the next layer's input projection in its reading order
+        (moe_decode.cu L2_NEXT). When it asks is the experts' DecodeKernelConfig.l2_next_at (0: never). A hint:
+        every result stays the same. The reading order is the hand-off's where `handoff` is on now. Returns how
+        many MoE layers ask for something."""
+        count = 0
+        for i, layer in enumerate(self.layers):
+            moe = layer.mlp
+            if not isinstance(moe, _MoE) or moe.routed_in_experts is None:
+                continue
+            regions: list[tuple[torch.Tensor, int, int]] = []
+            if shared and moe.shared_gate_up is not None:
+                for kernel in (moe.shared_gate_up, moe.shared_down):
+                    weight = getattr(kernel, "fused", kernel).weight
+                    regions.append((weight, 0, weight.numel() * weight.element_size()))
+            if megabytes > 0 and i + 1 < len(self.layers):
+                attention = self.layers[i + 1].attention
+                proj = getattr(attention.proj, "fused", attention.proj)
+                weight = proj.weight
+                row_bytes = weight.shape[1] * weight.element_size()
+                start = task_order(weight.shape[0], *attention.handoff_rows)[0] * 8 if self.handoff else 0
+                for first, nbytes in reading_order_bytes(weight.shape[0], row_bytes, start, int(megabytes * 2**20)):
+                    regions.append((weight, first, nbytes))
+            moe.experts.prefetch_next(regions)
+            count += bool(regions)
+        return count
 
     def window_rings(self) -> int:
         """How many CUDA projections run verification's calls through a bulk ring (GemvLaunch.window: the

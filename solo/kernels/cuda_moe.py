@@ -196,6 +196,10 @@ class PersistentDecodeMoE(TritonMoE):
         # ROUTER: the scores exchanged between blocks, tag << 32 | fp32 (tag 0xFFFFFFFF: none yet)
         self._scores = torch.full((SCORE_COPIES * self.num_experts,), -1, dtype=torch.int64, device=self.device)
         self._shared_act: torch.Tensor | None = None  # SHARED: the shared activations exchanged, tagged
+        # L2_NEXT: regions of later kernels' weights the one-token kernel asks the L2 for ([R, 2] int64: address,
+        # bytes; prefetch_next), used where the kernel config's l2_next_at is set
+        self._l2_next: torch.Tensor | None = None
+        self._l2_retired: list[torch.Tensor] = []
         self.blocks = torch.cuda.get_device_properties(self.device).multi_processor_count
         # per-block globaltimer stamps of the last two launches (DecodeKernelConfig.trace; moe_decode.cu T_*)
         self.trace = torch.zeros((2, self.blocks, 64), dtype=torch.int64, device=self.device)
@@ -222,13 +226,36 @@ class PersistentDecodeMoE(TritonMoE):
         self._retired.extend(self._kernels.values())
         self._kernels = {}
 
+    def prefetch_next(self, regions: list[tuple[torch.Tensor, int, int]]) -> None:
+        """Where the kernel config's `l2_next_at` is set, one-token launches also ask the L2 for these regions
+        (tensor, first byte, bytes) of weights the step reads after this kernel (moe_decode.cu L2_NEXT); an
+        empty list stops it. Bytes are cut to whole 16-byte pieces, as the bulk prefetch needs them."""
+        rows = []
+        for tensor, first, nbytes in regions:
+            if tensor.device != self.device:
+                raise ValueError(f"an L2 region must be on {self.device}, not {tensor.device}")
+            size = tensor.numel() * tensor.element_size()
+            nbytes = min(nbytes, size - first) // 16 * 16
+            address = tensor.data_ptr() + first
+            if first < 0 or address % 16:
+                raise ValueError(f"an L2 region must start 16-byte aligned within its tensor, not at byte {first}")
+            if nbytes > 0:
+                rows.append((address, nbytes))
+        if self._l2_next is not None:  # graphs captured before still read it: kept, not freed
+            self._l2_retired.append(self._l2_next)
+        self._l2_next = torch.tensor(rows, dtype=torch.int64, device=self.device) if rows else None
+
+    def _l2_regions(self) -> int:
+        """moe_decode.cu's L2_NEXT: the regions the next one-token launch asks the L2 for (0: none)."""
+        return 0 if self._l2_next is None or not self.kernel_config.l2_next_at else self._l2_next.shape[0]
+
     def kernel_for(
         self, top_k: int, id64: bool, router: RouterSpec | None = None, shared: SharedExpert | None = None
     ) -> tuple[Any, DecodeSchedule, torch.Tensor, int]:
         """Compile (or load from <solo cache>/cuda) and set up the kernel for top_k experts (that also
         runs `router`, and the shared expert of that shape, where given)."""
         shared_key = (shared.inter, shared.limit is not None) if shared is not None else None
-        key = (top_k, id64, router, shared_key)
+        key = (top_k, id64, router, shared_key, self._l2_regions())
         if key in self._kernels:
             return self._kernels[key]
         from solo.kernels.cuda_runtime import CudaKernel
@@ -250,6 +277,8 @@ class PersistentDecodeMoE(TritonMoE):
             "ID64": int(id64),
             **kc.defines(),
         }
+        if self._l2_regions():
+            defines["L2_NEXT"] = self._l2_regions()
         if router is not None:
             reason = router_unsupported(self.hidden, top_k, router)
             if reason is not None or router.blocks != self.blocks or id64:
@@ -342,6 +371,7 @@ class PersistentDecodeMoE(TritonMoE):
                 self.trace,
                 *router,
                 *(shared or [None] * 5 + [0.0]),
+                self._l2_next if self._l2_regions() else None,
             ],
             dependent=kc.dependent_launch,
             cooperative=kc.cooperative,

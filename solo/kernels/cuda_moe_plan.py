@@ -46,6 +46,10 @@ class DecodeKernelConfig:
     # with the router inside: the gate_up warps load x before the inputs' barrier, beside the publisher's read
     # of the launch number, not after it (moe_decode.cu X_EARLY: the same results)
     x_early: bool = True
+    # with regions set (PersistentDecodeMoE.prefetch_next): when the kernel asks the L2 for them (moe_decode.cu
+    # L2_NEXT_AT): 0 never, 1 once a block's copies landed, 2 once its activation exchange is done, 3 at its end.
+    # A lab switch (off) until measured in the whole step
+    l2_next_at: int = 0
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property
@@ -56,6 +60,8 @@ class DecodeKernelConfig:
 
     def defines(self) -> dict[str, int]:
         """moe_decode.cu's defines for these variants (the shapes, router and shared expert add theirs)."""
+        if self.l2_next_at not in (0, 1, 2, 3):
+            raise ValueError(f"l2_next_at must be 0 (never), 1, 2 or 3, got {self.l2_next_at}")
         return {
             "EVICT_FIRST": int(self.evict_first),
             "TRACE": int(self.trace),
@@ -69,6 +75,7 @@ class DecodeKernelConfig:
             "DOWN_AFTER": self.down_after,
             "BIAS_EARLY": int(self.bias_early),
             "X_EARLY": int(self.x_early),
+            "L2_NEXT_AT": self.l2_next_at,
         }
 
 

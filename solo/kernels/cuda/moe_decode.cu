@@ -187,6 +187,23 @@
 #ifndef REFRESH_PENDING
 #define REFRESH_PENDING 1
 #endif
+// L2_NEXT (a lab variant, PersistentDecodeMoE.prefetch_next and DecodeKernelConfig.l2_next_at): the kernel
+// also asks the L2 for L2_NEXT regions of weights the step reads after it (the shared expert's, the first
+// tasks of the next layer's input projection), each block its share of each region in bulk prefetches
+// (cp.async.bulk.prefetch.L2: no registers, no result; a hint, every result stays the same). When:
+// L2_NEXT_AT 1, by the producer once its block's copies have landed; 2, once the block's activation exchange
+// is done (every block's gate_up tiles landed); 3, at the block's end. The window it fills is the HBM's
+// idle time in the kernel's tail and in the short kernels after it.
+#ifndef L2_NEXT
+#define L2_NEXT 0
+#endif
+#ifndef L2_NEXT_AT
+#define L2_NEXT_AT 0
+#endif
+#if L2_NEXT && (L2_NEXT_AT < 1 || L2_NEXT_AT > 3)
+#error "L2_NEXT needs L2_NEXT_AT 1, 2 or 3"
+#endif
+#define L2_PIECE 32768u                 // bytes per bulk prefetch
 
 // u32, warp_sum, ld_stream, rms_value, bf16_pair: the helpers router_decode.cu uses too
 #include "step_common.cuh"
@@ -235,6 +252,25 @@ __device__ __forceinline__ void bar_wait(u32 bar) {
         "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n"
         "@!p bra WAIT_%=;\n}\n" ::"r"(bar)
         : "memory");
+}
+
+// L2_NEXT: this block's share of each region [address, address + bytes) of `table` ([L2_NEXT][2] u64),
+// whole 256-byte pieces (bytes are multiples of 16: PersistentDecodeMoE.prefetch_next)
+__device__ __forceinline__ void l2_next_prefetch(const u64 *table) {
+#if L2_NEXT
+#pragma unroll 1
+    for (int r = 0; r < L2_NEXT; ++r) {
+        const u64 base = __ldg(table + 2 * r), bytes = __ldg(table + 2 * r + 1);
+        const u64 share = ((bytes + NBLOCKS - 1) / NBLOCKS + 255) & ~(u64)255;
+        const u64 end = min(bytes, (u64)(blockIdx.x + 1) * share);
+        for (u64 at = (u64)blockIdx.x * share; at < end; at += L2_PIECE) {
+            const u32 n = (u32)min((u64)L2_PIECE, end - at);
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + at), "r"(n) : "memory");
+        }
+    }
+#else
+    (void)table;
+#endif
 }
 
 __device__ __forceinline__ void bulk_copy(u32 dst, const void *src, u32 bytes, u32 bar, u64 policy) {
@@ -621,7 +657,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
            const unsigned char *__restrict__ sh_dn_w,  // [H, SHI] e4m3
            const float *__restrict__ sh_dn_s,        // [H / 128, SHI / 128]
            u32 *sh_act,                              // [SH_COPIES, SHI] tagged bf16 (tag << 16 | bits)
-           float sh_limit)
+           float sh_limit,
+           // L2_NEXT only: the regions to ask the L2 for, [L2_NEXT][2] (address, bytes)
+           const u64 *__restrict__ l2_next)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Smem &sm = *reinterpret_cast<Smem *>(smem_raw);
@@ -774,6 +812,10 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif
 #if TRACE
             trow[T_ISSUED] = globaltimer();
+#endif
+#if L2_NEXT && L2_NEXT_AT == 1
+            for (int q = 0; q < groups; ++q) bar_wait(smem_addr(&sm.bars[order[q]]));  // (group code = barrier)
+            l2_next_prefetch(l2_next);
 #endif
         }
 #if TRACE
@@ -1180,6 +1222,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #else
             (void)rounds;
 #endif
+#if L2_NEXT && L2_NEXT_AT == 2
+            if (p == PAIRS - 1 && warp == 0 && lane == 0) l2_next_prefetch(l2_next);  // every activation is in
+#endif
             if (p == 0) {
 #pragma unroll
                 for (int q = 1; q < PAIRS; ++q) stage_issue(ahead[q], copy, q, warp, lane);
@@ -1265,6 +1310,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif  // PROBE == 1
     __syncthreads();
     if (threadIdx.x == 0) {
+#if L2_NEXT && L2_NEXT_AT == 3
+        l2_next_prefetch(l2_next);
+#endif
         atomicInc(launches, NBLOCKS * 65536u - 1u);
 #if TRACE
         u32 smid;
