@@ -229,6 +229,13 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "L2 next: shared + 4 MB, after the exchange": {"l2_next": {"megabytes": 4}, "moe": {"l2_next_at": 2}},
     "L2 next: shared + 16 MB, after the exchange": {"l2_next": {"megabytes": 16}, "moe": {"l2_next_at": 2}},
     "L2 next: 8 MB, after the exchange": {"l2_next": {"megabytes": 8, "shared": False}, "moe": {"l2_next_at": 2}},
+    # (lab28, H100: after the copies -13.0 us with the shared expert's weights, -44.0 with 8 MB more; after the
+    # exchange +19 to +54, at the end +80: there a compute warp or the block's end waits for the table's load)
+    "L2 next: shared + 4 MB, after the copies": {"l2_next": {"megabytes": 4}, "moe": {"l2_next_at": 1}},
+    "L2 next: shared + 12 MB, after the copies": {"l2_next": {"megabytes": 12}, "moe": {"l2_next_at": 1}},
+    "L2 next: shared + 16 MB, after the copies": {"l2_next": {"megabytes": 16}, "moe": {"l2_next_at": 1}},
+    "L2 next: shared + 24 MB, after the copies": {"l2_next": {"megabytes": 24}, "moe": {"l2_next_at": 1}},
+    "L2 next: 8 MB, after the copies": {"l2_next": {"megabytes": 8, "shared": False}, "moe": {"l2_next_at": 1}},
     # (ninth session) one token's shared gate_up normalises x itself and waits for the MoE kernel only at
     # its end (gemv_decode.cu LATE_WAIT): FusedDecodeStep.shared_late_wait
     "shared gate_up late wait": {"shared_late_wait": True},
