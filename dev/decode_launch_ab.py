@@ -221,21 +221,24 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # its activation exchange is done (2) or at its end (3): HBM idles in the MoE kernel's tail and in the
     # shared expert's two short kernels. (The fourteenth session's ask for 16-32 MB while it routed collided
     # with the experts' copies.)
-    "L2 next: shared expert, after the copies": {"l2_next": {"megabytes": 0}, "moe": {"l2_next_at": 1}},
-    "L2 next: shared expert, after the exchange": {"l2_next": {"megabytes": 0}, "moe": {"l2_next_at": 2}},
-    "L2 next: shared + 8 MB, after the copies": {"l2_next": {"megabytes": 8}, "moe": {"l2_next_at": 1}},
-    "L2 next: shared + 8 MB, after the exchange": {"l2_next": {"megabytes": 8}, "moe": {"l2_next_at": 2}},
-    "L2 next: shared + 8 MB, at the end": {"l2_next": {"megabytes": 8}, "moe": {"l2_next_at": 3}},
-    "L2 next: shared + 4 MB, after the exchange": {"l2_next": {"megabytes": 4}, "moe": {"l2_next_at": 2}},
-    "L2 next: shared + 16 MB, after the exchange": {"l2_next": {"megabytes": 16}, "moe": {"l2_next_at": 2}},
-    "L2 next: 8 MB, after the exchange": {"l2_next": {"megabytes": 8, "shared": False}, "moe": {"l2_next_at": 2}},
+    "L2 next off": {"l2_next": {"megabytes": 0, "shared": False, "at": 0}},  # (the product's on L2_NEXT_CARDS)
+    "L2 next off, again": {"l2_next": {"megabytes": 0, "shared": False, "at": 0}},
+    "L2 next: shared + 32 MB, after the copies": {"l2_next": {"megabytes": 32, "at": 1}},
+    "L2 next: shared expert, after the copies": {"l2_next": {"megabytes": 0, "at": 1}},
+    "L2 next: shared expert, after the exchange": {"l2_next": {"megabytes": 0, "at": 2}},
+    "L2 next: shared + 8 MB, after the copies": {"l2_next": {"megabytes": 8, "at": 1}},
+    "L2 next: shared + 8 MB, after the exchange": {"l2_next": {"megabytes": 8, "at": 2}},
+    "L2 next: shared + 8 MB, at the end": {"l2_next": {"megabytes": 8, "at": 3}},
+    "L2 next: shared + 4 MB, after the exchange": {"l2_next": {"megabytes": 4, "at": 2}},
+    "L2 next: shared + 16 MB, after the exchange": {"l2_next": {"megabytes": 16, "at": 2}},
+    "L2 next: 8 MB, after the exchange": {"l2_next": {"megabytes": 8, "shared": False, "at": 2}},
     # (lab28, H100: after the copies -13.0 us with the shared expert's weights, -44.0 with 8 MB more; after the
     # exchange +19 to +54, at the end +80: there a compute warp or the block's end waits for the table's load)
-    "L2 next: shared + 4 MB, after the copies": {"l2_next": {"megabytes": 4}, "moe": {"l2_next_at": 1}},
-    "L2 next: shared + 12 MB, after the copies": {"l2_next": {"megabytes": 12}, "moe": {"l2_next_at": 1}},
-    "L2 next: shared + 16 MB, after the copies": {"l2_next": {"megabytes": 16}, "moe": {"l2_next_at": 1}},
-    "L2 next: shared + 24 MB, after the copies": {"l2_next": {"megabytes": 24}, "moe": {"l2_next_at": 1}},
-    "L2 next: 8 MB, after the copies": {"l2_next": {"megabytes": 8, "shared": False}, "moe": {"l2_next_at": 1}},
+    "L2 next: shared + 4 MB, after the copies": {"l2_next": {"megabytes": 4, "at": 1}},
+    "L2 next: shared + 12 MB, after the copies": {"l2_next": {"megabytes": 12, "at": 1}},
+    "L2 next: shared + 16 MB, after the copies": {"l2_next": {"megabytes": 16, "at": 1}},
+    "L2 next: shared + 24 MB, after the copies": {"l2_next": {"megabytes": 24, "at": 1}},
+    "L2 next: 8 MB, after the copies": {"l2_next": {"megabytes": 8, "shared": False, "at": 1}},
     # (ninth session) one token's shared gate_up normalises x itself and waits for the MoE kernel only at
     # its end (gemv_decode.cu LATE_WAIT): FusedDecodeStep.shared_late_wait
     "shared gate_up late wait": {"shared_late_wait": True},
@@ -351,6 +354,7 @@ def main() -> int:
     mlas = [layer.attention.mla for layer in step.layers if hasattr(layer.attention, "mla")]
     mla_launches = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
     kda_splits = (fused_kda.VALUE_SPLITS, fused_kda.WINDOW_VALUE_SPLITS)
+    product_ahead = {k: step.l2_next[k] for k in ("megabytes", "shared", "at")}  # (its MoE kernels' L2 asks)
     print(f"loaded in {times}; {len(gemvs)} CUDA GEMVs", flush=True)
     cache = HybridCache(model.config, args.context + 16, device, model.dtype, with_nextn=True)
     history = cache.new_history(4)
@@ -386,8 +390,8 @@ def main() -> int:
             mla.ONE_TOKEN = dataclasses.replace(one, **{**both, **one_only})
             mla.WINDOW = dataclasses.replace(window, **{**both, **window_only})
         step.handoff = VARIANTS[name].get("handoff", False)
-        ahead = VARIANTS[name].get("l2_next")  # (none: the regions cleared)
-        step.prefetch_next_weights(**({"megabytes": 0, "shared": False} if ahead is None else ahead))
+        ahead = VARIANTS[name].get("l2_next", product_ahead)  # (after set_kernel_config: it sets l2_next_at)
+        step.prefetch_next_weights(**ahead)
         step.shared_late_wait = VARIANTS[name].get("shared_late_wait", False)
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])

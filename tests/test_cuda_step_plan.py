@@ -214,3 +214,14 @@ def test_the_bytes_a_projection_reads_first_follow_its_task_order(rows, row_byte
     assert covered == min(nbytes, rows * row_bytes)
     with pytest.raises(ValueError, match="starts at a row"):
         reading_order_bytes(rows, row_bytes, rows, nbytes)
+
+
+@pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-80GB", ""])
+def test_the_moe_kernels_ask_the_l2_for_later_weights_only_on_the_cards_measured(card):
+    """The product's FusedDecodeStep.prefetch_next_weights is set at construction where l2_next_for gives a
+    size: on the cards of L2_NEXT_CARDS (measured there), the next input projection's first wave of tasks."""
+    from solo.fastpath.decode_step import L2_NEXT_CARDS, L2_NEXT_MEGABYTES, l2_next_for
+
+    want = L2_NEXT_MEGABYTES if card == "NVIDIA H100 80GB HBM3" else None
+    assert l2_next_for(card) == want
+    assert (l2_next_for(card) is not None) == (card in L2_NEXT_CARDS)

@@ -353,37 +353,34 @@ def test_verification_through_the_window_rings_matches_the_reference_layers(setu
 
 
 def test_the_moe_kernels_asking_the_l2_for_later_weights_change_no_result(setup):
-    """FusedDecodeStep.prefetch_next_weights with each DecodeKernelConfig.l2_next_at (moe_decode.cu L2_NEXT:
-    bulk prefetches of the shared expert's weights and the next input projection's first bytes, a hint):
-    whole decode steps from the same fresh cache state give the same hidden states and caches bit for bit as
-    without, and the MoE kernels were built to ask (the regions a layer asks for)."""
-    from solo.kernels.cuda_moe_plan import DecodeKernelConfig
-
+    """FusedDecodeStep.prefetch_next_weights at each DecodeKernelConfig.l2_next_at (moe_decode.cu L2_NEXT: bulk
+    prefetches of the shared expert's weights and the next input projection's first bytes, a hint): whole decode
+    steps from the same fresh cache state give the same hidden states and caches bit for bit as without, and the
+    MoE kernels were built to ask (the regions a layer asks for). The product's setting is put back after."""
     config, _, fused = setup
     step = fused.decode_step
     moes = step.routers_in_experts()
     trunk = [layer.mlp for layer in step.layers if layer.mlp in moes]
     if not trunk:
         pytest.skip("the MoE kernel runs its router inside with the CUDA step kernels (Hopper)")
-    settings = ((0, 0.0, False), (1, 8.0, True), (2, 0.5, True), (3, 8.0, False))
+    product = {k: step.l2_next[k] for k in ("megabytes", "shared", "at")}
+    settings = ((0.0, False, 0), (8.0, True, 1), (0.5, True, 2), (8.0, False, 3), (16.0, True, 0))
     caches = caches_from_one_random_state(config, len(settings))
     ids = torch.randint(0, VOCAB, (1,), device="cuda")
     positions = torch.tensor([int(torch.randint(8, 60, ()))], device="cuda")
     outputs = []
     try:
-        for (at, megabytes, shared), cache in zip(settings, caches, strict=True):
-            asking = step.prefetch_next_weights(megabytes, shared)  # (the last layer has no next projection)
-            assert asking == sum(shared or (megabytes > 0 and moe is not step.layers[-1].mlp) for moe in trunk)
-            for moe in moes:
-                moe.experts.set_kernel_config(DecodeKernelConfig(l2_next_at=at))
+        for (megabytes, shared, at), cache in zip(settings, caches, strict=True):
+            asking = step.prefetch_next_weights(megabytes, shared, at)  # (the last layer has no next projection)
+            last = step.layers[-1].mlp
+            assert asking == (at > 0) * sum(shared or (megabytes > 0 and moe is not last) for moe in trunk)
+            assert step.describe()["l2_next"]["layers"] == asking
             with torch.inference_mode():
                 outputs.append([step.forward(ids, positions, cache).clone(), *cache_tensors(cache)])
             regions = trunk[0].experts._l2_regions()
-            assert regions == (0 if at == 0 else 2 * shared + (megabytes > 0)), (at, megabytes, shared)
+            assert regions == (at > 0) * (2 * shared + (megabytes > 0)), (megabytes, shared, at)
     finally:
-        step.prefetch_next_weights(0, False)
-        for moe in moes:
-            moe.experts.set_kernel_config(DecodeKernelConfig())
+        step.prefetch_next_weights(**product)
     for setting, result in zip(settings[1:], outputs[1:], strict=True):
         for a, b in zip(result, outputs[0], strict=True):
             assert torch.equal(a, b), setting

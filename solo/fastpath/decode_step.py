@@ -112,6 +112,21 @@ def _gemv(linear: Linear, step: FusedDecodeStep, name: str) -> FusedGemv:
     return FusedGemv(weight.contiguous(), scale, "block", counter=step.counter("gemv"), name=name, launch=step.launch)
 
 
+# Cards (torch.cuda.get_device_name) on which each MoE kernel asks the L2 for the weights the step reads after it
+# (FusedDecodeStep.prefetch_next_weights: the shared expert's and the next input projection's first
+# L2_NEXT_MEGABYTES, once the block's copies landed). Measured in the whole decode step at full shape, 32K, on the
+# H100 (dev/decode_launch_ab.py, two device calls: -44.0 / -33.3 us with 8 MB, -36.4 with 16 MB, -44.0 with 24;
+# docs/results/h100_ab_lab28.log, _lab29). Not on the H200 until measured there (L2 hints lost on it before).
+L2_NEXT_CARDS = ("NVIDIA H100 80GB HBM3",)
+L2_NEXT_MEGABYTES = 16.0  # (the KDA projections' first wave of tasks: 792 blocks x 8 rows x 2,560 bytes)
+
+
+def l2_next_for(card: str) -> float | None:
+    """The megabytes of the next input projection each MoE kernel asks the L2 for on this card (with the
+    shared expert's weights), or None: it asks for nothing there."""
+    return L2_NEXT_MEGABYTES if card in L2_NEXT_CARDS else None
+
+
 def reading_order_bytes(rows: int, row_bytes: int, start_row: int, nbytes: int) -> list[tuple[int, int]]:
     """The byte ranges (first byte, bytes) of a row-major weight's first `nbytes` in the order a one-token
     GEMV reads its rows: from `start_row` on, then from row 0 (a hand-off's rotated task order)."""
@@ -432,6 +447,9 @@ class FusedDecodeStep:
             )
         self.moe_shared = moe_shared
         self._shared_into_experts()
+        self.l2_next: dict[str, Any] = {"megabytes": 0.0, "shared": False, "at": 0, "layers": 0}
+        if self.routers_in_experts() and (ahead := l2_next_for(torch.cuda.get_device_name(model.device))):
+            self.prefetch_next_weights(ahead, shared=True, at=1)
         if pdl_verify is None:  # where the CUDA GEMV serves the whole window (the kernels share this policy)
             pdl_verify = self.kernels == "cuda" and not self.kernels_note and self.cuda_tokens >= max(self.token_counts)
         self.launch.one_token_only = not pdl_verify
@@ -525,13 +543,13 @@ class FusedDecodeStep:
             kernel.relaunch(dataclasses.replace(kernel.launch_config, bulk=blocks_per_sm, warps=warps))
         return len(big)
 
-    def prefetch_next_weights(self, megabytes: float = 8.0, shared: bool = True) -> int:
-        """A lab switch: each MoE layer's one-token kernel (router inside) asks the L2 for weights the step
-        reads after it, while HBM idles in its tail and in the short kernels after it: the layer's shared
-        expert (`shared`) and the first `megabytes` of the next layer's input projection in its reading order
-        (moe_decode.cu L2_NEXT). When it asks is the experts' DecodeKernelConfig.l2_next_at (0: never). A hint:
-        every result stays the same. The reading order is the hand-off's where `handoff` is on now. Returns how
-        many MoE layers ask for something."""
+    def prefetch_next_weights(self, megabytes: float = L2_NEXT_MEGABYTES, shared: bool = True, at: int = 1) -> int:
+        """Each MoE layer's one-token kernel (router inside) asks the L2 for weights the step reads after it,
+        while HBM idles in its tail and in the short kernels after it: the layer's shared expert (`shared`) and
+        the first `megabytes` of the next layer's input projection in its reading order (moe_decode.cu L2_NEXT),
+        at `at` (DecodeKernelConfig.l2_next_at: 1 once its block's copies landed; 0 never). A hint: every result
+        stays the same. The product's on the cards of L2_NEXT_CARDS (set at construction); the reading order is
+        the hand-off's where `handoff` is on now. Returns how many MoE layers ask for something."""
         count = 0
         for i, layer in enumerate(self.layers):
             moe = layer.mlp
@@ -550,8 +568,13 @@ class FusedDecodeStep:
                 start = task_order(weight.shape[0], *attention.handoff_rows)[0] * 8 if self.handoff else 0
                 for first, nbytes in reading_order_bytes(weight.shape[0], row_bytes, start, int(megabytes * 2**20)):
                     regions.append((weight, first, nbytes))
-            moe.experts.prefetch_next(regions)
-            count += bool(regions)
+            experts = moe.experts
+            experts.prefetch_next(regions)
+            when = at if regions else 0
+            if experts.kernel_config.l2_next_at != when:
+                experts.set_kernel_config(dataclasses.replace(experts.kernel_config, l2_next_at=when))
+            count += bool(regions) and when > 0
+        self.l2_next = {"megabytes": megabytes, "shared": shared, "at": at, "layers": count}
         return count
 
     def window_rings(self) -> int:
@@ -682,6 +705,7 @@ class FusedDecodeStep:
             "shared_in_experts": len(self.shared_in_experts()),
             "handoff": self.handoff,
             "shared_late_wait": self.shared_late_wait,
+            "l2_next": dict(self.l2_next),
             **({"step_kernels_note": self.kernels_note} if self.kernels_note else {}),
         }
 

@@ -348,6 +348,8 @@ def check_decode_step(engine: Engine, requested: str) -> Check:
         evidence["step_kernels_note"] = step.kernels_note
     if rings := step.window_rings():  # verification's big projections through bulk rings (this card's choice)
         evidence["window_rings"] = rings
+    if getattr(step, "l2_next", {}).get("layers"):  # the MoE kernels ask the L2 for later weights (this card's choice)
+        evidence["l2_next"] = dict(step.l2_next)
     idle = [family for family in expected if ran.get(family, 0) == 0]
     if idle:
         return Check(
