@@ -239,6 +239,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "L2 next: shared + 16 MB, after the copies": {"l2_next": {"megabytes": 16, "at": 1}},
     "L2 next: shared + 24 MB, after the copies": {"l2_next": {"megabytes": 24, "at": 1}},
     "L2 next: 8 MB, after the copies": {"l2_next": {"megabytes": 8, "shared": False, "at": 1}},
+    # (with the table in shared memory, copied before the wait: the later points no longer wait for its load)
+    "L2 next: shared + 16 MB, at the end": {"l2_next": {"megabytes": 16, "at": 3}},
+    "L2 next: shared + 8 MB, at the wait": {"l2_next": {"megabytes": 8, "at": 4}},
+    "L2 next: 4 MB, at the wait": {"l2_next": {"megabytes": 4, "shared": False, "at": 4}},
     # (ninth session) one token's shared gate_up normalises x itself and waits for the MoE kernel only at
     # its end (gemv_decode.cu LATE_WAIT): FusedDecodeStep.shared_late_wait
     "shared gate_up late wait": {"shared_late_wait": True},

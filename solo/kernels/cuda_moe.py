@@ -73,7 +73,9 @@ def _router_scratch_bytes(hidden: int, router: RouterSpec | None) -> int:
     return 4 * (gu_warps + gu_warps * pieces + 2 * router.groups * -(-group_size // 32)) + lists
 
 
-def _shared_bytes(sched: DecodeSchedule, hidden: int, inter: int, top_k: int, router: RouterSpec | None = None) -> int:
+def _shared_bytes(
+    sched: DecodeSchedule, hidden: int, inter: int, top_k: int, router: RouterSpec | None = None, l2_regions: int = 0
+) -> int:
     """Dynamic shared memory of one block: the Smem struct of moe_decode.cu (rounded up), then the tiles."""
     gu_warps, dn_warps = hidden // 128, inter // 128
     bars = sched.max_gate_up + top_k // 2 + 2  # (+ SH_BAR, SH_FREE: counted always, 16 bytes)
@@ -81,7 +83,7 @@ def _shared_bytes(sched: DecodeSchedule, hidden: int, inter: int, top_k: int, ro
     partials = gate_up_or_router + sched.max_down * dn_warps * 8 * 4
     staged_act = top_k * inter * 2
     # bars, experts, launch number (+ padding), x, activations, the selected weights, partials
-    header = bars * 8 + 8 * 8 + 16 + 2 * hidden + staged_act + 8 * 4 + partials
+    header = bars * 8 + 8 * 8 + 16 + 2 * hidden + staged_act + 8 * 4 + partials + 16 * l2_regions  # (L2_NEXT's table)
     return (header + 127) // 128 * 128 + sched.most_bytes + SHARED_MEMORY_SLACK
 
 
@@ -243,6 +245,8 @@ class PersistentDecodeMoE(TritonMoE):
                 rows.append((address, nbytes))
         if self._l2_next is not None:  # graphs captured before still read it: kept, not freed
             self._l2_retired.append(self._l2_next)
+        if len(rows) > 8:
+            raise ValueError(f"the MoE kernel asks the L2 for at most 8 regions, not {len(rows)}")
         self._l2_next = torch.tensor(rows, dtype=torch.int64, device=self.device) if rows else None
 
     def _l2_regions(self) -> int:
@@ -301,7 +305,7 @@ class PersistentDecodeMoE(TritonMoE):
             )
         kernel = CudaKernel(SOURCE, "moe_decode", defines, self.device)
         _BUILT.append({"seconds": kernel.compile.seconds, "cached": kernel.compile.cached, "path": kernel.compile.path})
-        smem = _shared_bytes(sched, self.hidden, self.inter, top_k, router)
+        smem = _shared_bytes(sched, self.hidden, self.inter, top_k, router, self._l2_regions())
         limit = torch.cuda.get_device_properties(self.device).shared_memory_per_block_optin
         if smem > limit:
             raise RuntimeError(

@@ -192,17 +192,20 @@
 // tasks of the next layer's input projection), each block its share of each region in bulk prefetches
 // (cp.async.bulk.prefetch.L2: no registers, no result; a hint, every result stays the same). When:
 // L2_NEXT_AT 1, by the producer once its block's copies have landed; 2, once the block's activation exchange
-// is done (every block's gate_up tiles landed); 3, at the block's end. The window it fills is the HBM's
-// idle time in the kernel's tail and in the short kernels after it.
+// is done (every block's gate_up tiles landed); 3, at the block's end; 4, by the producer as soon as the
+// previous kernel is complete (while the block routes). The window it fills is the HBM's idle time in the
+// kernel's tail and in the short kernels after it (4: in the routing). The issuing thread copies the table
+// into shared memory before griddepcontrol.wait, so that its read is not a round trip at the ask.
 #ifndef L2_NEXT
 #define L2_NEXT 0
 #endif
 #ifndef L2_NEXT_AT
 #define L2_NEXT_AT 0
 #endif
-#if L2_NEXT && (L2_NEXT_AT < 1 || L2_NEXT_AT > 3)
-#error "L2_NEXT needs L2_NEXT_AT 1, 2 or 3"
+#if L2_NEXT && (L2_NEXT_AT < 1 || L2_NEXT_AT > 4 || L2_NEXT > 8)
+#error "L2_NEXT (at most 8 regions) needs L2_NEXT_AT 1..4"
 #endif
+#define L2_ASKER (L2_NEXT_AT == 1 || L2_NEXT_AT == 4 ? PRODUCER * 32 : 0)  // the thread that asks
 #define L2_PIECE 32768u                 // bytes per bulk prefetch
 
 // u32, warp_sum, ld_stream, rms_value, bf16_pair: the helpers router_decode.cu uses too
@@ -239,6 +242,9 @@ struct __align__(16) Smem {
 #endif
     };
     float dn_part[MAX_DN][DN_WARPS][8];
+#if L2_NEXT
+    u64 l2_table[2 * L2_NEXT];  // L2_NEXT: the regions, copied by the asking thread before the wait
+#endif
 };
 #define TILES_OFFSET ((sizeof(Smem) + 127) / 128 * 128)
 
@@ -254,13 +260,13 @@ __device__ __forceinline__ void bar_wait(u32 bar) {
         : "memory");
 }
 
-// L2_NEXT: this block's share of each region [address, address + bytes) of `table` ([L2_NEXT][2] u64),
-// whole 256-byte pieces (bytes are multiples of 16: PersistentDecodeMoE.prefetch_next)
+// L2_NEXT: this block's share of each region [address, address + bytes) of `table` ([L2_NEXT][2] u64, in
+// shared memory), whole 256-byte pieces (bytes are multiples of 16: PersistentDecodeMoE.prefetch_next)
 __device__ __forceinline__ void l2_next_prefetch(const u64 *table) {
 #if L2_NEXT
 #pragma unroll 1
     for (int r = 0; r < L2_NEXT; ++r) {
-        const u64 base = __ldg(table + 2 * r), bytes = __ldg(table + 2 * r + 1);
+        const u64 base = table[2 * r], bytes = table[2 * r + 1];
         const u64 share = ((bytes + NBLOCKS - 1) / NBLOCKS + 255) & ~(u64)255;
         const u64 end = min(bytes, (u64)(blockIdx.x + 1) * share);
         for (u64 at = (u64)blockIdx.x * share; at < end; at += L2_PIECE) {
@@ -725,6 +731,10 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         if (n_dn) bulk_copy(smem_addr(sh_tail + 16 * H), sh_dn_w + (size_t)dn_tile[0] * SHI, 8 * n_dn * SHI, bar, policy);
     }
 #endif
+#if L2_NEXT
+    if (threadIdx.x == L2_ASKER)
+        for (int i = 0; i < 2 * L2_NEXT; ++i) sm.l2_table[i] = __ldg(l2_next + i);
+#endif
     // Everything above is independent of the previous kernel; the routing, x and the
     // activation buffer are not.
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -744,6 +754,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif
 
     if (warp == PRODUCER) {
+#if L2_NEXT && L2_NEXT_AT == 4
+        if (lane == 0) l2_next_prefetch(sm.l2_table);
+#endif
 #if ROUTER
         asm volatile("bar.sync %0, %1;" ::"r"(BAR_ROUTED), "r"(96) : "memory");  // the block's own selection
 #else
@@ -815,7 +828,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif
 #if L2_NEXT && L2_NEXT_AT == 1
             for (int q = 0; q < groups; ++q) bar_wait(smem_addr(&sm.bars[order[q]]));  // (group code = barrier)
-            l2_next_prefetch(l2_next);
+            l2_next_prefetch(sm.l2_table);
 #endif
         }
 #if TRACE
@@ -1223,7 +1236,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             (void)rounds;
 #endif
 #if L2_NEXT && L2_NEXT_AT == 2
-            if (p == PAIRS - 1 && warp == 0 && lane == 0) l2_next_prefetch(l2_next);  // every activation is in
+            if (p == PAIRS - 1 && warp == 0 && lane == 0) l2_next_prefetch(sm.l2_table);  // every activation is in
 #endif
             if (p == 0) {
 #pragma unroll
@@ -1311,7 +1324,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
     __syncthreads();
     if (threadIdx.x == 0) {
 #if L2_NEXT && L2_NEXT_AT == 3
-        l2_next_prefetch(l2_next);
+        l2_next_prefetch(sm.l2_table);
 #endif
         atomicInc(launches, NBLOCKS * 65536u - 1u);
 #if TRACE
