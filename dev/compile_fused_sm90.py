@@ -168,6 +168,7 @@ def other_variants():
         sync_ptr="i32",
         source_ptr="i32",
         handoff_ptr="i32",
+        l2_ptr="fp8e4nv",
     )
     kda_cases = (
         (1, False, False, False),
@@ -183,8 +184,9 @@ def other_variants():
         constexprs = dict(
             T=tokens, H=32, DK=128, NV=kda.VALUE_SPLITS, SAFE_GATE=True, HISTORY=history, LAZY=lazy, HANDOFF=handoff
         )
-        name = f"kda T={tokens} history={history} lazy={lazy} handoff={handoff}"
-        yield name, kda._kda_decode, kda_ptrs, constexprs, 4, 3
+        for l2_share in (0, 81920) if tokens == 1 and not history else (0,):  # (kda_decode's l2_ahead: o_proj)
+            name = f"kda T={tokens} history={history} lazy={lazy} handoff={handoff}" + (" l2" if l2_share else "")
+            yield name, kda._kda_decode, kda_ptrs, {**constexprs, "L2_SHARE": l2_share}, 4, 3
     vocab_chunks = triton.cdiv(157184, greedy.CHUNK)
     greedy_ptrs = dict(
         logits_ptr="fp32",

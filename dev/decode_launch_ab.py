@@ -243,6 +243,9 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "L2 next: shared + 16 MB, at the end": {"l2_next": {"megabytes": 16, "at": 3}},
     "L2 next: shared + 8 MB, at the wait": {"l2_next": {"megabytes": 8, "at": 4}},
     "L2 next: 4 MB, at the wait": {"l2_next": {"megabytes": 4, "shared": False, "at": 4}},
+    # one token's KDA kernel asks the L2 for its output projection's weight (10.5 MB) once its wait returns: HBM
+    # idles while the recurrence runs (FusedDecodeStep.kda_l2_ahead)
+    "KDA asks the L2 for o_proj": {"kda_l2_ahead": True},
     # (ninth session) one token's shared gate_up normalises x itself and waits for the MoE kernel only at
     # its end (gemv_decode.cu LATE_WAIT): FusedDecodeStep.shared_late_wait
     "shared gate_up late wait": {"shared_late_wait": True},
@@ -261,6 +264,7 @@ NOT_LAUNCH = (
     "shared_late_wait",
     "moe",
     "l2_next",
+    "kda_l2_ahead",
 )
 
 
@@ -397,6 +401,7 @@ def main() -> int:
         ahead = VARIANTS[name].get("l2_next", product_ahead)  # (after set_kernel_config: it sets l2_next_at)
         step.prefetch_next_weights(**ahead)
         step.shared_late_wait = VARIANTS[name].get("shared_late_wait", False)
+        step.kda_l2_ahead = VARIANTS[name].get("kda_l2_ahead", False)
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])
         fused_kda.WINDOW_VALUE_SPLITS = splits.get("window", kda_splits[1])

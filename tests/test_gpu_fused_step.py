@@ -356,7 +356,8 @@ def test_the_moe_kernels_asking_the_l2_for_later_weights_change_no_result(setup)
     """FusedDecodeStep.prefetch_next_weights at each DecodeKernelConfig.l2_next_at (moe_decode.cu L2_NEXT: bulk
     prefetches of the shared expert's weights and the next input projection's first bytes, a hint): whole decode
     steps from the same fresh cache state give the same hidden states and caches bit for bit as without, and the
-    MoE kernels were built to ask (the regions a layer asks for). The product's setting is put back after."""
+    MoE kernels were built to ask (the regions a layer asks for); every other setting also with the KDA kernels
+    asking for their output projection's weight (kda_l2_ahead). The product's settings are put back after."""
     config, _, fused = setup
     step = fused.decode_step
     moes = step.routers_in_experts()
@@ -364,13 +365,14 @@ def test_the_moe_kernels_asking_the_l2_for_later_weights_change_no_result(setup)
     if not trunk:
         pytest.skip("the MoE kernel runs its router inside with the CUDA step kernels (Hopper)")
     product = {k: step.l2_next[k] for k in ("megabytes", "shared", "at")}
-    settings = ((0.0, False, 0), (8.0, True, 1), (0.5, True, 2), (8.0, False, 3), (16.0, True, 0))
+    settings = ((0.0, False, 0), (8.0, True, 1), (0.5, True, 2), (8.0, False, 3), (16.0, True, 0), (4.0, True, 4))
     caches = caches_from_one_random_state(config, len(settings))
     ids = torch.randint(0, VOCAB, (1,), device="cuda")
     positions = torch.tensor([int(torch.randint(8, 60, ()))], device="cuda")
     outputs = []
     try:
-        for (megabytes, shared, at), cache in zip(settings, caches, strict=True):
+        for k, ((megabytes, shared, at), cache) in enumerate(zip(settings, caches, strict=True)):
+            step.kda_l2_ahead = k % 2 == 1  # (and the KDA kernels asking for their output projection's weight)
             asking = step.prefetch_next_weights(megabytes, shared, at)  # (the last layer has no next projection)
             last = step.layers[-1].mlp
             assert asking == (at > 0) * sum(shared or (megabytes > 0 and moe is not last) for moe in trunk)
@@ -381,6 +383,7 @@ def test_the_moe_kernels_asking_the_l2_for_later_weights_change_no_result(setup)
             assert regions == (at > 0) * (2 * shared + (megabytes > 0)), (megabytes, shared, at)
     finally:
         step.prefetch_next_weights(**product)
+        step.kda_l2_ahead = False
     for setting, result in zip(settings[1:], outputs[1:], strict=True):
         for a, b in zip(result, outputs[0], strict=True):
             assert torch.equal(a, b), setting

@@ -208,6 +208,8 @@ class _KDAAttention:
             self.launch,
             lazy,
             handoff,
+            # (one token, FusedDecodeStep.kda_l2_ahead) the output projection's weight into the L2 while it runs
+            getattr(self.dense, "fused", self.dense).weight if self.step.kda_l2_ahead and x.shape[0] == 1 else None,
         )
         gate = proj[:, 4 * self.dim : 5 * self.dim]
         self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps)
@@ -388,6 +390,9 @@ class FusedDecodeStep:
     # one token's shared gate_up normalises x itself and waits for the MoE kernel only at its end
     # (gemv_decode.cu LATE_WAIT), so it computes while the MoE kernel's last blocks finish (a lab switch)
     shared_late_wait = False
+    # one token's KDA kernel asks the L2 for its layer's output projection weight once its wait returns (HBM idles
+    # while the recurrence runs; fused_kda.kda_decode's l2_ahead); read at each call (a lab switch until measured)
+    kda_l2_ahead = False
 
     def __init__(
         self,
@@ -705,6 +710,7 @@ class FusedDecodeStep:
             "shared_in_experts": len(self.shared_in_experts()),
             "handoff": self.handoff,
             "shared_late_wait": self.shared_late_wait,
+            "kda_l2_ahead": self.kda_l2_ahead,
             "l2_next": dict(self.l2_next),
             **({"step_kernels_note": self.kernels_note} if self.kernels_note else {}),
         }

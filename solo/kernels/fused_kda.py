@@ -37,6 +37,7 @@ import triton.language as tl
 from solo.kernels.fused_gemv import MAX_TOKENS, store_rounded
 from solo.kernels.handoff import check_handoff, end_after_previous, wait_for_rows
 from solo.kernels.pdl import PLAIN, LaunchPolicy
+from solo.kernels.prefetch import prefetch_part_to_l2, prefetch_unavailable
 from solo.kernels.triton_fp8 import interpreter_mode
 
 VALUE_SPLITS = 4  # programs per head on a GPU for one token (each a quarter of the value columns)
@@ -77,6 +78,8 @@ def _kda_decode(
     handoff_ptr,
     handoff_target,
     lower_bound,
+    l2_ptr,
+    l2_total,
     T: tl.constexpr,
     H: tl.constexpr,
     DK: tl.constexpr,
@@ -86,6 +89,7 @@ def _kda_decode(
     LAZY: tl.constexpr,
     PDL: tl.constexpr,
     HANDOFF: tl.constexpr,
+    L2_SHARE: tl.constexpr,  # > 0: each program asks the L2 for this many bytes of l2_ptr's once its wait returns
 ):
     h = tl.program_id(0)
     j = tl.program_id(1)
@@ -136,6 +140,8 @@ def _kda_decode(
     # while the projections that feed this kernel still run. Everything below is not.
     # (with HANDOFF: the projection's q, k, v, f and b rows, stored once handoff_target blocks have said so)
     wait_for_rows(handoff_ptr, handoff_target, H * NV, HANDOFF, PDL)
+    if L2_SHARE:  # (l2_ahead) HBM idles while the recurrence runs: the next GEMV's weights into the L2
+        prefetch_part_to_l2(l2_ptr, l2_total, h * NV + j, L2_SHARE, 128)
     if h == 0 and j == 0:
         tl.atomic_add(count_ptr, 1)
     owner = j == NV - 1  # this program rewrites the head's q and k windows, once the others have read them
@@ -227,6 +233,7 @@ def kda_decode(
     launch: LaunchPolicy = PLAIN,
     lazy: tuple[torch.Tensor, torch.Tensor] | None = None,
     handoff: tuple[torch.Tensor, int] | None = None,
+    l2_ahead: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """proj [T, 5D + H] bf16 ([q|k|v|f|g|b] rows); conv_weight [3D, 4] fp32; conv_state [3D, 3] fp32 and
     state [H, d, d] fp32 updated in place; out [T, D] (bf16) receives o. With history_states
@@ -239,7 +246,10 @@ def kda_decode(
 
     `handoff` = (counters, signals): proj comes from a GEMV that hands its rows over (cuda_step.Handoff
     with counters[0], g computed last); the programs read q, k, v, f and b once counters[0] reaches
-    `signals` (> 0), and leave both int32 counters zero."""
+    `signals` (> 0), and leave both int32 counters zero.
+
+    `l2_ahead`: a tensor (the output projection's weight) the programs ask the L2 for, each its share, once
+    their wait returns (bulk prefetches: a hint, no result changes; Hopper only, else a ValueError)."""
     t = proj.shape[0]
     launch = launch.at(t)
     heads, dk, dv = state.shape
@@ -262,6 +272,12 @@ def kda_decode(
         history_states = slots
     nv = value_splits(t)
     check_handoff(handoff)
+    l2_total = l2_share = 0
+    if l2_ahead is not None:
+        l2_total = l2_ahead.numel() * l2_ahead.element_size() // 16 * 16
+        l2_share = -(-l2_total // (heads * nv * 16)) * 16
+        if (reason := prefetch_unavailable(l2_ahead, l2_share)) is not None:
+            raise ValueError(f"the KDA kernel cannot ask the L2 for the next weights: {reason}")
     if sync is None or sync.numel() < heads:
         raise ValueError("kda_decode needs a zeroed int32 sync buffer of one counter per head")
     compiled = _kda_decode[(heads, nv)](
@@ -282,6 +298,8 @@ def kda_decode(
         handoff[0] if handoff is not None else sync,
         handoff[1] if handoff is not None else 0,
         float(lower_bound),
+        l2_ahead if l2_ahead is not None else sync,
+        l2_total,
         T=t,
         H=heads,
         DK=dk,
@@ -291,6 +309,7 @@ def kda_decode(
         LAZY=lazy is not None,
         PDL=launch.pdl,
         HANDOFF=handoff is not None,
+        L2_SHARE=l2_share,
         num_warps=4,
         **launch.options,
     )

@@ -44,6 +44,17 @@ def prefetch_to_l2(ptr, NBYTES: tl.constexpr, THREADS: tl.constexpr):
     _bulk_prefetch(ptr.to(tl.int64) + offset, nbytes.to(tl.int32))
 
 
+@triton.jit
+def prefetch_part_to_l2(ptr, total_bytes, part, SHARE: tl.constexpr, THREADS: tl.constexpr):
+    """Prefetch part `part` of the `total_bytes` (a multiple of 16) from `ptr`, parts of SHARE bytes (a
+    multiple of 16) each, the last one cut at the end; one request per thread of the program's THREADS."""
+    SIZE: tl.constexpr = (SHARE + 16 * THREADS - 1) // (16 * THREADS) * 16
+    start = part.to(tl.int64) * SHARE
+    offset = start + tl.arange(0, THREADS).to(tl.int64) * SIZE
+    nbytes = tl.maximum(tl.minimum(tl.minimum(start + SHARE, total_bytes) - offset, SIZE), 0)
+    _bulk_prefetch(ptr.to(tl.int64) + offset, nbytes.to(tl.int32))
+
+
 def prefetch_unavailable(tensor: torch.Tensor, block_bytes: int) -> str | None:
     """Why blocks of `block_bytes` of `tensor` cannot be bulk-prefetched, or None when they can."""
     if interpreter_mode():
