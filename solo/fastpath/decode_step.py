@@ -116,7 +116,9 @@ def _gemv(linear: Linear, step: FusedDecodeStep, name: str) -> FusedGemv:
 # (FusedDecodeStep.prefetch_next_weights: the shared expert's and the next input projection's first
 # L2_NEXT_MEGABYTES, once the block's copies landed). Measured in the whole decode step at full shape, 32K, on the
 # H100 (dev/decode_launch_ab.py, two device calls: -44.0 / -33.3 us with 8 MB, -36.4 with 16 MB, -44.0 with 24;
-# docs/results/h100_ab_lab28.log, _lab29). Not on the H200 until measured there (L2 hints lost on it before).
+# docs/results/h100_ab_lab28.log, _lab29; as the product, turned off +31.2 / +30.7 us, h100_ab_lab30.log). Asked
+# later in the kernel (after its activation exchange, at its end) or at its wait, they lose 94-127 us. Not on the
+# H200 until measured there (L2 hints lost on it before).
 L2_NEXT_CARDS = ("NVIDIA H100 80GB HBM3",)
 L2_NEXT_MEGABYTES = 16.0  # (the KDA projections' first wave of tasks: 792 blocks x 8 rows x 2,560 bytes)
 
@@ -391,7 +393,8 @@ class FusedDecodeStep:
     # (gemv_decode.cu LATE_WAIT), so it computes while the MoE kernel's last blocks finish (a lab switch)
     shared_late_wait = False
     # one token's KDA kernel asks the L2 for its layer's output projection weight once its wait returns (HBM idles
-    # while the recurrence runs; fused_kda.kda_decode's l2_ahead); read at each call (a lab switch until measured)
+    # while the recurrence runs; fused_kda.kda_decode's l2_ahead); read at each call. A lab switch: +46.8 us a step
+    # at 32K on the H100 (docs/results/h100_ab_lab30.log), the output projection's own loads already stream then
     kda_l2_ahead = False
 
     def __init__(
