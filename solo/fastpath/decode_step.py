@@ -564,7 +564,7 @@ class FusedDecodeStep:
             if not isinstance(moe, _MoE) or moe.routed_in_experts is None:
                 continue
             regions: list[tuple[torch.Tensor, int, int]] = []
-            if shared and moe.shared_gate_up is not None:
+            if shared and moe.shared_gate_up is not None and moe.shared_in_experts is None:  # (inside: copied anyway)
                 for kernel in (moe.shared_gate_up, moe.shared_down):
                     weight = getattr(kernel, "fused", kernel).weight
                     regions.append((weight, 0, weight.numel() * weight.element_size()))

@@ -237,16 +237,16 @@ class PersistentDecodeMoE(TritonMoE):
             if tensor.device != self.device:
                 raise ValueError(f"an L2 region must be on {self.device}, not {tensor.device}")
             size = tensor.numel() * tensor.element_size()
-            nbytes = min(nbytes, size - first) // 16 * 16
             address = tensor.data_ptr() + first
-            if first < 0 or address % 16:
+            if not 0 <= first < size or address % 16:
                 raise ValueError(f"an L2 region must start 16-byte aligned within its tensor, not at byte {first}")
+            nbytes = min(nbytes, size - first) // 16 * 16
             if nbytes > 0:
                 rows.append((address, nbytes))
-        if self._l2_next is not None:  # graphs captured before still read it: kept, not freed
-            self._l2_retired.append(self._l2_next)
         if len(rows) > 8:
             raise ValueError(f"the MoE kernel asks the L2 for at most 8 regions, not {len(rows)}")
+        if self._l2_next is not None:  # graphs captured before still read it: kept, not freed
+            self._l2_retired.append(self._l2_next)
         self._l2_next = torch.tensor(rows, dtype=torch.int64, device=self.device) if rows else None
 
     def _l2_regions(self) -> int:
