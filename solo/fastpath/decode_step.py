@@ -143,6 +143,11 @@ def reading_order_bytes(rows: int, row_bytes: int, start_row: int, nbytes: int) 
     return ranges
 
 
+def _weight(kernel: Any) -> torch.Tensor:
+    """The weight of a projection: a FusedGemv's, or that of the FusedGemv a CudaGemv runs."""
+    return getattr(kernel, "fused", kernel).weight
+
+
 def _project_handing_over(
     step: FusedDecodeStep, gemv: Any, x: torch.Tensor, norm: torch.Tensor, eps: float, gate_start: int, gate_end: int
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, int] | None]:
@@ -184,7 +189,7 @@ class _KDAAttention:
     def __call__(self, x, positions, cache: HybridCache, history: dict[int, KDAHistory] | None) -> None:
         a = self.attn
         # (g, which only the output projection reads, may come last: _project_handing_over)
-        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, 4 * self.dim, 5 * self.dim)
+        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.handoff_rows)
         state = cache.kda[self.index]
         past = history[self.index] if history is not None else None
         # a cache with its own verification history may hold the states there (lazy rollback); a pass
@@ -211,7 +216,7 @@ class _KDAAttention:
             lazy,
             handoff,
             # (one token, FusedDecodeStep.kda_l2_ahead) the output projection's weight into the L2 while it runs
-            getattr(self.dense, "fused", self.dense).weight if self.step.kda_l2_ahead and x.shape[0] == 1 else None,
+            _weight(self.dense) if self.step.kda_l2_ahead and x.shape[0] == 1 else None,
         )
         gate = proj[:, 4 * self.dim : 5 * self.dim]
         self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps)
@@ -246,11 +251,11 @@ class _MLAAttention:
             launch=step.launch,
         )
         self.out_dim = attn.num_heads * attn.v_dim
-        self.gate_rows = self.handoff_rows = (offsets[2], weight.shape[0])
+        self.handoff_rows = (offsets[2], weight.shape[0])  # (the output gate's rows, computed last with a hand-off)
         self.step = step
 
     def __call__(self, x, positions, cache: HybridCache, history) -> None:
-        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.gate_rows)
+        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.handoff_rows)
         o = torch.empty((x.shape[0], self.out_dim), dtype=torch.bfloat16, device=x.device)
         layer_cache = cache.mla[self.index]
         self.mla(proj, positions, layer_cache.latent, layer_cache.rope, o, handoff)
@@ -565,13 +570,11 @@ class FusedDecodeStep:
                 continue
             regions: list[tuple[torch.Tensor, int, int]] = []
             if shared and moe.shared_gate_up is not None and moe.shared_in_experts is None:  # (inside: copied anyway)
-                for kernel in (moe.shared_gate_up, moe.shared_down):
-                    weight = getattr(kernel, "fused", kernel).weight
+                for weight in map(_weight, (moe.shared_gate_up, moe.shared_down)):
                     regions.append((weight, 0, weight.numel() * weight.element_size()))
             if megabytes > 0 and i + 1 < len(self.layers):
                 attention = self.layers[i + 1].attention
-                proj = getattr(attention.proj, "fused", attention.proj)
-                weight = proj.weight
+                weight = _weight(attention.proj)
                 row_bytes = weight.shape[1] * weight.element_size()
                 start = task_order(weight.shape[0], *attention.handoff_rows)[0] * 8 if self.handoff else 0
                 for first, nbytes in reading_order_bytes(weight.shape[0], row_bytes, start, int(megabytes * 2**20)):
