@@ -127,6 +127,13 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     },
     "bulk, 2 blocks of 8 warps: every GEMV": {"bulk": 2, "warps": 8},
     "bulk: o_proj, dense, downs": {"for": {("o_proj", "dense", "down"): {"bulk": 1}}},
+    # (nineteenth session) the output projections' 10.5 MB fit in their blocks' rings (3 tasks a block, about 100 KB),
+    # which fill before griddepcontrol.wait: the whole weight on chip while the KDA recurrence (512 B of shared
+    # memory, 107 registers a thread) runs beside it, instead of each lane's first loads
+    "bulk: o_proj": {"for": {("o_proj",): {"bulk": 1}}},
+    "bulk: o_proj, dense": {"for": {("o_proj", "dense"): {"bulk": 1}}},
+    "bulk, 8 warps: o_proj, dense": {"for": {("o_proj", "dense"): {"bulk": 1, "warps": 8}}},
+    "bulk, 2 blocks of 8 warps: o_proj, dense": {"for": {("o_proj", "dense"): {"bulk": 2, "warps": 8}}},
     # not GEMV launches: the MLA and selection switches the product turned on in the twelfth session, undone
     # (one token's attention transposed on one warpgroup, the combine cut into 4 slices of the latent columns
     # for one token and verification, the routers' selection over the kept groups only). The product's
@@ -243,6 +250,14 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "L2 next: shared + 16 MB, at the end": {"l2_next": {"megabytes": 16, "at": 3}},
     "L2 next: shared + 8 MB, at the wait": {"l2_next": {"megabytes": 8, "at": 4}},
     "L2 next: 4 MB, at the wait": {"l2_next": {"megabytes": 4, "shared": False, "at": 4}},
+    # (nineteenth session; lab30, H100: asked by the producer's copy engine at the wait, +117.6 us) the down warps,
+    # idle while the gate_up warps route, ask a 128-byte line per thread on the load path (prefetch.global.L2):
+    # at the wait (5) or before it (6). Does the copy engine's queue, which the expert copies use next, explain
+    # the loss, or HBM serving the asks while the copies start?
+    "L2 next: shared + 8 MB, lines at the wait": {"l2_next": {"megabytes": 8, "at": 5}},
+    "L2 next: shared + 16 MB, lines at the wait": {"l2_next": {"megabytes": 16, "at": 5}},
+    "L2 next: shared expert, lines at the wait": {"l2_next": {"megabytes": 0, "at": 5}},
+    "L2 next: shared + 8 MB, lines before the wait": {"l2_next": {"megabytes": 8, "at": 6}},
     # one token's KDA kernel asks the L2 for its output projection's weight (10.5 MB) once its wait returns: HBM
     # idles while the recurrence runs (FusedDecodeStep.kda_l2_ahead)
     "KDA asks the L2 for o_proj": {"kda_l2_ahead": True},

@@ -94,7 +94,7 @@ def test_kernel_config_defines_name_every_variant():
         "X_EARLY": 1, "L2_NEXT_AT": 0,
     }  # fmt: skip
     with pytest.raises(ValueError, match="l2_next_at must be 0"):
-        DecodeKernelConfig(l2_next_at=5).defines()
+        DecodeKernelConfig(l2_next_at=7).defines()
 
 
 def test_cuda_backend_on_cpu_is_a_clear_error():
@@ -195,8 +195,8 @@ def test_gpu_late_down_copies_change_no_result(experts, order):
 @pytest.mark.gpu
 @needs_hopper
 def test_gpu_asking_the_l2_for_later_weights_changes_no_result(experts):
-    """PersistentDecodeMoE.prefetch_next with DecodeKernelConfig.l2_next_at 1, 2, 3 (moe_decode.cu L2_NEXT: bulk
-    prefetches of other tensors' bytes, a hint) gives the plain kernel's outputs bit for bit, and a region is cut
+    """PersistentDecodeMoE.prefetch_next with DecodeKernelConfig.l2_next_at 1..6 (moe_decode.cu L2_NEXT: bulk or
+    line prefetches of other tensors' bytes, a hint) gives the plain kernel's outputs bit for bit, and a region is cut
     to its tensor and to whole 16-byte pieces; one that does not start 16-byte aligned is refused."""
     from solo.kernels.cuda_moe import PersistentDecodeMoE
 
@@ -209,7 +209,7 @@ def test_gpu_asking_the_l2_for_later_weights_changes_no_result(experts):
     moe.prefetch_next([(later, 0, 1 << 30), (other, 4096, 1 << 20), (other, 0, 8)])  # (8 bytes: nothing)
     assert moe._l2_next.tolist() == [[later.data_ptr(), 3 << 20], [other.data_ptr() + 4096, 1 << 20]]
     assert moe._l2_regions() == 0  # l2_next_at 0: the product's kernel
-    for at in (1, 2, 3, 4, 0, 2):
+    for at in (1, 2, 3, 4, 5, 6, 0, 2):
         moe.set_kernel_config(DecodeKernelConfig(l2_next_at=at))
         assert moe._l2_regions() == (2 if at else 0)
         for _ in range(2):

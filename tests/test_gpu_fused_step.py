@@ -353,8 +353,8 @@ def test_verification_through_the_window_rings_matches_the_reference_layers(setu
 
 
 def test_the_moe_kernels_asking_the_l2_for_later_weights_change_no_result(setup):
-    """FusedDecodeStep.prefetch_next_weights at each DecodeKernelConfig.l2_next_at (moe_decode.cu L2_NEXT: bulk
-    prefetches of the shared expert's weights and the next input projection's first bytes, a hint): whole decode
+    """FusedDecodeStep.prefetch_next_weights at each DecodeKernelConfig.l2_next_at (moe_decode.cu L2_NEXT: bulk or
+    line prefetches of the shared expert's weights and the next input projection's first bytes, a hint): whole decode
     steps from the same fresh cache state give the same hidden states and caches bit for bit as without, and the
     MoE kernels were built to ask (the regions a layer asks for); every other setting also with the KDA kernels
     asking for their output projection's weight (kda_l2_ahead). The product's settings are put back after."""
@@ -365,7 +365,16 @@ def test_the_moe_kernels_asking_the_l2_for_later_weights_change_no_result(setup)
     if not trunk:
         pytest.skip("the MoE kernel runs its router inside with the CUDA step kernels (Hopper)")
     product = {k: step.l2_next[k] for k in ("megabytes", "shared", "at")}
-    settings = ((0.0, False, 0), (8.0, True, 1), (0.5, True, 2), (8.0, False, 3), (16.0, True, 0), (4.0, True, 4))
+    settings = (
+        (0.0, False, 0),
+        (8.0, True, 1),
+        (0.5, True, 2),
+        (8.0, False, 3),
+        (16.0, True, 0),
+        (4.0, True, 4),
+        (8.0, True, 5),
+        (2.0, False, 6),
+    )
     caches = caches_from_one_random_state(config, len(settings))
     ids = torch.randint(0, VOCAB, (1,), device="cuda")
     positions = torch.tensor([int(torch.randint(8, 60, ()))], device="cuda")

@@ -48,8 +48,9 @@ class DecodeKernelConfig:
     x_early: bool = True
     # with regions set (PersistentDecodeMoE.prefetch_next): when the kernel asks the L2 for them (moe_decode.cu
     # L2_NEXT_AT): 0 never, 1 once a block's copies landed, 2 once its activation exchange is done, 3 at its end,
-    # 4 as soon as the previous kernel is complete (while it routes). FusedDecodeStep.prefetch_next_weights sets it
-    # (1 on the cards of solo.fastpath.decode_step.L2_NEXT_CARDS)
+    # 4 as soon as the previous kernel is complete (while it routes); 5 and 6 by the down warps with a line prefetch
+    # each (the load path, not the copy engine), 5 once the previous kernel is complete, 6 before.
+    # FusedDecodeStep.prefetch_next_weights sets it (1 on the cards of solo.fastpath.decode_step.L2_NEXT_CARDS)
     l2_next_at: int = 0
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
@@ -61,8 +62,8 @@ class DecodeKernelConfig:
 
     def defines(self) -> dict[str, int]:
         """moe_decode.cu's defines for these variants (the shapes, router and shared expert add theirs)."""
-        if self.l2_next_at not in (0, 1, 2, 3, 4):
-            raise ValueError(f"l2_next_at must be 0 (never) or 1..4, got {self.l2_next_at}")
+        if self.l2_next_at not in range(7):
+            raise ValueError(f"l2_next_at must be 0 (never) or 1..6, got {self.l2_next_at}")
         return {
             "EVICT_FIRST": int(self.evict_first),
             "TRACE": int(self.trace),

@@ -196,16 +196,22 @@
 // previous kernel is complete (while the block routes). The window it fills is the HBM's idle time in the
 // kernel's tail and in the short kernels after it (4: in the routing). The issuing thread copies the table
 // into shared memory before griddepcontrol.wait, so that its read is not a round trip at the ask.
+// L2_NEXT_AT 5 and 6: the down warps, idle until the selection, ask with per-line prefetches of the load
+// path (prefetch.global.L2, one 128-byte line a thread at a time) instead of the copy engine, whose queue the
+// expert copies then find empty: 5 once the previous kernel is complete (while the gate_up warps route), 6
+// before (while it ends; the weights do not depend on it).
 #ifndef L2_NEXT
 #define L2_NEXT 0
 #endif
 #ifndef L2_NEXT_AT
 #define L2_NEXT_AT 0
 #endif
-#if L2_NEXT && (L2_NEXT_AT < 1 || L2_NEXT_AT > 4 || L2_NEXT > 8)
-#error "L2_NEXT (at most 8 regions) needs L2_NEXT_AT 1..4"
+#if L2_NEXT && (L2_NEXT_AT < 1 || L2_NEXT_AT > 6 || L2_NEXT > 8)
+#error "L2_NEXT (at most 8 regions) needs L2_NEXT_AT 1..6"
 #endif
-#define L2_ASKER (L2_NEXT_AT == 1 || L2_NEXT_AT == 4 ? PRODUCER * 32 : 0)  // the thread that asks
+#define L2_LINES (L2_NEXT_AT == 5 || L2_NEXT_AT == 6)  // the down warps ask, a line a thread at a time
+#define L2_ASKER (L2_NEXT_AT == 1 || L2_NEXT_AT == 4 ? PRODUCER * 32 : L2_LINES ? GU_WARPS * 32 : 0)  // copies the table
+#define BAR_L2_TABLE 1                  // L2_LINES: the table is in shared memory (the down warps)
 #define L2_PIECE 32768u                 // bytes per bulk prefetch
 
 // u32, warp_sum, ld_stream, rms_value, bf16_pair: the helpers router_decode.cu uses too
@@ -276,6 +282,24 @@ __device__ __forceinline__ void l2_next_prefetch(const u64 *table) {
     }
 #else
     (void)table;
+#endif
+}
+
+// L2_LINES: this block's share of each region (as l2_next_prefetch cuts it), a 128-byte line per prefetch, the
+// lines spread over the DN_WARPS * 32 threads (d: this thread's index among them)
+__device__ __forceinline__ void l2_next_lines(const u64 *table, int d) {
+#if L2_NEXT
+#pragma unroll 1
+    for (int r = 0; r < L2_NEXT; ++r) {
+        const u64 base = table[2 * r], bytes = table[2 * r + 1];
+        const u64 share = ((bytes + NBLOCKS - 1) / NBLOCKS + 255) & ~(u64)255;
+        const u64 end = min(bytes, (u64)(blockIdx.x + 1) * share);
+        for (u64 at = (u64)blockIdx.x * share + 128u * d; at < end; at += 128u * DN_WARPS * 32)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + at) : "memory");
+    }
+#else
+    (void)table;
+    (void)d;
 #endif
 }
 
@@ -734,6 +758,12 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #if L2_NEXT
     if (threadIdx.x == L2_ASKER)
         for (int i = 0; i < 2 * L2_NEXT; ++i) sm.l2_table[i] = __ldg(l2_next + i);
+#if L2_NEXT_AT == 6
+    if (warp >= GU_WARPS && warp < PRODUCER) {
+        asm volatile("bar.sync %0, %1;" ::"r"(BAR_L2_TABLE), "r"(DN_WARPS * 32) : "memory");
+        l2_next_lines(sm.l2_table, threadIdx.x - GU_WARPS * 32);
+    }
+#endif
 #endif
     // Everything above is independent of the previous kernel; the routing, x and the
     // activation buffer are not.
@@ -906,6 +936,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         if (X_EARLY && threadIdx.x < H / 8) xv = ld_cg4(reinterpret_cast<const u32 *>(x) + 4 * threadIdx.x);
 #endif
         asm volatile("bar.sync %0, %1;" ::"r"(BAR_INPUTS), "r"(INPUT_THREADS) : "memory");
+#if L2_NEXT && L2_NEXT_AT == 5
+        if (warp >= GU_WARPS) l2_next_lines(sm.l2_table, threadIdx.x - GU_WARPS * 32);  // (the table: before the barrier)
+#endif
 #if ROUTER
         if (!X_EARLY && threadIdx.x < H / 8) xv = ld_cg4(reinterpret_cast<const u32 *>(x) + 4 * threadIdx.x);
         if (warp < GU_WARPS) {
