@@ -126,6 +126,13 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
         "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 2, "warps": 8, "slots": 6}}
     },
     "bulk, 2 blocks of 8 warps: every GEMV": {"bulk": 2, "warps": 8},
+    # (nineteenth session) the H200's big projections stream at about 66% of its copy rate where the H100's reach
+    # 79%: the same latency at a higher rate needs more bytes in flight than a lane's registers hold; the ring
+    # holds about 200 KB an SM (never measured on the H200); with the H100's product asks beside it
+    "bulk, 2 blocks of 8 warps: qkvfgb, q|kv_a|g, MLP + L2 next: shared + 16 MB, after the copies": {
+        "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 2, "warps": 8}},
+        "l2_next": {"megabytes": 16, "at": 1},
+    },
     "bulk: o_proj, dense, downs": {"for": {("o_proj", "dense", "down"): {"bulk": 1}}},
     # (nineteenth session) the output projections' 10.5 MB fit in their blocks' rings (3 tasks a block, about 100 KB),
     # which fill before griddepcontrol.wait: the whole weight on chip while the KDA recurrence (512 B of shared
