@@ -285,6 +285,29 @@ def other_variants():
             config.warps,
             config.stages,
         )
+        if config.transposed:
+            for early in (0, 4):
+                yield (
+                    f"mla_attend_t T={tokens} rows={row_block} early={early}",
+                    mla._mla_attend_t,
+                    attend_ptrs,
+                    dict(
+                        T=tokens,
+                        HEADS=32,
+                        RANK=512,
+                        ROPE=64,
+                        SPLITS=splits,
+                        BLOCK_M=block_m,
+                        ROW_BLOCK=row_block,
+                        BLOCK_L=config.block_l,
+                        MIN_CHUNK=config.min_chunk,
+                        BF16_DOTS=config.bf16_dots,
+                        **({"EARLY": early} if early else {}),
+                        **({"THREADS": 32 * config.warps} if early else {}),
+                    ),
+                    config.warps,
+                    config.stages,
+                )
         yield (
             f"mla_combine T={tokens}",
             mla._mla_combine,

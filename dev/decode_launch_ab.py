@@ -166,6 +166,11 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MLA one token transposed: heads in two programs": {"mla_one": {"rows_per_program": 16}},
     "MLA one token transposed: 256 splits": {"mla_one": {"splits": 256}},
     "MLA one token transposed: 3 stages": {"mla_one": {"stages": 3}},
+    # (nineteenth session) each split asks the L2 for its first steps of old cache rows before it waits for the
+    # prep (AttendLaunch.early_chunks): at 4K a split is one step of 64 positions, at 32K four
+    "MLA one token: L2 asks for the first step early": {"mla_one": {"early_chunks": 1}},
+    "MLA one token: L2 asks for 2 steps early": {"mla_one": {"early_chunks": 2}},
+    "MLA one token: L2 asks for 4 steps early": {"mla_one": {"early_chunks": 4}},
     "MLA one token transposed: 32 positions a step": {"mla_one": {"block_l": 32}},
     # verification's attention transposed (4 warps for both lost 540 us of verification on the H100)
     "MLA verification transposed": {"mla_window": {"transposed": True}},

@@ -448,20 +448,24 @@ def test_mla_layers_over_a_long_context_match_the_reference(setup, tokens):
     assert worst < LONG_CONTEXT_BOUND
 
 
-@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("transposed", [False, True, "early"])
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_mla_splits_of_several_steps_match_the_reference(setup, tokens, transposed):
     """At 12-20K positions every split runs several steps (one token: 128 splits of 96-160 positions, 64
     a step), so the online softmax rescales what earlier steps summed; the attention with its products
-    transposed (AttendLaunch.transposed, the product's for one token) and without (verification's)."""
+    transposed (AttendLaunch.transposed, the product's for one token), also asking the L2 for each split's
+    first steps of old rows before the wait for the prep (early_chunks: a hint; the cache's rows at this call's
+    positions hold other random values until the prep writes them), and without (verification's)."""
     from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference
 
     _, _, fused = setup
-    with mla_launches(fused, transposed=transposed):
-        context = int(torch.randint(12000, 20000, ()))
-        worst = mla_layers_against_reference(fused, context=context, tokens=tokens)
-        print(f"\nMLA (transposed {transposed}) at {context} positions, {tokens} token(s): worst rel. err {worst:.1e}")
-        assert worst < LONG_CONTEXT_BOUND
+    early = 2 if transposed == "early" else 0
+    with mla_launches(fused, transposed=bool(transposed), early_chunks=early):
+        contexts = [int(torch.randint(12000, 20000, ()))] + ([int(torch.randint(2, 60, ()))] if early else [])
+        for context in contexts:  # (and a short one: this call's rows inside the only split's first chunk)
+            worst = mla_layers_against_reference(fused, context=context, tokens=tokens)
+            print(f"\nMLA (transposed {transposed}) at {context} positions, {tokens} token(s): worst {worst:.1e}")
+            assert worst < LONG_CONTEXT_BOUND
 
 
 @pytest.mark.parametrize("tokens", [1, 4])

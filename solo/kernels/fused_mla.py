@@ -38,6 +38,7 @@ import triton.language as tl
 from solo.kernels.fused_gemv import MAX_TOKENS, round_bf16, store_rounded
 from solo.kernels.handoff import check_handoff, end_after_previous, wait_for_rows
 from solo.kernels.pdl import PLAIN, LaunchPolicy, after_previous_kernel
+from solo.kernels.prefetch import prefetch_bytes_to_l2
 from solo.kernels.triton_fp8 import interpreter_mode
 
 
@@ -263,16 +264,32 @@ def _mla_attend_t(
     MIN_CHUNK: tl.constexpr,
     BF16_DOTS: tl.constexpr,
     PDL: tl.constexpr,
+    EARLY: tl.constexpr = 0,
+    THREADS: tl.constexpr = 128,
 ):
     """_mla_attend with the products transposed (AttendLaunch.transposed; one token's in the product): the chunk's
     positions are the products' M side and the rows (token x head) their N side, scores^T = keys . q^T
     [BLOCK_L, ROW_BLOCK] and out^T += values^T . p^T [RANK, ROW_BLOCK]. One token's 32 heads then fill
     tiles of 64 or more rows without padding, the shape Hopper's warpgroup MMA takes. Same arithmetic,
-    partials and layout as _mla_attend (the sums' order inside the products aside)."""
-    after_previous_kernel(PDL)
+    partials and layout as _mla_attend (the sums' order inside the products aside).
+
+    EARLY > 0 (AttendLaunch.early_chunks, under PDL): before the wait for the previous kernel (the prep, which
+    writes q and this call's own cache rows), each program asks the L2 for its split's first EARLY steps of the
+    rows earlier steps wrote (bulk prefetches: no registers, a hint; the positions are final two kernels back),
+    so that they stream while the prep runs."""
     DOT: tl.constexpr = tl.bfloat16 if BF16_DOTS else tl.float16
     s = tl.program_id(0)
     rp = tl.program_id(1)
+    if EARLY > 0 and PDL:
+        # (only the split's span here: the rest of _split_rows after the wait, as without, keeps its registers)
+        _, _, _, used0, start0, end0 = _split_rows(
+            pos_ptr, s, rp, T, HEADS, BLOCK_M, ROW_BLOCK, MIN_CHUNK, SPLITS, BLOCK_L
+        )
+        old_end = tl.minimum(tl.minimum(end0, start0 + EARLY * BLOCK_L), tl.load(pos_ptr))  # (this call's rows: not)
+        rows = tl.where(s < used0, tl.maximum(old_end - start0, 0), 0)
+        prefetch_bytes_to_l2(latent_ptr + start0 * RANK, rows * (2 * RANK), EARLY * BLOCK_L * 2 * RANK, THREADS)
+        prefetch_bytes_to_l2(rope_ptr + start0 * ROPE, rows * (2 * ROPE), EARLY * BLOCK_L * 2 * ROPE, THREADS)
+    after_previous_kernel(PDL)
     if s == 0 and rp == 0:
         tl.atomic_add(count_ptr, 1)
     rm, m_ok, row_pos, used, start, end = _split_rows(
@@ -478,6 +495,9 @@ class AttendLaunch:
     # the attention's products transposed (_mla_attend_t: positions on the MMA's M side, rows on its N
     # side, so that one token's heads need no padding for the warpgroup MMA; FusedMLA.ONE_TOKEN's)
     transposed: bool = False
+    # (transposed, under PDL) each split's first this many steps of the cache rows earlier steps wrote asked of
+    # the L2 before the wait for the previous kernel (the prep), so that they stream while the prep runs
+    early_chunks: int = 0
 
 
 class FusedMLA:
@@ -679,8 +699,11 @@ class FusedMLA:
         if config.transposed:
             if d_parts != 1:
                 raise ValueError(f"{config}: the transposed attention computes every value column of its rows")
-            compiled = _mla_attend_t[(config.splits, block_m // row_block)](*args, **shared)
+            early = dict(EARLY=config.early_chunks, THREADS=32 * config.warps) if config.early_chunks else {}
+            compiled = _mla_attend_t[(config.splits, block_m // row_block)](*args, **early, **shared)
         else:
+            if config.early_chunks:
+                raise ValueError(f"{config}: the early asks for the cache rows are the transposed attention's")
             rows_adjacent = config.rows_adjacent and block_m > row_block
             grid = (config.splits, d_parts, block_m // row_block)
             compiled = _mla_attend[grid[::-1] if rows_adjacent else grid](

@@ -45,6 +45,16 @@ def prefetch_to_l2(ptr, NBYTES: tl.constexpr, THREADS: tl.constexpr):
 
 
 @triton.jit
+def prefetch_bytes_to_l2(ptr, nbytes, MAX_BYTES: tl.constexpr, THREADS: tl.constexpr):
+    """Prefetch the first `nbytes` (a multiple of 16, at most MAX_BYTES) from `ptr`, one request per thread of
+    the program's THREADS."""
+    SIZE: tl.constexpr = (MAX_BYTES + 16 * THREADS - 1) // (16 * THREADS) * 16
+    offset = tl.arange(0, THREADS) * SIZE
+    size = tl.minimum(tl.maximum(nbytes - offset, 0), SIZE)
+    _bulk_prefetch(ptr.to(tl.int64) + offset, size.to(tl.int32))
+
+
+@triton.jit
 def prefetch_part_to_l2(ptr, total_bytes, part, SHARE: tl.constexpr, THREADS: tl.constexpr):
     """Prefetch part `part` of the `total_bytes` (a multiple of 16) from `ptr`, parts of SHARE bytes (a
     multiple of 16) each, the last one cut at the end; one request per thread of the program's THREADS."""
