@@ -171,6 +171,8 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MLA one token: L2 asks for the first step early": {"mla_one": {"early_chunks": 1}},
     "MLA one token: L2 asks for 2 steps early": {"mla_one": {"early_chunks": 2}},
     "MLA one token: L2 asks for 4 steps early": {"mla_one": {"early_chunks": 4}},
+    "MLA one token: no early asks": {"mla_one": {"early_chunks": 0}},  # (the product's 1 on EARLY_CHUNK_CARDS)
+    "MLA one token: no early asks, again": {"mla_one": {"early_chunks": 0}},
     "MLA one token transposed: 32 positions a step": {"mla_one": {"block_l": 32}},
     # verification's attention transposed (4 warps for both lost 540 us of verification on the H100)
     "MLA verification transposed": {"mla_window": {"transposed": True}},

@@ -225,3 +225,14 @@ def test_the_moe_kernels_ask_the_l2_for_later_weights_only_on_the_cards_measured
     want = L2_NEXT_MEGABYTES if card == "NVIDIA H100 80GB HBM3" else None
     assert l2_next_for(card) == want
     assert (l2_next_for(card) is not None) == (card in L2_NEXT_CARDS)
+
+
+@pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])
+def test_one_token_mla_asks_the_l2_for_old_rows_early_only_on_the_cards_measured(card):
+    """FusedMLA's one-token launch asks for each split's first step of old cache rows before its wait only on the
+    cards of EARLY_CHUNK_CARDS (measured there); verification's launch never (the plain attention's)."""
+    from solo.kernels.fused_mla import EARLY_CHUNK_CARDS, FusedMLA, early_chunks_for
+
+    assert early_chunks_for(card) == (1 if card == "NVIDIA H100 80GB HBM3" else 0)
+    assert (early_chunks_for(card) > 0) == (card in EARLY_CHUNK_CARDS)
+    assert FusedMLA.ONE_TOKEN.early_chunks == 0 and FusedMLA.WINDOW.early_chunks == 0  # (set per card at construction)

@@ -589,6 +589,15 @@ class FusedDecodeStep:
         self.l2_next = {"megabytes": megabytes, "shared": shared, "at": at, "layers": count}
         return count
 
+    def mla_early_chunks(self) -> int:
+        """The steps of old cache rows one token's MLA attention asks the L2 for before it waits for the prep
+        (AttendLaunch.early_chunks, under PDL only; the product's on the cards of
+        solo.kernels.fused_mla.EARLY_CHUNK_CARDS); 0 where none does."""
+        if not self.launch.pdl:
+            return 0
+        mlas = [layer.attention.mla for layer in self.layers if isinstance(layer.attention, _MLAAttention)]
+        return max((mla.ONE_TOKEN.early_chunks for mla in mlas), default=0)
+
     def window_rings(self) -> int:
         """How many CUDA projections run verification's calls through a bulk ring (GemvLaunch.window: the
         product's on the cards of solo.kernels.cuda_step.WINDOW_RING_CARDS)."""
@@ -719,6 +728,7 @@ class FusedDecodeStep:
             "shared_late_wait": self.shared_late_wait,
             "kda_l2_ahead": self.kda_l2_ahead,
             "l2_next": dict(self.l2_next),
+            "mla_early_chunks": self.mla_early_chunks(),
             **({"step_kernels_note": self.kernels_note} if self.kernels_note else {}),
         }
 

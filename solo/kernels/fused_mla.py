@@ -462,6 +462,18 @@ def _mla_combine_ranks(
         tl.atomic_xchg(arrived_ptr + row, 0, sem="relaxed", scope="gpu")
 
 
+# The cards where one token's attention asks the L2 for each split's first step of old cache rows before it
+# waits for the prep (AttendLaunch.early_chunks 1): measured in the whole decode step on the H100, -10.7 us at 32K
+# and -8.8 at 4K (docs/results/h100_ab_lab32.log, h100_ab4k_lab32.log; 2 steps -6.6 / -9.2, 4 steps +6.3 / -7.7).
+# Not on the H200 until measured there.
+EARLY_CHUNK_CARDS = ("NVIDIA H100 80GB HBM3",)
+
+
+def early_chunks_for(card: str) -> int:
+    """The steps of old cache rows one token's attention asks the L2 for before its wait on this card (0: none)."""
+    return 1 if card in EARLY_CHUNK_CARDS else 0
+
+
 @dataclass(frozen=True)
 class AttendLaunch:
     """How one call's attention and combine are cut; `FusedMLA` keeps one for a token (decode, NEXTN
@@ -553,6 +565,9 @@ class FusedMLA:
             # tensor-core products of bf16 operands need Ampere or later; fp16 ones (exact here) do not
             self.ONE_TOKEN = replace(self.ONE_TOKEN, bf16_dots=False)
             self.WINDOW = replace(self.WINDOW, bf16_dots=False)
+        elif w_uk.is_cuda:
+            early = early_chunks_for(torch.cuda.get_device_name(w_uk.device))
+            self.ONE_TOKEN = replace(self.ONE_TOKEN, early_chunks=early)
         if self.rank % self.RANK_BLOCK or self.v_dim % 16:
             raise ValueError("the fused MLA kernels need kv_lora_rank a multiple of 128 and v_head_dim of 16")
         for c in (self.ONE_TOKEN, self.WINDOW):

@@ -350,6 +350,8 @@ def check_decode_step(engine: Engine, requested: str) -> Check:
         evidence["window_rings"] = rings
     if getattr(step, "l2_next", {}).get("layers"):  # the MoE kernels ask the L2 for later weights (this card's choice)
         evidence["l2_next"] = dict(step.l2_next)
+    if early := getattr(step, "mla_early_chunks", lambda: 0)():  # the MLA's early asks for old rows (this card's)
+        evidence["mla_early_chunks"] = early
     idle = [family for family in expected if ran.get(family, 0) == 0]
     if idle:
         return Check(
