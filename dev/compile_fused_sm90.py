@@ -245,9 +245,9 @@ def other_variants():
         block_m = triton.next_power_of_2(max(config.min_rows, tokens * 32))
         row_block = max(16, min(block_m, config.rows_per_program))  # as FusedMLA at rank 512
         d_parts = 1
-        for handoff in (False, True):
+        for handoff, early in ((False, False), (True, False), (False, True), (True, True)):
             yield (
-                f"mla_prep T={tokens} handoff={handoff}",
+                f"mla_prep T={tokens} handoff={handoff} weights_early={early}",
                 mla._mla_prep,
                 prep_ptrs,
                 dict(
@@ -260,6 +260,7 @@ def other_variants():
                     RANK=512,
                     RANK_BLOCK=128,
                     HANDOFF=handoff,
+                    WEIGHTS_EARLY=early,
                 ),
                 4,
                 3,

@@ -172,6 +172,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MLA one token: L2 asks for 2 steps early": {"mla_one": {"early_chunks": 2}},
     "MLA one token: L2 asks for 4 steps early": {"mla_one": {"early_chunks": 4}},
     "MLA one token: no early asks": {"mla_one": {"early_chunks": 0}},  # (the product's 1 on EARLY_CHUNK_CARDS)
+    # the prep's query programs load their block of w_uk (4 MB a layer) before the wait for the projection
+    "MLA prep: w_uk before the wait": {"mla": {"prep_weights_early": True}},
+    "MLA prep: w_uk before the wait, one token": {"mla_one": {"prep_weights_early": True}},
+    "MLA prep: w_uk before the wait, again": {"mla": {"prep_weights_early": True}},
     "MLA one token: no early asks, again": {"mla_one": {"early_chunks": 0}},
     "MLA one token transposed: 32 positions a step": {"mla_one": {"block_l": 32}},
     # verification's attention transposed (4 warps for both lost 540 us of verification on the H100)

@@ -199,12 +199,15 @@ def test_splits_of_several_steps_equal_the_reference(models, tokens, transposed)
     rescales what earlier steps summed), for the attention with its products transposed
     (AttendLaunch.transposed: positions on the MMA's M side, rows on its N side; one token's in the
     product), also asking the L2 for each split's first steps of old rows before the wait (early_chunks: a
-    hint, under PDL only), and without (verification's)."""
+    hint, under PDL only) with the prep's w_uk loaded before its wait (prep_weights_early), and without
+    (verification's)."""
     from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference
 
     _, _, fast = models
     early = 2 if transposed == "early" else 0
-    with mla_launches(fast, transposed=bool(transposed), early_chunks=early, min_chunk=64, block_l=16):
+    with mla_launches(
+        fast, transposed=bool(transposed), early_chunks=early, prep_weights_early=bool(early), min_chunk=64, block_l=16
+    ):
         context = int(torch.randint(150, 250, ()))  # 3 or 4 splits of 4 steps
         assert mla_layers_against_reference(fast, context=context, tokens=tokens) < LONG_CONTEXT_BOUND
         if early:  # this call's rows inside a split's first chunk: one split of one step

@@ -455,12 +455,13 @@ def test_mla_splits_of_several_steps_match_the_reference(setup, tokens, transpos
     a step), so the online softmax rescales what earlier steps summed; the attention with its products
     transposed (AttendLaunch.transposed, the product's for one token), also asking the L2 for each split's
     first steps of old rows before the wait for the prep (early_chunks: a hint; the cache's rows at this call's
-    positions hold other random values until the prep writes them), and without (verification's)."""
+    positions hold other random values until the prep writes them) and the prep's w_uk loaded before its wait
+    (prep_weights_early), and without (verification's)."""
     from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference
 
     _, _, fused = setup
     early = 2 if transposed == "early" else 0
-    with mla_launches(fused, transposed=bool(transposed), early_chunks=early):
+    with mla_launches(fused, transposed=bool(transposed), early_chunks=early, prep_weights_early=bool(early)):
         contexts = [int(torch.randint(12000, 20000, ()))] + ([int(torch.randint(2, 60, ()))] if early else [])
         for context in contexts:  # (and a short one: this call's rows inside the only split's first chunk)
             worst = mla_layers_against_reference(fused, context=context, tokens=tokens)

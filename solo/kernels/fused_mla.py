@@ -78,16 +78,25 @@ def _mla_prep(
     RANK_BLOCK: tl.constexpr,
     PDL: tl.constexpr,
     HANDOFF: tl.constexpr,
+    WEIGHTS_EARLY: tl.constexpr = False,
 ):
     # (with HANDOFF: the projection's q and kv_a rows, stored once handoff_target blocks have said so, while
     # its gate rows still stream; solo.kernels.handoff)
-    wait_for_rows(handoff_ptr, handoff_target, HEADS * (RANK // RANK_BLOCK) + 1, HANDOFF, PDL)
+    # WEIGHTS_EARLY (AttendLaunch.prep_weights_early): a query program's block of w_uk (32 KB), which does not
+    # depend on the previous kernel, is loaded before the wait, so that it streams while the projection ends
     pid = tl.program_id(0)
-    if pid == 0:
-        tl.atomic_add(count_ptr, 1)
     QK: tl.constexpr = NOPE + ROPE
     HALF: tl.constexpr = ROPE // 2
     SPLITS: tl.constexpr = RANK // RANK_BLOCK
+    h = tl.minimum(pid // SPLITS, HEADS - 1)  # (the key side's program, pid HEADS * SPLITS, uses no w_uk)
+    part = pid % SPLITS
+    rn = tl.arange(0, NOPE)
+    rc = part * RANK_BLOCK + tl.arange(0, RANK_BLOCK)
+    if WEIGHTS_EARLY:
+        wuk = tl.load(wuk_ptr + (h * NOPE + rn)[:, None] * RANK + rc[None, :])
+    wait_for_rows(handoff_ptr, handoff_target, HEADS * (RANK // RANK_BLOCK) + 1, HANDOFF, PDL)
+    if pid == 0:
+        tl.atomic_add(count_ptr, 1)
     ri = tl.arange(0, HALF)
     inv_freq = tl.load(invf_ptr + ri)
     if pid == HEADS * SPLITS:  # the key side: normalised latent and rotated rope key into the cache
@@ -105,14 +114,11 @@ def _mla_prep(
             store_rounded(rope_ptr + key_pos * ROPE + ri, k_re, None)
             store_rounded(rope_ptr + key_pos * ROPE + HALF + ri, k_ro, None)
     else:  # query head h, latent columns [part * RANK_BLOCK, ...): q_nope @ w_uk[h]
-        h = pid // SPLITS
-        part = pid % SPLITS
         rt = tl.arange(0, BLOCK_T)
         t_ok = rt < T
-        rn = tl.arange(0, NOPE)
-        rc = part * RANK_BLOCK + tl.arange(0, RANK_BLOCK)
         qn = tl.load(proj_ptr + rt[:, None] * stride_p + h * QK + rn[None, :], mask=t_ok[:, None], other=0.0)
-        wuk = tl.load(wuk_ptr + (h * NOPE + rn)[:, None] * RANK + rc[None, :])
+        if not WEIGHTS_EARLY:
+            wuk = tl.load(wuk_ptr + (h * NOPE + rn)[:, None] * RANK + rc[None, :])
         q_lat = tl.dot(qn.to(tl.float16), wuk.to(tl.float16))  # [BLOCK_T, RANK_BLOCK] fp32 (fp16 holds bf16 values)
         q_row = q_ptr + (rt[:, None] * HEADS + h) * (RANK + ROPE)
         store_rounded(q_row + rc[None, :], q_lat, t_ok[:, None])
@@ -510,6 +516,8 @@ class AttendLaunch:
     # (transposed, under PDL) each split's first this many steps of the cache rows earlier steps wrote asked of
     # the L2 before the wait for the previous kernel (the prep), so that they stream while the prep runs
     early_chunks: int = 0
+    # the prep's query programs load their block of w_uk (a weight) before the wait for the projection
+    prep_weights_early: bool = False
 
 
 class FusedMLA:
@@ -640,6 +648,7 @@ class FusedMLA:
         t = proj.shape[0]
         splits = self.rank // self.RANK_BLOCK
         launch = self.launch.at(t)
+        config = self.config(t)
         compiled = _mla_prep[(self.heads * splits + 1,)](
             proj,
             proj.stride(0),
@@ -665,6 +674,7 @@ class FusedMLA:
             RANK_BLOCK=self.RANK_BLOCK,
             PDL=launch.pdl,
             HANDOFF=handoff is not None,
+            **({"WEIGHTS_EARLY": True} if config.prep_weights_early else {}),
             num_warps=4,
             **launch.options,
         )
