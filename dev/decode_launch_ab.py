@@ -169,6 +169,7 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # (nineteenth session) each split asks the L2 for its first steps of old cache rows before it waits for the
     # prep (AttendLaunch.early_chunks): at 4K a split is one step of 64 positions, at 32K four
     "MLA one token: L2 asks for the first step early": {"mla_one": {"early_chunks": 1}},
+    "MLA one token: L2 asks for the first step early, again": {"mla_one": {"early_chunks": 1}},
     "MLA one token: L2 asks for 2 steps early": {"mla_one": {"early_chunks": 2}},
     "MLA one token: L2 asks for 4 steps early": {"mla_one": {"early_chunks": 4}},
     "MLA one token: no early asks": {"mla_one": {"early_chunks": 0}},  # (the product's 1 on EARLY_CHUNK_CARDS)
