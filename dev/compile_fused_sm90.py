@@ -287,9 +287,9 @@ def other_variants():
             config.stages,
         )
         if config.transposed:
-            for early in (0, 4):
+            for early, ahead in ((0, 0), (1, 0), (1, 2)):
                 yield (
-                    f"mla_attend_t T={tokens} rows={row_block} early={early}",
+                    f"mla_attend_t T={tokens} rows={row_block} early={early} ahead={ahead}",
                     mla._mla_attend_t,
                     attend_ptrs,
                     dict(

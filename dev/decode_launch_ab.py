@@ -173,6 +173,9 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MLA one token: L2 asks for 2 steps early": {"mla_one": {"early_chunks": 2}},
     "MLA one token: L2 asks for 4 steps early": {"mla_one": {"early_chunks": 4}},
     "MLA one token: no early asks": {"mla_one": {"early_chunks": 0}},  # (the product's 1 on EARLY_CHUNK_CARDS)
+    # each step of the loop asks the L2 for the step 2 (3) later: the pipeline's own loads cover the next one
+    "MLA one token: L2 asks 2 steps ahead in the loop": {"mla_one": {"ahead_steps": 2}},
+    "MLA one token: L2 asks 3 steps ahead in the loop": {"mla_one": {"ahead_steps": 3}},
     # the prep's query programs load their block of w_uk (4 MB a layer) before the wait for the projection
     "MLA prep: w_uk before the wait": {"mla": {"prep_weights_early": True}},
     "MLA prep: w_uk before the wait, one token": {"mla_one": {"prep_weights_early": True}},

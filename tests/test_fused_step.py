@@ -206,7 +206,13 @@ def test_splits_of_several_steps_equal_the_reference(models, tokens, transposed)
     _, _, fast = models
     early = 2 if transposed == "early" else 0
     with mla_launches(
-        fast, transposed=bool(transposed), early_chunks=early, prep_weights_early=bool(early), min_chunk=64, block_l=16
+        fast,
+        transposed=bool(transposed),
+        early_chunks=early,
+        ahead_steps=early,
+        prep_weights_early=bool(early),
+        min_chunk=64,
+        block_l=16,
     ):
         context = int(torch.randint(150, 250, ()))  # 3 or 4 splits of 4 steps
         assert mla_layers_against_reference(fast, context=context, tokens=tokens) < LONG_CONTEXT_BOUND

@@ -461,7 +461,9 @@ def test_mla_splits_of_several_steps_match_the_reference(setup, tokens, transpos
 
     _, _, fused = setup
     early = 2 if transposed == "early" else 0
-    with mla_launches(fused, transposed=bool(transposed), early_chunks=early, prep_weights_early=bool(early)):
+    with mla_launches(
+        fused, transposed=bool(transposed), early_chunks=early, ahead_steps=early, prep_weights_early=bool(early)
+    ):
         contexts = [int(torch.randint(12000, 20000, ()))] + ([int(torch.randint(2, 60, ()))] if early else [])
         for context in contexts:  # (and a short one: this call's rows inside the only split's first chunk)
             worst = mla_layers_against_reference(fused, context=context, tokens=tokens)

@@ -272,6 +272,7 @@ def _mla_attend_t(
     PDL: tl.constexpr,
     EARLY: tl.constexpr = 0,
     THREADS: tl.constexpr = 128,
+    AHEAD: tl.constexpr = 0,
 ):
     """_mla_attend with the products transposed (AttendLaunch.transposed; one token's in the product): the chunk's
     positions are the products' M side and the rows (token x head) their N side, scores^T = keys . q^T
@@ -282,7 +283,8 @@ def _mla_attend_t(
     EARLY > 0 (AttendLaunch.early_chunks, under PDL): before the wait for the previous kernel (the prep, which
     writes q and this call's own cache rows), each program asks the L2 for its split's first EARLY steps of the
     rows earlier steps wrote (bulk prefetches: no registers, a hint; the positions are final two kernels back),
-    so that they stream while the prep runs."""
+    so that they stream while the prep runs. AHEAD > 0 (AttendLaunch.ahead_steps): each step of the loop also asks
+    the L2 for the step AHEAD later (the software pipeline's loads cover only the next one)."""
     DOT: tl.constexpr = tl.bfloat16 if BF16_DOTS else tl.float16
     s = tl.program_id(0)
     rp = tl.program_id(1)
@@ -314,6 +316,11 @@ def _mla_attend_t(
     for l0 in range(start, end, BLOCK_L):
         rl = l0 + tl.arange(0, BLOCK_L)
         l_ok = rl < end
+        if AHEAD > 0 and PDL:  # (PDL: never under the interpreter, which runs no PTX)
+            later = l0 + AHEAD * BLOCK_L
+            rows = tl.minimum(tl.maximum(end - later, 0), BLOCK_L)
+            prefetch_bytes_to_l2(latent_ptr + later * RANK, rows * (2 * RANK), BLOCK_L * 2 * RANK, THREADS)
+            prefetch_bytes_to_l2(rope_ptr + later * ROPE, rows * (2 * ROPE), BLOCK_L * 2 * ROPE, THREADS)
         kv = tl.load(latent_ptr + rl[:, None] * RANK + rd[None, :], mask=l_ok[:, None], other=0.0).to(DOT)
         kr = tl.load(rope_ptr + rl[:, None] * ROPE + rr[None, :], mask=l_ok[:, None], other=0.0).to(DOT)
         scores = tl.dot(kv, q_lat) + tl.dot(kr, q_rope)  # [BLOCK_L, ROW_BLOCK]
@@ -516,8 +523,11 @@ class AttendLaunch:
     # (transposed, under PDL) each split's first this many steps of the cache rows earlier steps wrote asked of
     # the L2 before the wait for the previous kernel (the prep), so that they stream while the prep runs
     early_chunks: int = 0
-    # the prep's query programs load their block of w_uk (a weight) before the wait for the projection
+    # the prep's query programs load their block of w_uk (a weight) before the wait for the projection (lost on
+    # the H100: +12 to +16 us at 32K, docs/results/h100_ab_lab33.log)
     prep_weights_early: bool = False
+    # (transposed, under PDL) each step of a split's loop asks the L2 for the step this many later
+    ahead_steps: int = 0
 
 
 class FusedMLA:
@@ -724,11 +734,12 @@ class FusedMLA:
         if config.transposed:
             if d_parts != 1:
                 raise ValueError(f"{config}: the transposed attention computes every value column of its rows")
-            early = dict(EARLY=config.early_chunks, THREADS=32 * config.warps) if config.early_chunks else {}
+            early = dict(EARLY=config.early_chunks, AHEAD=config.ahead_steps, THREADS=32 * config.warps)
+            early = early if config.early_chunks or config.ahead_steps else {}
             compiled = _mla_attend_t[(config.splits, block_m // row_block)](*args, **early, **shared)
         else:
-            if config.early_chunks:
-                raise ValueError(f"{config}: the early asks for the cache rows are the transposed attention's")
+            if config.early_chunks or config.ahead_steps:
+                raise ValueError(f"{config}: the L2 asks for the cache rows are the transposed attention's")
             rows_adjacent = config.rows_adjacent and block_m > row_block
             grid = (config.splits, d_parts, block_m // row_block)
             compiled = _mla_attend[grid[::-1] if rows_adjacent else grid](
