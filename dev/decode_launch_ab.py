@@ -286,6 +286,22 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # (ninth session) one token's shared gate_up normalises x itself and waits for the MoE kernel only at
     # its end (gemv_decode.cu LATE_WAIT): FusedDecodeStep.shared_late_wait
     "shared gate_up late wait": {"shared_late_wait": True},
+    # (nineteenth session) the MoE kernel on 4 SMs fewer (PersistentDecodeMoE.set_blocks: 128 blocks take the same
+    # most bytes a block as 132 at Ling shapes), so that the shared gate_up, waiting for it only at its end, runs
+    # on the free SMs while it runs (its grid cut to what fits there: GemvLaunch.max_grid)
+    "MoE on 4 SMs fewer": {"moe_free_sms": 4},
+    "MoE on 4 SMs fewer, shared gate_up late wait": {"moe_free_sms": 4, "shared_late_wait": True},
+    "MoE on 4 SMs fewer, shared gate_up late wait on 8 blocks": {
+        "moe_free_sms": 4,
+        "shared_late_wait": True,
+        "for": {("shared",): {"max_grid": 8}},
+    },
+    "MoE on 4 SMs fewer, shared gate_up late wait on 4 blocks": {
+        "moe_free_sms": 4,
+        "shared_late_wait": True,
+        "for": {("shared",): {"max_grid": 4}},
+    },
+    "shared gate_up late wait on 8 blocks": {"shared_late_wait": True, "for": {("shared",): {"max_grid": 8}}},
     "hand-off + shared gate_up late wait": {"handoff": True, "shared_late_wait": True},
 }
 # a variant's keys that are not GemvLaunch fields
@@ -302,6 +318,7 @@ NOT_LAUNCH = (
     "moe",
     "l2_next",
     "kda_l2_ahead",
+    "moe_free_sms",
 )
 
 
@@ -400,6 +417,7 @@ def main() -> int:
     mla_launches = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
     kda_splits = (fused_kda.VALUE_SPLITS, fused_kda.WINDOW_VALUE_SPLITS)
     product_ahead = {k: step.l2_next[k] for k in ("megabytes", "shared", "at")}  # (its MoE kernels' L2 asks)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
     print(f"loaded in {times}; {len(gemvs)} CUDA GEMVs", flush=True)
     cache = HybridCache(model.config, args.context + 16, device, model.dtype, with_nextn=True)
     history = cache.new_history(4)
@@ -427,6 +445,7 @@ def main() -> int:
         for moe in moes:
             moe.shared_in_experts = moe.shared_expert() if VARIANTS[name].get("shared_inside") else None
             moe.experts.set_kernel_config(DecodeKernelConfig(fast_select=fast, **VARIANTS[name].get("moe", {})))
+            moe.experts.set_blocks(sms - VARIANTS[name].get("moe_free_sms", 0))
         for router in routers:
             router.fast_select = fast
         both, one_only = VARIANTS[name].get("mla", {}), VARIANTS[name].get("mla_one", {})

@@ -249,6 +249,45 @@ def test_gpu_graph_replays_equal_eager_across_the_launch_counter_wrap(experts):
 
 @pytest.mark.gpu
 @needs_hopper
+def test_gpu_fewer_blocks_give_the_same_results_and_keep_their_own_exchange(experts):
+    """PersistentDecodeMoE.set_blocks (a lab switch): the kernel on 4 SMs fewer gives the all-SM kernel's
+    outputs, eagerly and from graphs of both block counts replayed in turn (each count keeps its exchange
+    buffers and launch counter, whose value over the block count tags what the blocks exchange); a count
+    outside 1..SMs is refused."""
+    from solo.kernels.cuda_moe import PersistentDecodeMoE
+
+    moe = PersistentDecodeMoE(experts)
+    sms = moe.blocks
+    x = torch.randn((1, H), device="cuda").to(torch.bfloat16)
+    ids, w = routing(experts.gate_up.shape[0], 8, torch.int32)
+    want = moe.forward(x, ids, w).clone()
+    outs, graphs = [], []
+    for blocks in (sms, sms - 4):
+        moe.set_blocks(blocks)
+        assert moe.blocks == blocks
+        assert torch.equal(moe.forward(x, ids, w), want), blocks
+        out = torch.empty_like(want)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            moe.forward(x, ids, w, out=out)
+        outs.append(out)
+        graphs.append(graph)
+    assert int(moe._launches) == 1 * (sms - 4)  # (the eager launch of this count; the capture runs nothing)
+    for _ in range(3):
+        for graph, out in zip(graphs, outs, strict=True):
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want)
+    moe.set_blocks(None)
+    assert moe.blocks == sms and torch.equal(moe.forward(x, ids, w), want)
+    for wrong in (0, sms + 1):
+        with pytest.raises(ValueError, match="blocks"):
+            moe.set_blocks(wrong)
+
+
+@pytest.mark.gpu
+@needs_hopper
 def test_gpu_only_one_token_calls_take_the_persistent_kernel(experts):
     moe = make_moe_backend("cuda", experts, torch.bfloat16, None, top_k=8, max_tokens=4)
     before = dict(moe.path_calls)

@@ -192,19 +192,43 @@ class PersistentDecodeMoE(TritonMoE):
             )
         self._kernels: dict[tuple, tuple[Any, DecodeSchedule, torch.Tensor, int]] = {}
         self._retired: list[tuple[Any, DecodeSchedule, torch.Tensor, int]] = []  # see set_kernel_config
+        self.blocks = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self._new_exchange()
+        self._exchanges: dict[int, tuple] = {}  # set_blocks: the other block counts' exchange buffers
+        # L2_NEXT: regions of later kernels' weights the one-token kernel asks the L2 for ([R, 2] int64: address,
+        # bytes; prefetch_next), used where the kernel config's l2_next_at is set
+        self._l2_next: torch.Tensor | None = None
+        self._l2_retired: list[torch.Tensor] = []
+
+    def _new_exchange(self) -> None:
+        """The buffers the blocks of one launch exchange through, and the launch counter whose value over the
+        block count tags what they write (moe_decode.cu)."""
         # activations exchanged between blocks, tagged with the launch number (0xFFFF: none yet)
         self._act = torch.full((MAX_ACT_COPIES * 8 * self.inter,), -1, dtype=torch.int32, device=self.device)
         self._launches = torch.zeros(1, dtype=torch.int32, device=self.device)
         # ROUTER: the scores exchanged between blocks, tag << 32 | fp32 (tag 0xFFFFFFFF: none yet)
         self._scores = torch.full((SCORE_COPIES * self.num_experts,), -1, dtype=torch.int64, device=self.device)
         self._shared_act: torch.Tensor | None = None  # SHARED: the shared activations exchanged, tagged
-        # L2_NEXT: regions of later kernels' weights the one-token kernel asks the L2 for ([R, 2] int64: address,
-        # bytes; prefetch_next), used where the kernel config's l2_next_at is set
-        self._l2_next: torch.Tensor | None = None
-        self._l2_retired: list[torch.Tensor] = []
-        self.blocks = torch.cuda.get_device_properties(self.device).multi_processor_count
         # per-block globaltimer stamps of the last two launches (DecodeKernelConfig.trace; moe_decode.cu T_*)
         self.trace = torch.zeros((2, self.blocks, 64), dtype=torch.int64, device=self.device)
+
+    def set_blocks(self, blocks: int | None = None) -> None:
+        """Run the one-token kernel on `blocks` blocks, one an SM (None: every SM), leaving the other SMs to the
+        kernels after it (a lab switch: a successor under PDL becomes resident there while this kernel runs).
+        Each block count keeps its own exchange buffers and launch counter (the launch number is the counter
+        over the block count), so graphs captured with another count keep working."""
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        blocks = sms if blocks is None else blocks
+        if not 1 <= blocks <= sms:
+            raise ValueError(f"the persistent decode kernel runs on 1..{sms} blocks (one an SM), not {blocks}")
+        if blocks == self.blocks:
+            return
+        self._exchanges[self.blocks] = (self._act, self._launches, self._scores, self._shared_act, self.trace)
+        self.blocks = blocks
+        if blocks in self._exchanges:
+            self._act, self._launches, self._scores, self._shared_act, self.trace = self._exchanges.pop(blocks)
+        else:
+            self._new_exchange()
 
     def family_for(self, tokens: int) -> str:
         return "persistent" if tokens == 1 else super().family_for(tokens)
@@ -259,7 +283,7 @@ class PersistentDecodeMoE(TritonMoE):
         """Compile (or load from <solo cache>/cuda) and set up the kernel for top_k experts (that also
         runs `router`, and the shared expert of that shape, where given)."""
         shared_key = (shared.inter, shared.limit is not None) if shared is not None else None
-        key = (top_k, id64, router, shared_key, self._l2_regions())
+        key = (top_k, id64, router, shared_key, self._l2_regions(), self.blocks)
         if key in self._kernels:
             return self._kernels[key]
         from solo.kernels.cuda_runtime import CudaKernel

@@ -91,6 +91,9 @@ class GemvLaunch:
     # argument: ptxas caps its registers and may spill); a lab switch (at 16 warps the output projections
     # build to 74 registers, one block an SM, so 56 of their 132 blocks run a third task)
     min_blocks: int = 0
+    # > 0: at most this many blocks (the persistent grid over them); a lab switch for a kernel that runs beside the
+    # persistent MoE kernel on the SMs it leaves free (PersistentDecodeMoE.set_blocks)
+    max_grid: int = 0
     # the launch of the calls of several tokens (NEXTN verification's window), where it is not this one's
     # (None: every call runs this launch); one-token calls, the decode step, always run this one
     window: GemvLaunch | None = None
@@ -346,6 +349,8 @@ class CudaGemv:
             if per_sm < 1:
                 raise RuntimeError(f"{self.name}: the CUDA GEMV does not fit on an SM with {cfg}")
             grid = persistent_grid(tasks, per_sm * self.sms, cfg.balanced)
+            if cfg.max_grid > 0:
+                grid = min(grid, cfg.max_grid)
             self._kernels[key] = (kernel, grid, threads, defines)
         return self._kernels[key]
 
