@@ -236,4 +236,3 @@ def test_one_token_mla_asks_the_l2_for_old_rows_early_only_on_the_cards_measured
     assert early_chunks_for(card) == (1 if card == "NVIDIA H100 80GB HBM3" else 0)
     assert (early_chunks_for(card) > 0) == (card in EARLY_CHUNK_CARDS)
     assert FusedMLA.ONE_TOKEN.early_chunks == 0 and FusedMLA.WINDOW.early_chunks == 0  # (set per card at construction)
-
