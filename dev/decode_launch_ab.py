@@ -302,6 +302,23 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
         "for": {("shared",): {"max_grid": 4}},
     },
     "shared gate_up late wait on 8 blocks": {"shared_late_wait": True, "for": {("shared",): {"max_grid": 8}}},
+    # (lab35, H100: on 8 or 4 blocks of the register path the gate_up took about 20 us more a layer: a block's
+    # loads in flight bound its stream) the free SMs' blocks streaming through bulk rings instead
+    "MoE on 4 SMs fewer, shared gate_up late wait through rings on 4 blocks": {
+        "moe_free_sms": 4,
+        "shared_late_wait": True,
+        "for": {("shared",): {"max_grid": 4, "bulk": 1}},
+    },
+    "MoE on 4 SMs fewer, shared gate_up late wait through rings on 8 blocks": {
+        "moe_free_sms": 4,
+        "shared_late_wait": True,
+        "for": {("shared",): {"max_grid": 8, "bulk": 2}},
+    },
+    "MoE on 4 SMs fewer, shared gate_up late wait through rings on 4 blocks of 20 warps": {
+        "moe_free_sms": 4,
+        "shared_late_wait": True,
+        "for": {("shared",): {"max_grid": 4, "bulk": 1, "warps": 20}},
+    },
     "hand-off + shared gate_up late wait": {"handoff": True, "shared_late_wait": True},
 }
 # a variant's keys that are not GemvLaunch fields

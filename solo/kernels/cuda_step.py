@@ -132,7 +132,7 @@ def bulk_ring(
     base = tokens * (2 * k + 128 * warps + 4 * warps)
     slot_bytes = (2 if swiglu else 1) * (8 * (k + 64) + (4 * -(-k // 128) if scales else 0))
     budget = min(SHARED_PER_BLOCK, SHARED_PER_SM // cfg.bulk - 1024)
-    per_block = -(-tasks // (cfg.bulk * sms))
+    per_block = -(-tasks // (min(cfg.bulk * sms, cfg.max_grid) if cfg.max_grid > 0 else cfg.bulk * sms))
 
     def size(slots: int) -> int:
         barriers = -(-base // 8) * 8 + 8 * slots
