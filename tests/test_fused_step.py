@@ -199,8 +199,8 @@ def test_splits_of_several_steps_equal_the_reference(models, tokens, transposed)
     rescales what earlier steps summed), for the attention with its products transposed
     (AttendLaunch.transposed: positions on the MMA's M side, rows on its N side; one token's in the
     product), also asking the L2 for each split's first steps of old rows before the wait (early_chunks: a
-    hint, under PDL only) with the prep's w_uk loaded before its wait (prep_weights_early), and without
-    (verification's)."""
+    hint, under PDL only) and for the step 2 later in the loop (ahead_steps), with the prep's w_uk loaded
+    before its wait (prep_weights_early), and without (verification's)."""
     from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference
 
     _, _, fast = models

@@ -455,8 +455,9 @@ def test_mla_splits_of_several_steps_match_the_reference(setup, tokens, transpos
     a step), so the online softmax rescales what earlier steps summed; the attention with its products
     transposed (AttendLaunch.transposed, the product's for one token), also asking the L2 for each split's
     first steps of old rows before the wait for the prep (early_chunks: a hint; the cache's rows at this call's
-    positions hold other random values until the prep writes them) and the prep's w_uk loaded before its wait
-    (prep_weights_early), and without (verification's)."""
+    positions hold other random values until the prep writes them) and for the step 2 later in the loop
+    (ahead_steps), with the prep's w_uk loaded before its wait (prep_weights_early), and without
+    (verification's)."""
     from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference
 
     _, _, fused = setup
