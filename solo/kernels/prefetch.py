@@ -35,34 +35,34 @@ def _bulk_prefetch(address, nbytes):
 
 
 @triton.jit
-def prefetch_to_l2(ptr, NBYTES: tl.constexpr, THREADS: tl.constexpr):
-    """Prefetch NBYTES contiguous bytes from `ptr`, cut into one request per thread of the program's
-    THREADS (a [THREADS] tensor has one element per thread, none replicated), whole 16-byte units."""
-    SIZE: tl.constexpr = (NBYTES + 16 * THREADS - 1) // (16 * THREADS) * 16
+def _prefetch_span(address, nbytes, MAX_BYTES: tl.constexpr, THREADS: tl.constexpr):
+    """Ask the L2 for the `nbytes` (a multiple of 16, at most MAX_BYTES) from the int64 byte `address`, cut into
+    one request per thread of the program's THREADS (a [THREADS] tensor has one element per thread, none
+    replicated), whole 16-byte units."""
+    SIZE: tl.constexpr = (MAX_BYTES + 16 * THREADS - 1) // (16 * THREADS) * 16
     offset = tl.arange(0, THREADS) * SIZE
-    nbytes = tl.minimum(tl.maximum(NBYTES - offset, 0), SIZE)
-    _bulk_prefetch(ptr.to(tl.int64) + offset, nbytes.to(tl.int32))
+    size = tl.minimum(tl.maximum(nbytes - offset, 0), SIZE)
+    _bulk_prefetch(address + offset, size.to(tl.int32))
+
+
+@triton.jit
+def prefetch_to_l2(ptr, NBYTES: tl.constexpr, THREADS: tl.constexpr):
+    """Prefetch NBYTES contiguous bytes from `ptr`."""
+    _prefetch_span(ptr.to(tl.int64), NBYTES, NBYTES, THREADS)
 
 
 @triton.jit
 def prefetch_bytes_to_l2(ptr, nbytes, MAX_BYTES: tl.constexpr, THREADS: tl.constexpr):
-    """Prefetch the first `nbytes` (a multiple of 16, at most MAX_BYTES) from `ptr`, one request per thread of
-    the program's THREADS."""
-    SIZE: tl.constexpr = (MAX_BYTES + 16 * THREADS - 1) // (16 * THREADS) * 16
-    offset = tl.arange(0, THREADS) * SIZE
-    size = tl.minimum(tl.maximum(nbytes - offset, 0), SIZE)
-    _bulk_prefetch(ptr.to(tl.int64) + offset, size.to(tl.int32))
+    """Prefetch the first `nbytes` (a multiple of 16, at most MAX_BYTES) from `ptr`."""
+    _prefetch_span(ptr.to(tl.int64), nbytes, MAX_BYTES, THREADS)
 
 
 @triton.jit
 def prefetch_part_to_l2(ptr, total_bytes, part, SHARE: tl.constexpr, THREADS: tl.constexpr):
     """Prefetch part `part` of the `total_bytes` (a multiple of 16) from `ptr`, parts of SHARE bytes (a
-    multiple of 16) each, the last one cut at the end; one request per thread of the program's THREADS."""
-    SIZE: tl.constexpr = (SHARE + 16 * THREADS - 1) // (16 * THREADS) * 16
+    multiple of 16) each, the last one cut at the end."""
     start = part.to(tl.int64) * SHARE
-    offset = start + tl.arange(0, THREADS).to(tl.int64) * SIZE
-    nbytes = tl.maximum(tl.minimum(tl.minimum(start + SHARE, total_bytes) - offset, SIZE), 0)
-    _bulk_prefetch(ptr.to(tl.int64) + offset, nbytes.to(tl.int32))
+    _prefetch_span(ptr.to(tl.int64) + start, tl.minimum(total_bytes - start, SHARE), SHARE, THREADS)
 
 
 def prefetch_unavailable(tensor: torch.Tensor, block_bytes: int) -> str | None:
