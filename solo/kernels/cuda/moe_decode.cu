@@ -267,40 +267,39 @@ __device__ __forceinline__ void bar_wait(u32 bar) {
 }
 
 // L2_NEXT: this block's share of each region [address, address + bytes) of `table` ([L2_NEXT][2] u64, in
-// shared memory), whole 256-byte pieces (bytes are multiples of 16: PersistentDecodeMoE.prefetch_next)
-__device__ __forceinline__ void l2_next_prefetch(const u64 *table) {
+// shared memory), whole 256-byte pieces (bytes are multiples of 16: PersistentDecodeMoE.prefetch_next), asked
+// from byte `first` of the share on in steps of `step` bytes: bulk prefetches of up to `step` bytes each, or
+// (LINES) a 128-byte line each on the load path
+template <bool LINES>
+__device__ __forceinline__ void l2_next_ask(const u64 *table, u64 first, u64 step) {
 #if L2_NEXT
 #pragma unroll 1
     for (int r = 0; r < L2_NEXT; ++r) {
         const u64 base = table[2 * r], bytes = table[2 * r + 1];
         const u64 share = ((bytes + NBLOCKS - 1) / NBLOCKS + 255) & ~(u64)255;
         const u64 end = min(bytes, (u64)(blockIdx.x + 1) * share);
-        for (u64 at = (u64)blockIdx.x * share; at < end; at += L2_PIECE) {
-            const u32 n = (u32)min((u64)L2_PIECE, end - at);
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + at), "r"(n) : "memory");
+        for (u64 at = (u64)blockIdx.x * share + first; at < end; at += step) {
+            if (LINES) {
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(base + at) : "memory");
+            } else {
+                const u32 n = (u32)min(step, end - at);
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + at), "r"(n) : "memory");
+            }
         }
     }
 #else
     (void)table;
+    (void)first;
+    (void)step;
 #endif
 }
 
-// L2_LINES: this block's share of each region (as l2_next_prefetch cuts it), a 128-byte line per prefetch, the
-// lines spread over the DN_WARPS * 32 threads (d: this thread's index among them)
+// the bulk asks (L2_NEXT_AT 1..4): pieces of L2_PIECE bytes
+__device__ __forceinline__ void l2_next_prefetch(const u64 *table) { l2_next_ask<false>(table, 0, L2_PIECE); }
+
+// L2_LINES: the lines spread over the DN_WARPS * 32 threads (d: this thread's index among them)
 __device__ __forceinline__ void l2_next_lines(const u64 *table, int d) {
-#if L2_NEXT
-#pragma unroll 1
-    for (int r = 0; r < L2_NEXT; ++r) {
-        const u64 base = table[2 * r], bytes = table[2 * r + 1];
-        const u64 share = ((bytes + NBLOCKS - 1) / NBLOCKS + 255) & ~(u64)255;
-        const u64 end = min(bytes, (u64)(blockIdx.x + 1) * share);
-        for (u64 at = (u64)blockIdx.x * share + 128u * d; at < end; at += 128u * DN_WARPS * 32)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + at) : "memory");
-    }
-#else
-    (void)table;
-    (void)d;
-#endif
+    l2_next_ask<true>(table, 128u * d, 128u * DN_WARPS * 32);
 }
 
 __device__ __forceinline__ void bulk_copy(u32 dst, const void *src, u32 bytes, u32 bar, u64 policy) {
