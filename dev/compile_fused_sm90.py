@@ -265,47 +265,34 @@ def other_variants():
                 4,
                 3,
             )
+        attend_shape = dict(
+            T=tokens,
+            HEADS=32,
+            RANK=512,
+            ROPE=64,
+            SPLITS=splits,
+            BLOCK_M=block_m,
+            ROW_BLOCK=row_block,
+            BLOCK_L=config.block_l,
+            MIN_CHUNK=config.min_chunk,
+            BF16_DOTS=config.bf16_dots,
+        )
         yield (
             f"mla_attend T={tokens} rows={row_block} d_parts={d_parts}",
             mla._mla_attend,
             attend_ptrs,
-            dict(
-                T=tokens,
-                HEADS=32,
-                RANK=512,
-                ROPE=64,
-                SPLITS=splits,
-                BLOCK_M=block_m,
-                ROW_BLOCK=row_block,
-                BLOCK_L=config.block_l,
-                D_PARTS=d_parts,
-                MIN_CHUNK=config.min_chunk,
-                ROWS_ADJACENT=config.rows_adjacent and block_m > row_block,
-                BF16_DOTS=config.bf16_dots,
-            ),
+            dict(attend_shape, D_PARTS=d_parts, ROWS_ADJACENT=config.rows_adjacent and block_m > row_block),
             config.warps,
             config.stages,
         )
-        if config.transposed:
+        if config.transposed:  # (and its L2 asks: AttendLaunch.early_chunks, ahead_steps)
             for early, ahead in ((0, 0), (1, 0), (1, 2)):
+                asks = dict(EARLY=early, AHEAD=ahead, THREADS=32 * config.warps) if early or ahead else {}
                 yield (
                     f"mla_attend_t T={tokens} rows={row_block} early={early} ahead={ahead}",
                     mla._mla_attend_t,
                     attend_ptrs,
-                    dict(
-                        T=tokens,
-                        HEADS=32,
-                        RANK=512,
-                        ROPE=64,
-                        SPLITS=splits,
-                        BLOCK_M=block_m,
-                        ROW_BLOCK=row_block,
-                        BLOCK_L=config.block_l,
-                        MIN_CHUNK=config.min_chunk,
-                        BF16_DOTS=config.bf16_dots,
-                        **({"EARLY": early} if early else {}),
-                        **({"THREADS": 32 * config.warps} if early else {}),
-                    ),
+                    dict(attend_shape, **asks),
                     config.warps,
                     config.stages,
                 )
