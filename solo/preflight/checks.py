@@ -348,9 +348,9 @@ def check_decode_step(engine: Engine, requested: str) -> Check:
         evidence["step_kernels_note"] = step.kernels_note
     if rings := step.window_rings():  # verification's big projections through bulk rings (this card's choice)
         evidence["window_rings"] = rings
-    if getattr(step, "l2_next", {}).get("layers"):  # the MoE kernels ask the L2 for later weights (this card's choice)
+    if step.l2_next["layers"]:  # the MoE kernels ask the L2 for later weights (this card's choice)
         evidence["l2_next"] = dict(step.l2_next)
-    if early := getattr(step, "mla_early_chunks", lambda: 0)():  # the MLA's early asks for old rows (this card's)
+    if early := step.mla_early_chunks():  # the MLA's early asks for old rows (this card's choice)
         evidence["mla_early_chunks"] = early
     idle = [family for family in expected if ran.get(family, 0) == 0]
     if idle:
