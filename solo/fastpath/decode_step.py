@@ -561,9 +561,9 @@ class FusedDecodeStep:
         while HBM idles in its tail and in the short kernels after it: the layer's shared expert (`shared`) and
         the first `megabytes` of the next layer's input projection in its reading order (moe_decode.cu L2_NEXT),
         at `at` (DecodeKernelConfig.l2_next_at: 1 once its block's copies landed, 5 / 6 by its idle down warps
-        while it routes / before; 0 never). A hint: every result
-        stays the same. The product's on the cards of L2_NEXT_CARDS (set at construction); the reading order is
-        the hand-off's where `handoff` is on now. Returns how many MoE layers ask for something."""
+        while it routes / before; 0 never). A hint: every result stays the same. The product's on the cards of
+        L2_NEXT_CARDS (set at construction); the reading order is the hand-off's where `handoff` is on now.
+        Returns how many MoE layers ask for something."""
         count = 0
         for i, layer in enumerate(self.layers):
             moe = layer.mlp
