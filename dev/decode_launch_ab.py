@@ -224,6 +224,12 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE bias late": {"moe": {"bias_early": False}},
     "MoE as in the fourteenth session": {"moe": {"bias_early": False, "down_after": 0, "x_early": False}},
     "MoE x late": {"moe": {"x_early": False}},  # (the gate_up warps load x after the inputs' barrier)
+    # (twentieth session) the MoE kernel's tiles spread by gate_up tiles first (DecodeKernelConfig.balance "gate_up":
+    # every block 5 or 6, where 32 blocks had 7 and the activation exchange waited for their last), which fits
+    # only with x in the block's down area of the tile memory (x_in_tiles); and x there alone
+    "MoE gate_up balanced": {"moe": {"balance": "gate_up", "x_in_tiles": True}},
+    "MoE gate_up balanced, again": {"moe": {"balance": "gate_up", "x_in_tiles": True}},
+    "MoE x in tiles": {"moe": {"x_in_tiles": True}},
     # (fifteenth session) the output projections (2,560 rows, K 4,096: 320 tasks) build to 74 registers at 16
     # warps, one block an SM: 132 blocks, so 56 of them run a third task. Capped to 64 registers (16 bytes of
     # spills) two blocks an SM fit: two rounds; at 8 warps and 4 loads in flight a lane 86 registers, two

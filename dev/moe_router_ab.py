@@ -9,9 +9,10 @@ Each side: `--calls` different tokens, router then experts, captured in one CUDA
 chooses its experts from its own x, so most are not in the L2), median replay / calls; rounds
 alternate the sides. The choices are checked: the same experts, the same weights within fp32
 rounding, the same routed output (the fused kernel's own routing given to the plain kernel).
-`--configs` adds DecodeKernelConfig variants (fields=integers, ';' between variants) that move no result
-(copy timing, reads moved before the wait, the selection's shortcut): each checked bit for bit against the
-product's kernel (experts, weights, output), timed and traced. `--fast-select` and `--bias-early` are
+`--configs` adds DecodeKernelConfig variants (fields=integers or names, e.g. balance=gate_up; ';' between
+variants) that move no result (copy timing, reads moved before the wait, the selection's shortcut): each
+checked bit for bit against the product's kernel (experts, weights, output), timed and traced.
+`--fast-select` and `--bias-early` are
 shorthands for the product without those switches ('fast_select=0': the full ranking; 'bias_early=0').
 """
 
@@ -54,6 +55,12 @@ TRACE_ROWS = [  # (slot, what it stamps), moe_decode.cu T_*
 ]
 
 
+def _value(text: str) -> int | str:
+    """A --configs field's value: an integer, or a name (DecodeKernelConfig.balance, .order)."""
+    text = text.strip()
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
@@ -69,7 +76,7 @@ def main() -> int:
     args = p.parse_args()
     specs = args.configs.split(";") + ["fast_select=0"] * args.fast_select + ["bias_early=0"] * args.bias_early
     configs = {
-        spec.strip(): {k.strip(): int(v) for k, v in (kv.split("=") for kv in spec.split(","))}
+        spec.strip(): {k.strip(): _value(v) for k, v in (kv.split("=") for kv in spec.split(","))}
         for spec in specs
         if spec.strip()
     }

@@ -29,8 +29,9 @@ def decode_row(row: list[int], max_gu: int, max_dn: int, pairs: int):
 
 @pytest.mark.parametrize("blocks,hidden,inter,top_k", SHAPES)
 @pytest.mark.parametrize("order", ["need", "gate_up_first"])
-def test_schedule_covers_every_tile_once_in_need_order(blocks, hidden, inter, top_k, order):
-    sched = decode_schedule(blocks, hidden, inter, top_k, order)
+@pytest.mark.parametrize("balance", ["bytes", "gate_up"])
+def test_schedule_covers_every_tile_once_in_need_order(blocks, hidden, inter, top_k, order, balance):
+    sched = decode_schedule(blocks, hidden, inter, top_k, order, balance)
     pairs = top_k // 2
     gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k)
     seen_gu, seen_dn = [], []
@@ -55,6 +56,10 @@ def test_schedule_covers_every_tile_once_in_need_order(blocks, hidden, inter, to
     assert sorted(seen_dn) == [8 * j for j in range(hidden // 8)]
     # balanced by bytes: no block more than one gate_up tile above the lightest it could have been
     assert sched.most_bytes - min(sched.block_bytes) <= gu_bytes + dn_bytes
+    if balance == "gate_up":  # gate_up tiles first: no block two above another; then the bytes as even as they go
+        counts = [int(n) for n in sched.table[:, 0]]
+        assert max(counts) - min(counts) <= 1
+        assert sched.max_gate_up == -(-top_k * inter // 8 // blocks)
 
 
 def test_schedule_at_ling_shapes_fits_an_h200():
@@ -64,9 +69,28 @@ def test_schedule_at_ling_shapes_fits_an_h200():
     assert sum(sched.block_bytes) == 8 * (1536 * 1280 + 1536 * 80) + 8 * (2560 * 384 + 2560 * 24)
 
 
+def test_schedule_at_ling_shapes_balanced_by_gate_up_tiles():
+    """Balanced by bytes, 32 blocks take 7 gate_up tiles (the only nine-tile share that fits beside the Smem struct);
+    balanced by gate_up tiles every block takes 5 or 6, and the blocks of 5 a third down tile. Its heaviest share
+    fits an H200's or H100's 227 KB only with x in the tile memory (DecodeKernelConfig.x_in_tiles)."""
+    from solo.kernels.cuda_moe import RouterSpec, _shared_bytes
+
+    bytes_first = decode_schedule(132, 2560, 768, 8)
+    gate_up_first = decode_schedule(132, 2560, 768, 8, balance="gate_up")
+    shares = {(int(r[0]), int(r[1])) for r in gate_up_first.table}
+    assert shares == {(6, 2), (6, 3), (5, 3)} and (7, 2) in {(int(r[0]), int(r[1])) for r in bytes_first.table}
+    assert sum(gate_up_first.block_bytes) == sum(bytes_first.block_bytes)
+    router, limit = RouterSpec(512, 8, 4, True, 132), 232_448
+    assert _shared_bytes(bytes_first, 2560, 768, 8, router, 4) <= limit
+    assert _shared_bytes(gate_up_first, 2560, 768, 8, router, 4) > limit
+    assert _shared_bytes(gate_up_first, 2560, 768, 8, router, 4, x_in_tiles=True) <= limit
+
+
 def test_schedule_rejects_an_unknown_order():
     with pytest.raises(ValueError, match="order"):
         decode_schedule(4, 256, 256, 2, order="random")
+    with pytest.raises(ValueError, match="balance"):
+        decode_schedule(4, 256, 256, 2, balance="random")
 
 
 def test_kernel_probes_are_named():
@@ -86,15 +110,18 @@ def test_kernel_config_defines_name_every_variant():
     assert kc.defines() == {
         "EVICT_FIRST": 0, "TRACE": 1, "POLL_NS": 0, "SCORE_POLL_NS": 200, "ACT_COPIES": 4, "PROBE": 2,
         "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
-        "X_EARLY": 0, "L2_NEXT_AT": 3,
+        "X_EARLY": 0, "L2_NEXT_AT": 3, "X_IN_TILES": 0,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
-        "X_EARLY": 1, "L2_NEXT_AT": 0,
+        "X_EARLY": 1, "L2_NEXT_AT": 0, "X_IN_TILES": 0,
     }  # fmt: skip
+    assert DecodeKernelConfig(balance="gate_up", x_in_tiles=True).defines()["X_IN_TILES"] == 1
     with pytest.raises(ValueError, match="l2_next_at must be 0"):
         DecodeKernelConfig(l2_next_at=7).defines()
+    with pytest.raises(ValueError, match="balance must be one of"):
+        DecodeKernelConfig(balance="even").defines()
 
 
 def test_cuda_backend_on_cpu_is_a_clear_error():
@@ -190,6 +217,43 @@ def test_gpu_late_down_copies_change_no_result(experts, order):
     for kc in [plain, *configs, plain, *configs[::-1]]:
         moe.set_kernel_config(kc)
         assert torch.equal(moe.forward(x, ids, w), want)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_gate_up_balance_and_x_in_tiles_change_no_result(experts):
+    """DecodeKernelConfig.balance "gate_up" only moves tiles between blocks, and x_in_tiles only where x waits
+    (the first down copy lands on it once the gate_up warps hold it): the same outputs bit for bit as the
+    product's kernel, with and without the router inside, one instance switching through the variants."""
+    from solo.kernels.cuda_moe import PersistentDecodeMoE
+    from solo.kernels.fused_router import FusedRouter
+
+    variants = [
+        DecodeKernelConfig(balance="gate_up", x_in_tiles=True),
+        DecodeKernelConfig(x_in_tiles=True),
+        DecodeKernelConfig(x_in_tiles=True, order="need", down_after=0),  # the first down copy before the gate_up tiles
+        DecodeKernelConfig(balance="gate_up", x_in_tiles=True, trace=True),
+    ]
+    moe = PersistentDecodeMoE(experts, swiglu_limit=7.0)
+    e = experts.gate_up.shape[0]
+    router = FusedRouter(
+        (torch.randn(e, H, device="cuda") * 0.02).to(torch.bfloat16),
+        torch.randn(e, device="cuda") * 0.01,
+        (1 + 0.1 * torch.randn(H, device="cuda")).to(torch.bfloat16),
+        1e-6, 8, 8, 4, True, 2.5, torch.zeros(1, dtype=torch.int32, device="cuda"),
+    )  # fmt: skip
+    count = torch.zeros(1, dtype=torch.int32, device="cuda")
+    for _ in range(2):  # fresh inputs
+        ids, w = routing(e, 8, torch.int32)
+        x = torch.randn((1, H), device="cuda").to(torch.bfloat16)
+        moe.set_kernel_config(DecodeKernelConfig())
+        want = moe.forward(x, ids, w).clone()
+        want_routed = [t.clone() for t in moe.routed_forward(x, router, count)]
+        for kc in [*variants, DecodeKernelConfig(), *variants[::-1]]:
+            moe.set_kernel_config(kc)
+            assert torch.equal(moe.forward(x, ids, w), want), kc
+            got = moe.routed_forward(x, router, count)
+            assert all(torch.equal(a, b) for a, b in zip(got, want_routed, strict=True)), kc
 
 
 @pytest.mark.gpu

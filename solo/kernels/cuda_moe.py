@@ -36,6 +36,7 @@ from solo.kernels.cuda_moe_plan import (
     DecodeSchedule,
     decode_schedule,
     shared_tail,
+    tile_bytes,
     with_shared_column,
 )
 from solo.kernels.moe import CompileEvidence, MXFP4Experts
@@ -74,16 +75,24 @@ def _router_scratch_bytes(hidden: int, router: RouterSpec | None) -> int:
 
 
 def _shared_bytes(
-    sched: DecodeSchedule, hidden: int, inter: int, top_k: int, router: RouterSpec | None = None, l2_regions: int = 0
+    sched: DecodeSchedule,
+    hidden: int,
+    inter: int,
+    top_k: int,
+    router: RouterSpec | None = None,
+    l2_regions: int = 0,
+    x_in_tiles: bool = False,
 ) -> int:
-    """Dynamic shared memory of one block: the Smem struct of moe_decode.cu (rounded up), then the tiles."""
+    """Dynamic shared memory of one block: the Smem struct of moe_decode.cu (rounded up), then the tiles
+    (x_in_tiles: x lives in the tiles' down area, DecodeKernelConfig.x_in_tiles)."""
     gu_warps, dn_warps = hidden // 128, inter // 128
     bars = sched.max_gate_up + top_k // 2 + 2  # (+ SH_BAR, SH_FREE: counted always, 16 bytes)
     gate_up_or_router = max(sched.max_gate_up * gu_warps * 16 * 4, _router_scratch_bytes(hidden, router))
     partials = gate_up_or_router + sched.max_down * dn_warps * 8 * 4
     staged_act = top_k * inter * 2
     # bars, experts, launch number (+ padding), x, activations, the selected weights, partials
-    header = bars * 8 + 8 * 8 + 16 + 2 * hidden + staged_act + 8 * 4 + partials + 16 * l2_regions  # (L2_NEXT's table)
+    x = 0 if x_in_tiles else 2 * hidden
+    header = bars * 8 + 8 * 8 + 16 + x + staged_act + 8 * 4 + partials + 16 * l2_regions  # (L2_NEXT's table)
     return (header + 127) // 128 * 128 + sched.most_bytes + SHARED_MEMORY_SLACK
 
 
@@ -293,7 +302,13 @@ class PersistentDecodeMoE(TritonMoE):
             raise ValueError(f"act_copies must be in 1..{MAX_ACT_COPIES}, got {kc.act_copies}")
         if top_k % 2 or top_k > 8:
             raise RuntimeError(f"the persistent decode kernel needs an even top-k <= 8, got {top_k}")
-        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order)
+        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order, kc.balance)
+        if kc.x_in_tiles:
+            if shared is not None:
+                raise RuntimeError("x in the tile memory (x_in_tiles) is not for the kernel with the shared expert")
+            gu_bytes, _ = tile_bytes(self.hidden, self.inter, top_k)
+            if max(int(n) for n in sched.table[:, 0]) * gu_bytes + 2 * self.hidden > sched.most_bytes:
+                raise RuntimeError("x does not fit in a block's down area of the tile memory (x_in_tiles)")
         defines = {
             "H": self.hidden,
             "I": self.inter,
@@ -329,7 +344,7 @@ class PersistentDecodeMoE(TritonMoE):
             )
         kernel = CudaKernel(SOURCE, "moe_decode", defines, self.device)
         _BUILT.append({"seconds": kernel.compile.seconds, "cached": kernel.compile.cached, "path": kernel.compile.path})
-        smem = _shared_bytes(sched, self.hidden, self.inter, top_k, router, self._l2_regions())
+        smem = _shared_bytes(sched, self.hidden, self.inter, top_k, router, self._l2_regions(), kc.x_in_tiles)
         limit = torch.cuda.get_device_properties(self.device).shared_memory_per_block_optin
         if smem > limit:
             raise RuntimeError(
@@ -426,7 +441,8 @@ class PersistentDecodeMoE(TritonMoE):
         reason = shared_unsupported(self.hidden, self.blocks, shared)
         if reason is not None:
             return reason
-        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, self.kernel_config.order)
+        kc = self.kernel_config
+        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order, kc.balance)
         if sched.max_down < 2:
             return "the fused shared expert needs a block with at least 2 down tiles (its scratch space)"
         try:

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 import torch
 
 ORDERS = ("gate_up_first", "need")
+# how decode_schedule spreads the tiles: "bytes" balances each block's whole share (gate_up and down), "gate_up"
+# first its gate_up tiles (at most one more than any other block's), then the down tiles by bytes
+BALANCES = ("bytes", "gate_up")
 # kernel probes (moe_decode.cu PROBE): "" none, then copies only, no scale copies, no activation exchange,
 # no down products
 PROBES = ("", "copy_only", "no_scales", "no_exchange", "no_down_products")
@@ -52,6 +55,15 @@ class DecodeKernelConfig:
     # each (the load path, not the copy engine), 5 once the previous kernel is complete, 6 before.
     # FusedDecodeStep.prefetch_next_weights sets it (1 on the cards of solo.fastpath.decode_step.L2_NEXT_CARDS)
     l2_next_at: int = 0
+    # the tile schedule's balance (decode_schedule, BALANCES). "bytes" gives some blocks one gate_up tile more than
+    # the byte share of the others (7 against 6 at Ling shapes, where the shared memory fits no other split), and
+    # the activation exchange waits for the last gate_up tile anywhere; "gate_up" gives every block 5 or 6 and the
+    # lighter ones a third down tile, which fits only with x_in_tiles
+    balance: str = "bytes"
+    # x (the token's activations, 5 KB at Ling shapes) kept in the block's down area of the tile memory until the
+    # gate_up warps hold it in registers (moe_decode.cu X_IN_TILES: the first down copy waits for them), not in a
+    # buffer of its own
+    x_in_tiles: bool = False
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property
@@ -64,6 +76,8 @@ class DecodeKernelConfig:
         """moe_decode.cu's defines for these variants (the shapes, router and shared expert add theirs)."""
         if self.l2_next_at not in range(7):
             raise ValueError(f"l2_next_at must be 0 (never) or 1..6, got {self.l2_next_at}")
+        if self.balance not in BALANCES:
+            raise ValueError(f"balance must be one of {', '.join(map(repr, BALANCES))}, got {self.balance!r}")
         return {
             "EVICT_FIRST": int(self.evict_first),
             "TRACE": int(self.trace),
@@ -78,6 +92,7 @@ class DecodeKernelConfig:
             "BIAS_EARLY": int(self.bias_early),
             "X_EARLY": int(self.x_early),
             "L2_NEXT_AT": self.l2_next_at,
+            "X_IN_TILES": int(self.x_in_tiles),
         }
 
 
@@ -98,33 +113,52 @@ def tile_bytes(hidden: int, inter: int, top_k: int) -> tuple[int, int]:
     return 8 * hidden + hidden // 2, top_k * (4 * inter + inter // 4)
 
 
-def decode_schedule(blocks: int, hidden: int, inter: int, top_k: int, order: str = "gate_up_first") -> DecodeSchedule:
+def decode_schedule(
+    blocks: int, hidden: int, inter: int, top_k: int, order: str = "gate_up_first", balance: str = "bytes"
+) -> DecodeSchedule:
     """The tile-to-block table the kernel reads (layout: moe_decode.cu, ROW_WORDS).
 
     A block's down tiles are consecutive output rows (one copy per slot moves them all). Copy order
     per block: "gate_up_first": its gate_up tiles (by slot), then its down rows slot pair by slot
-    pair; "need": each slot pair's down rows right after the block's gate_up tiles of that pair."""
+    pair; "need": each slot pair's down rows right after the block's gate_up tiles of that pair.
+    Balance: "bytes": the down tiles spread evenly, then each gate_up tile (in slot order) to the block
+    with the fewest bytes; "gate_up": each gate_up tile (in slot order) to the block with the fewest
+    gate_up tiles, then the down tiles' counts so that the blocks' bytes are as even as whole tiles allow
+    (the ones with fewer gate_up tiles take more)."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+    if balance not in BALANCES:
+        raise ValueError(f"balance must be one of {', '.join(BALANCES)}, got {balance!r}")
     gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k)
     pairs = top_k // 2
-    # each block's down tiles are consecutive rows, so one copy per slot moves all of them
-    tiles, extra = divmod(hidden // 8, blocks)
-    down: list[list[int]] = []
-    first = 0
-    for b in range(blocks):
-        n = tiles + (b < extra)
-        down.append([8 * (first + j) for j in range(n)])
-        first += n
-    load = [len(x) * dn_bytes for x in down]
     gate_up: list[list[tuple[int, int]]] = [[] for _ in range(blocks)]
-    heap = [(load[b], b) for b in range(blocks)]
+    if balance == "bytes":
+        counts = [hidden // 8 // blocks + (b < hidden // 8 % blocks) for b in range(blocks)]
+        heap = [(counts[b] * dn_bytes, b) for b in range(blocks)]
+        step = gu_bytes
+    else:
+        heap = [(0, b) for b in range(blocks)]
+        step = 1
     heapq.heapify(heap)
     for slot in range(top_k):
         for r in range(inter // 8):
-            nbytes, b = heapq.heappop(heap)
+            load, b = heapq.heappop(heap)
             gate_up[b].append((slot, 8 * r))
-            heapq.heappush(heap, (nbytes + gu_bytes, b))
+            heapq.heappush(heap, (load + step, b))
+    if balance == "gate_up":  # each down tile to the block with the fewest bytes (ties: the lower index)
+        counts = [0] * blocks
+        heap = [(len(gate_up[b]) * gu_bytes, b) for b in range(blocks)]
+        heapq.heapify(heap)
+        for _ in range(hidden // 8):
+            load, b = heapq.heappop(heap)
+            counts[b] += 1
+            heapq.heappush(heap, (load + dn_bytes, b))
+    # each block's down tiles are consecutive rows, so one copy per slot moves all of them
+    down: list[list[int]] = []
+    first = 0
+    for n in counts:
+        down.append([8 * (first + j) for j in range(n)])
+        first += n
     max_gu = max(len(x) for x in gate_up)
     max_dn = max(len(x) for x in down)
     row_words = 2 + max_gu + max_dn + max_gu + pairs

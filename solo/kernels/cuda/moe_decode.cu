@@ -107,7 +107,14 @@
 #define SHARED 0
 #endif
 #define ROW_WORDS (2 + MAX_GU + MAX_DN + MAX_GU + PAIRS + SHARED)  // SHARED: + the first copy group into the tail
-#define NUM_BARS (MAX_GU + PAIRS + 2 * SHARED)
+#if X_IN_TILES && SHARED
+#error "X_IN_TILES is not for the kernel with the shared expert inside (it reads x to the end)"
+#endif
+#if X_IN_TILES && PROBE == 1
+#error "X_IN_TILES needs the gate_up warps (the copies-only probe has none)"
+#endif
+#define NUM_BARS (MAX_GU + PAIRS + 2 * SHARED + X_IN_TILES)
+#define X_FREE (MAX_GU + PAIRS)         // X_IN_TILES: the gate_up warps hold their x (GU_WARPS arrivals)
 #define SH_BAR (MAX_GU + PAIRS)         // SHARED: the shared expert's weights are in shared memory
 #define SH_FREE (SH_BAR + 1)            // SHARED: the down warps are done with them (DN_WARPS arrivals)
 #define BAR_FULL0 9                     // named barriers 9.. : gate_up tile i's partials ready (one buffer each)
@@ -150,6 +157,13 @@
 // down bytes are needed only after that exchange.
 #ifndef DOWN_AFTER
 #define DOWN_AFTER 0
+#endif
+// X_IN_TILES (a variant, DecodeKernelConfig.x_in_tiles; not with SHARED): x lives at the start of the block's down
+// area of the tile memory, not in Smem, until every gate_up warp holds its slice in registers (they arrive on the
+// mbarrier X_FREE); the producer issues the first down copy, which lands there, only after that. Its 5 KB (at Ling
+// shapes) let the schedule give every block at most 6 gate_up tiles (DecodeKernelConfig.balance "gate_up").
+#ifndef X_IN_TILES
+#define X_IN_TILES 0
 #endif
 // BIAS_EARLY (a variant, DecodeKernelConfig.bias_early; with ROUTER): each selection lane reads its expert's
 // bias before griddepcontrol.wait, with the router rows, instead of after its score arrived
@@ -229,7 +243,9 @@ struct __align__(16) Smem {
     u64 bars[NUM_BARS];
     expert_id_t experts[8];
     u32 launch;                 // the launch number (read once per block: every warp reading it was an L2 hot spot)
+#if !X_IN_TILES
     uint4 x[H / 8];             // the token's activations, bf16 (read once per block, not once per warp)
+#endif
     uint4 act_h[TOPK * I / 8];  // all slots' activations in fp16, 16-byte units swizzled (act_unit)
     float wts[8];               // ROUTER: the selected experts' weights
     union {
@@ -702,6 +718,11 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
     const int *order = dn_tile + MAX_DN;            // copy groups in issue order
     const u32 dn_base = n_gu * GU_TILE_BYTES;
     const u32 dn_rows = 8 * n_dn, dn_slot = n_dn * DN_SLOT_BYTES;  // one slot's words, then its scales
+#if X_IN_TILES
+    uint4 *const xs = reinterpret_cast<uint4 *>(tiles + dn_base);  // x, until the first down copy
+#else
+    uint4 *const xs = sm.x;
+#endif
 #if TRACE
     u64 t0 = 0, c0 = 0;
     if (threadIdx.x == 0) t0 = globaltimer(), c0 = clock64();
@@ -710,7 +731,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
     if (threadIdx.x == 0) {
         for (int b = 0; b < NUM_BARS; ++b)
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&sm.bars[b])),
-                         "r"(SHARED && b == NUM_BARS - 1 ? DN_WARPS : 1));  // (SH_FREE: one arrival per down warp)
+                         "r"(SHARED && b == NUM_BARS - 1 ? DN_WARPS
+                             : X_IN_TILES && b == X_FREE ? GU_WARPS
+                                                         : 1));  // (SH_FREE: one arrival per down warp)
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -807,6 +830,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 if (q == row[ROW_WORDS - 1]) bar_wait(smem_addr(&sm.bars[SH_FREE]));  // it lands in the shared tail
 #endif
                 const int code = order[q];
+#if X_IN_TILES
+                if (code == MAX_GU) bar_wait(smem_addr(&sm.bars[X_FREE]));  // slot pair 0's copy lands on x
+#endif
 #if DOWN_AFTER
                 if (code == MAX_GU) {  // the first down group (slot pair 0): wait for the earlier gate_up tiles
                     for (int q2 = 0, seen = 0; q2 < q && seen < DOWN_AFTER; ++q2)
@@ -892,7 +918,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         const float my_wt = lane < TOPK ? sm.wts[lane] : 0.f;
 #else
         const float my_wt = lane < TOPK ? __ldcg(wts + lane) : 0.f;  // no global load inside the tile loop
-        for (int k = lane; k < H / 8; k += 32) sm.x[k] = __ldcg(reinterpret_cast<const uint4 *>(x) + k);
+        for (int k = lane; k < H / 8; k += 32) xs[k] = __ldcg(reinterpret_cast<const uint4 *>(x) + k);
         if (lane == 0) sm.launch = launch;
         asm volatile("bar.arrive %0, %1;" ::"r"(BAR_INPUTS), "r"(INPUT_THREADS) : "memory");
 #endif
@@ -965,7 +991,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     o[q] = bf16_pair(rms_value(xw[q] & 0xFFFFu, rstd, nw4[q] & 0xFFFFu),
                                      rms_value(xw[q] >> 16, rstd, nw4[q] >> 16));
                 const uint4 packed = make_uint4(o[0], o[1], o[2], o[3]);
-                sm.x[tid] = packed;
+                xs[tid] = packed;
                 if (blockIdx.x == 0) reinterpret_cast<uint4 *>(xn_out)[tid] = packed;
             }
             asm volatile("bar.sync %0, %1;" ::"r"(BAR_ROUTER), "r"(GU_WARPS * 32) : "memory");
@@ -980,7 +1006,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             for (int k = 0; k < RCH; ++k) {
                 const int sidx = k * GU_WARPS + warp;
                 if (sidx < EPB * WCH) {
-                    const uint4 xq = sm.x[(sidx % WCH) * 32 + lane];
+                    const uint4 xq = xs[(sidx % WCH) * 32 + lane];
                     float acc = 0.f;
                     acc = rt_dot2(rrow[k].x, xq.x, acc);
                     acc = rt_dot2(rrow[k].y, xq.y, acc);
@@ -1195,12 +1221,16 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             {
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
-                    uint4 v = sm.x[4 * c + k];
+                    uint4 v = xs[4 * c + k];
                     const unsigned short *e8 = reinterpret_cast<const unsigned short *>(&v);
 #pragma unroll
                     for (int j = 0; j < 4; ++j) xb[4 * k + j] = f16_pair(bf16_to_float(e8[j]), bf16_to_float(e8[j + 4]));
                 }
             }
+#if X_IN_TILES
+            __syncwarp();  // (every lane's reads of x before lane 0's release)
+            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&sm.bars[X_FREE])) : "memory");
+#endif
 #pragma unroll
             for (int i = 0; i < MAX_GU; ++i) {
                 if (i < n_gu) {
