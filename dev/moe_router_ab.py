@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from solo.bench.kernels import Timer  # noqa: E402
 from solo.kernels.cuda_moe import PersistentDecodeMoE  # noqa: E402
-from solo.kernels.cuda_moe_plan import DecodeKernelConfig  # noqa: E402
+from solo.kernels.cuda_moe_plan import DecodeKernelConfig, decode_schedule  # noqa: E402
 from solo.kernels.cuda_step import CudaRouter  # noqa: E402
 from solo.kernels.fused_router import FusedRouter  # noqa: E402
 from solo.testing.moe import random_mxfp4_experts  # noqa: E402
@@ -73,6 +73,11 @@ def main() -> int:
     p.add_argument("--fast-select", action="store_true", help="also the full ranking ('fast_select=0')")
     p.add_argument("--bias-early", action="store_true", help="also the biases read after the wait ('bias_early=0')")
     p.add_argument("--configs", default="", help="DecodeKernelConfig variants, e.g. 'x_early=0;down_after=0'")
+    p.add_argument(
+        "--per-block",
+        action="store_true",
+        help="also, per traced call: what the blocks whose last gate_up tile lands late have in common",
+    )
     args = p.parse_args()
     specs = args.configs.split(";") + ["fast_select=0"] * args.fast_select + ["bias_early=0"] * args.bias_early
     configs = {
@@ -169,7 +174,47 @@ def main() -> int:
                 continue
             c = c[cur[:, col] > 0]
             print(f"  {name:48s}: {c.min():6.2f} {c.median():6.2f} {c.max():6.2f}")
+        if args.per_block:
+            for parity in (1 - last, last):
+                per_block(tr[parity], decode_schedule(moe.blocks, H, I, TOPK, config.order, config.balance))
     return 0
+
+
+def _ranks(v: torch.Tensor) -> torch.Tensor:
+    return v.double().argsort().argsort().double()
+
+
+def per_block(cur: torch.Tensor, sched) -> None:
+    """One traced call, block by block: the rank correlation of when a block's last gate_up tile landed with its
+    SM, its tiles, when it issued its copies and when its first tile landed; then the latest ten blocks."""
+    start = cur[:, 0].min()
+    t = (cur - start).double() / 1000.0
+    last_gu = t[:, 10]
+    n_gu, n_dn = sched.table[:, 0].double(), sched.table[:, 1].double()
+    smid = cur[:, 12].double()
+    facts = {
+        "SM id": smid,
+        "gate_up tiles": n_gu,
+        "down tiles": n_dn,
+        "producer has the experts": t[:, 9],
+        "first gate_up tile landed": t[:, 2],
+        "block start": t[:, 0],
+        "previous launch complete": t[:, 13],
+    }
+    r_last = _ranks(last_gu)
+    print(f"  per block, last gate_up tile landed {last_gu.min():.2f}..{last_gu.max():.2f} us; rank correlation with:")
+    for name, v in facts.items():
+        rv = _ranks(v)
+        corr = float(((r_last - r_last.mean()) * (rv - rv.mean())).sum() / (r_last.std() * rv.std() * (len(rv) - 1)))
+        print(f"    {name:28s} {corr:+.2f}")
+    order = last_gu.argsort(descending=True)[:10].tolist() + last_gu.argsort()[:3].tolist()
+    print("    block  SM  gu dn  issued  first   last  (copy groups landed, issue order)")
+    for b in order:
+        groups = [float(t[b, 16 + q]) for q in range(int(n_gu[b]) + 4) if cur[b, 16 + q] > 0]
+        print(
+            f"    {b:5d} {int(smid[b]):3d} {int(n_gu[b]):3d} {int(n_dn[b]):2d} {t[b, 9]:7.2f} {t[b, 2]:6.2f} "
+            f"{last_gu[b]:6.2f}  " + " ".join(f"{g:.2f}" for g in groups)
+        )
 
 
 if __name__ == "__main__":
