@@ -230,6 +230,14 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE gate_up balanced": {"moe": {"balance": "gate_up", "x_in_tiles": True}},
     "MoE gate_up balanced, again": {"moe": {"balance": "gate_up", "x_in_tiles": True}},
     "MoE x in tiles": {"moe": {"x_in_tiles": True}},
+    # (twentieth session) the MoE kernel's producer keeps at most N gate_up tiles in flight (gate_up_window): all at
+    # once, a block's tiles land together near the end of the stream and its gate_up warps (about 0.5 us a tile)
+    # then work through five or six in a row (lab39's per-block trace)
+    "MoE gate_up window 2": {"moe": {"gate_up_window": 2}},
+    "MoE gate_up window 3": {"moe": {"gate_up_window": 3}},
+    "MoE gate_up window 4": {"moe": {"gate_up_window": 4}},
+    "MoE gate_up window 3, again": {"moe": {"gate_up_window": 3}},
+    "MoE gate_up window 3, downs after 2 tiles": {"moe": {"gate_up_window": 3, "down_after": 2}},
     # (fifteenth session) the output projections (2,560 rows, K 4,096: 320 tasks) build to 74 registers at 16
     # warps, one block an SM: 132 blocks, so 56 of them run a third task. Capped to 64 registers (16 bytes of
     # spills) two blocks an SM fit: two rounds; at 8 warps and 4 loads in flight a lane 86 registers, two

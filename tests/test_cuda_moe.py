@@ -110,14 +110,17 @@ def test_kernel_config_defines_name_every_variant():
     assert kc.defines() == {
         "EVICT_FIRST": 0, "TRACE": 1, "POLL_NS": 0, "SCORE_POLL_NS": 200, "ACT_COPIES": 4, "PROBE": 2,
         "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
-        "X_EARLY": 0, "L2_NEXT_AT": 3, "X_IN_TILES": 0,
+        "X_EARLY": 0, "L2_NEXT_AT": 3, "X_IN_TILES": 0, "GU_WINDOW": 0,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
-        "X_EARLY": 1, "L2_NEXT_AT": 0, "X_IN_TILES": 0,
+        "X_EARLY": 1, "L2_NEXT_AT": 0, "X_IN_TILES": 0, "GU_WINDOW": 0,
     }  # fmt: skip
     assert DecodeKernelConfig(balance="gate_up", x_in_tiles=True).defines()["X_IN_TILES"] == 1
+    assert DecodeKernelConfig(gate_up_window=3).defines()["GU_WINDOW"] == 3
+    with pytest.raises(ValueError, match="gate_up_window"):
+        DecodeKernelConfig(gate_up_window=-1).defines()
     with pytest.raises(ValueError, match="l2_next_at must be 0"):
         DecodeKernelConfig(l2_next_at=7).defines()
     with pytest.raises(ValueError, match="balance must be one of"):
@@ -221,14 +224,18 @@ def test_gpu_late_down_copies_change_no_result(experts, order):
 
 @pytest.mark.gpu
 @needs_hopper
-def test_gpu_gate_up_balance_and_x_in_tiles_change_no_result(experts):
-    """DecodeKernelConfig.balance "gate_up" only moves tiles between blocks, and x_in_tiles only where x waits
-    (the first down copy lands on it once the gate_up warps hold it): the same outputs bit for bit as the
-    product's kernel, with and without the router inside, one instance switching through the variants."""
+def test_gpu_gate_up_window_balance_and_x_in_tiles_change_no_result(experts):
+    """DecodeKernelConfig.gate_up_window only delays when the producer issues gate_up tiles, balance "gate_up" only
+    moves tiles between blocks, and x_in_tiles only where x waits (the first down copy lands on it once the gate_up
+    warps hold it): the same outputs bit for bit as the product's kernel, with and without the router inside, one
+    instance switching through the variants."""
     from solo.kernels.cuda_moe import PersistentDecodeMoE
     from solo.kernels.fused_router import FusedRouter
 
     variants = [
+        DecodeKernelConfig(gate_up_window=1),  # every gate_up tile issued once the one before it landed
+        DecodeKernelConfig(gate_up_window=3),
+        DecodeKernelConfig(gate_up_window=2, order="need", down_after=0),
         DecodeKernelConfig(balance="gate_up", x_in_tiles=True),
         DecodeKernelConfig(x_in_tiles=True),
         DecodeKernelConfig(x_in_tiles=True, order="need", down_after=0),  # the first down copy before the gate_up tiles

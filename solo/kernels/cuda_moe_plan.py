@@ -64,6 +64,9 @@ class DecodeKernelConfig:
     # gate_up warps hold it in registers (moe_decode.cu X_IN_TILES: the first down copy waits for them), not in a
     # buffer of its own
     x_in_tiles: bool = False
+    # the producer keeps at most this many gate_up tiles in flight (moe_decode.cu GU_WINDOW; 0: all at once), so that
+    # they land one after another while the gate_up warps work, not together at the end of the stream
+    gate_up_window: int = 0
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property
@@ -76,6 +79,8 @@ class DecodeKernelConfig:
         """moe_decode.cu's defines for these variants (the shapes, router and shared expert add theirs)."""
         if self.l2_next_at not in range(7):
             raise ValueError(f"l2_next_at must be 0 (never) or 1..6, got {self.l2_next_at}")
+        if self.gate_up_window < 0:
+            raise ValueError(f"gate_up_window is 0 (all at once) or the tiles in flight, got {self.gate_up_window}")
         if self.balance not in BALANCES:
             raise ValueError(f"balance must be one of {', '.join(map(repr, BALANCES))}, got {self.balance!r}")
         return {
@@ -93,6 +98,7 @@ class DecodeKernelConfig:
             "X_EARLY": int(self.x_early),
             "L2_NEXT_AT": self.l2_next_at,
             "X_IN_TILES": int(self.x_in_tiles),
+            "GU_WINDOW": self.gate_up_window,
         }
 
 

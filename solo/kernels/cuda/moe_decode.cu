@@ -165,6 +165,15 @@
 #ifndef X_IN_TILES
 #define X_IN_TILES 0
 #endif
+// GU_WINDOW (a variant, DecodeKernelConfig.gate_up_window): the producer keeps at most this many of its gate_up tiles
+// in flight (0: all at once), issuing tile i once tile i - GU_WINDOW has landed. Asked all at once, a block's tiles
+// land together near the end of the 16 MB (the memory serves the whole GPU's requests in its own order), and the
+// gate_up warps, which take about half a microsecond a tile, then work through five or six of them in a row; in a
+// window the tiles land one after another while the warps keep up, and 132 blocks x a few tiles still keep several
+// MB in flight.
+#ifndef GU_WINDOW
+#define GU_WINDOW 0
+#endif
 // BIAS_EARLY (a variant, DecodeKernelConfig.bias_early; with ROUTER): each selection lane reads its expert's
 // bias before griddepcontrol.wait, with the router rows, instead of after its score arrived
 #ifndef BIAS_EARLY
@@ -830,6 +839,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 if (q == row[ROW_WORDS - 1]) bar_wait(smem_addr(&sm.bars[SH_FREE]));  // it lands in the shared tail
 #endif
                 const int code = order[q];
+#if GU_WINDOW
+                if (code < MAX_GU && code >= GU_WINDOW) bar_wait(smem_addr(&sm.bars[code - GU_WINDOW]));
+#endif
 #if X_IN_TILES
                 if (code == MAX_GU) bar_wait(smem_addr(&sm.bars[X_FREE]));  // slot pair 0's copy lands on x
 #endif
