@@ -238,6 +238,17 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE gate_up window 4": {"moe": {"gate_up_window": 4}},
     "MoE gate_up window 3, again": {"moe": {"gate_up_window": 3}},
     "MoE gate_up window 3, downs after 2 tiles": {"moe": {"gate_up_window": 3, "down_after": 2}},
+    # ... the window over every copy group in issue order, the downs too (window_downs; DOWN_AFTER then off)
+    "MoE window 3 over all copies": {"moe": {"gate_up_window": 3, "window_downs": True, "down_after": 0}},
+    "MoE window 3 over all copies, again": {"moe": {"gate_up_window": 3, "window_downs": True, "down_after": 0}},
+    "MoE window 4 over all copies": {"moe": {"gate_up_window": 4, "window_downs": True, "down_after": 0}},
+    "MoE window 2 over all copies": {"moe": {"gate_up_window": 2, "window_downs": True, "down_after": 0}},
+    "MoE window 3 over all copies in need order": {
+        "moe": {"gate_up_window": 3, "window_downs": True, "down_after": 0, "order": "need"}
+    },
+    "MoE window 4 over all copies in need order": {
+        "moe": {"gate_up_window": 4, "window_downs": True, "down_after": 0, "order": "need"}
+    },
     # (fifteenth session) the output projections (2,560 rows, K 4,096: 320 tasks) build to 74 registers at 16
     # warps, one block an SM: 132 blocks, so 56 of them run a third task. Capped to 64 registers (16 bytes of
     # spills) two blocks an SM fit: two rounds; at 8 warps and 4 loads in flight a lane 86 registers, two

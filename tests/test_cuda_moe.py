@@ -111,16 +111,21 @@ def test_kernel_config_defines_name_every_variant():
         "EVICT_FIRST": 0, "TRACE": 1, "POLL_NS": 0, "SCORE_POLL_NS": 200, "ACT_COPIES": 4, "PROBE": 2,
         "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
         "X_EARLY": 0, "L2_NEXT_AT": 3, "X_IN_TILES": 0, "GU_WINDOW": 0,
+        "WINDOW_DOWNS": 0,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
         "X_EARLY": 1, "L2_NEXT_AT": 0, "X_IN_TILES": 0, "GU_WINDOW": 0,
+        "WINDOW_DOWNS": 0,
     }  # fmt: skip
     assert DecodeKernelConfig(balance="gate_up", x_in_tiles=True).defines()["X_IN_TILES"] == 1
     assert DecodeKernelConfig(gate_up_window=3).defines()["GU_WINDOW"] == 3
     with pytest.raises(ValueError, match="gate_up_window"):
         DecodeKernelConfig(gate_up_window=-1).defines()
+    assert DecodeKernelConfig(gate_up_window=3, window_downs=True).defines()["WINDOW_DOWNS"] == 1
+    with pytest.raises(ValueError, match="set gate_up_window"):
+        DecodeKernelConfig(window_downs=True).defines()
     with pytest.raises(ValueError, match="l2_next_at must be 0"):
         DecodeKernelConfig(l2_next_at=7).defines()
     with pytest.raises(ValueError, match="balance must be one of"):
@@ -236,6 +241,8 @@ def test_gpu_gate_up_window_balance_and_x_in_tiles_change_no_result(experts):
         DecodeKernelConfig(gate_up_window=1),  # every gate_up tile issued once the one before it landed
         DecodeKernelConfig(gate_up_window=3),
         DecodeKernelConfig(gate_up_window=2, order="need", down_after=0),
+        DecodeKernelConfig(gate_up_window=3, window_downs=True, down_after=0),  # the downs in the window too
+        DecodeKernelConfig(gate_up_window=1, window_downs=True, order="need", down_after=0),
         DecodeKernelConfig(balance="gate_up", x_in_tiles=True),
         DecodeKernelConfig(x_in_tiles=True),
         DecodeKernelConfig(x_in_tiles=True, order="need", down_after=0),  # the first down copy before the gate_up tiles

@@ -67,6 +67,8 @@ class DecodeKernelConfig:
     # the producer keeps at most this many gate_up tiles in flight (moe_decode.cu GU_WINDOW; 0: all at once), so that
     # they land one after another while the gate_up warps work, not together at the end of the stream
     gate_up_window: int = 0
+    # with gate_up_window: the window spans the down copies too (every copy group in issue order; WINDOW_DOWNS)
+    window_downs: bool = False
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property
@@ -81,6 +83,8 @@ class DecodeKernelConfig:
             raise ValueError(f"l2_next_at must be 0 (never) or 1..6, got {self.l2_next_at}")
         if self.gate_up_window < 0:
             raise ValueError(f"gate_up_window is 0 (all at once) or the tiles in flight, got {self.gate_up_window}")
+        if self.window_downs and not self.gate_up_window:
+            raise ValueError("window_downs spans the down copies with gate_up_window's window: set gate_up_window")
         if self.balance not in BALANCES:
             raise ValueError(f"balance must be one of {', '.join(map(repr, BALANCES))}, got {self.balance!r}")
         return {
@@ -99,6 +103,7 @@ class DecodeKernelConfig:
             "L2_NEXT_AT": self.l2_next_at,
             "X_IN_TILES": int(self.x_in_tiles),
             "GU_WINDOW": self.gate_up_window,
+            "WINDOW_DOWNS": int(self.window_downs),
         }
 
 

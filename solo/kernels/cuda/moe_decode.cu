@@ -174,6 +174,12 @@
 #ifndef GU_WINDOW
 #define GU_WINDOW 0
 #endif
+// WINDOW_DOWNS (with GU_WINDOW; DecodeKernelConfig.window_downs): the window spans every copy group in issue order,
+// the down groups too (group q is issued once group q - GU_WINDOW has landed), so that a block's down rows follow its
+// last gate_up tiles by the window, not after all of them have landed (DOWN_AFTER)
+#ifndef WINDOW_DOWNS
+#define WINDOW_DOWNS 0
+#endif
 // BIAS_EARLY (a variant, DecodeKernelConfig.bias_early; with ROUTER): each selection lane reads its expert's
 // bias before griddepcontrol.wait, with the router rows, instead of after its score arrived
 #ifndef BIAS_EARLY
@@ -839,7 +845,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 if (q == row[ROW_WORDS - 1]) bar_wait(smem_addr(&sm.bars[SH_FREE]));  // it lands in the shared tail
 #endif
                 const int code = order[q];
-#if GU_WINDOW
+#if GU_WINDOW && WINDOW_DOWNS
+                if (q >= GU_WINDOW) bar_wait(smem_addr(&sm.bars[order[q - GU_WINDOW]]));  // (group code = barrier)
+#elif GU_WINDOW
                 if (code < MAX_GU && code >= GU_WINDOW) bar_wait(smem_addr(&sm.bars[code - GU_WINDOW]));
 #endif
 #if X_IN_TILES
