@@ -238,6 +238,7 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE gate_up window 4": {"moe": {"gate_up_window": 4}},
     "MoE gate_up window 3, again": {"moe": {"gate_up_window": 3}},
     "MoE gate_up window 3, downs after 2 tiles": {"moe": {"gate_up_window": 3, "down_after": 2}},
+    "MoE gate_up tiles all at once": {"moe": {"gate_up_window": 0}},  # (the product's before, and off the H100)
     # ... the window over every copy group in issue order, the downs too (window_downs; DOWN_AFTER then off)
     "MoE window 3 over all copies": {"moe": {"gate_up_window": 3, "window_downs": True, "down_after": 0}},
     "MoE window 3 over all copies, again": {"moe": {"gate_up_window": 3, "window_downs": True, "down_after": 0}},
@@ -459,6 +460,7 @@ def main() -> int:
     mla_launches = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
     kda_splits = (fused_kda.VALUE_SPLITS, fused_kda.WINDOW_VALUE_SPLITS)
     product_ahead = {k: step.l2_next[k] for k in ("megabytes", "shared", "at")}  # (its MoE kernels' L2 asks)
+    product_window = step.gate_up_window()  # (its MoE kernels' gate_up window on this card)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     print(f"loaded in {times}; {len(gemvs)} CUDA GEMVs", flush=True)
     cache = HybridCache(model.config, args.context + 16, device, model.dtype, with_nextn=True)
@@ -486,7 +488,8 @@ def main() -> int:
         fast = VARIANTS[name].get("fast_select", DecodeKernelConfig.fast_select)
         for moe in moes:
             moe.shared_in_experts = moe.shared_expert() if VARIANTS[name].get("shared_inside") else None
-            moe.experts.set_kernel_config(DecodeKernelConfig(fast_select=fast, **VARIANTS[name].get("moe", {})))
+            fields = {"fast_select": fast, "gate_up_window": product_window, **VARIANTS[name].get("moe", {})}
+            moe.experts.set_kernel_config(DecodeKernelConfig(**fields))
             moe.experts.set_blocks(sms - VARIANTS[name].get("moe_free_sms", 0))
         for router in routers:
             router.fast_select = fast

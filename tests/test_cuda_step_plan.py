@@ -227,6 +227,19 @@ def test_the_moe_kernels_ask_the_l2_for_later_weights_only_on_the_cards_measured
     assert (l2_next_for(card) is not None) == (card in L2_NEXT_CARDS)
 
 
+@pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", "NVIDIA H200", ""])
+def test_the_moe_kernels_keep_their_gate_up_tiles_in_a_window_only_on_the_cards_measured(card):
+    """FusedDecodeStep.set_gate_up_window is set at construction where gate_up_window_for gives a window: on the cards
+    of GATE_UP_WINDOW_CARDS (measured there); elsewhere the MoE kernels ask for all their tiles at once (the kernel
+    config's default, as the other backends' users get it)."""
+    from solo.fastpath.decode_step import GATE_UP_WINDOW, GATE_UP_WINDOW_CARDS, gate_up_window_for
+    from solo.kernels.cuda_moe_plan import DecodeKernelConfig
+
+    assert gate_up_window_for(card) == (3 if card == "NVIDIA H100 80GB HBM3" else 0)
+    assert (gate_up_window_for(card) > 0) == (card in GATE_UP_WINDOW_CARDS) and GATE_UP_WINDOW == 3
+    assert DecodeKernelConfig().gate_up_window == 0
+
+
 @pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])
 def test_one_token_mla_asks_the_l2_for_old_rows_early_only_on_the_cards_measured(card):
     """FusedMLA's one-token launch asks for each split's first step of old cache rows before its wait only on the

@@ -123,6 +123,21 @@ L2_NEXT_CARDS = ("NVIDIA H100 80GB HBM3",)
 L2_NEXT_MEGABYTES = 16.0  # (the KDA projections' first wave of tasks: 792 blocks x 8 rows x 2,560 bytes)
 
 
+# Cards on which each MoE kernel (one token, router inside) keeps at most GATE_UP_WINDOW of its gate_up tiles in flight
+# (DecodeKernelConfig.gate_up_window; all at once they land together near the end of the stream, and the gate_up warps,
+# about 0.5 us a tile, then work through five or six in a row). Measured in the whole decode step at full shape, 32K,
+# on the H100 (dev/decode_launch_ab.py, three device calls: -10.9, -7.9, -8.8 us; windows of 2 and 4: +16.5, -1.4; the
+# window over the down copies too: +21.5 to +22.9 us; docs/results/h100_ab_lab40.log, _lab41). Not on the H200 until
+# measured there.
+GATE_UP_WINDOW_CARDS = ("NVIDIA H100 80GB HBM3",)
+GATE_UP_WINDOW = 3
+
+
+def gate_up_window_for(card: str) -> int:
+    """The gate_up tiles each MoE kernel keeps in flight on this card (0: all at once)."""
+    return GATE_UP_WINDOW if card in GATE_UP_WINDOW_CARDS else 0
+
+
 def l2_next_for(card: str) -> float | None:
     """The megabytes of the next input projection each MoE kernel asks the L2 for on this card (with the
     shared expert's weights), or None: it asks for nothing there."""
@@ -461,8 +476,12 @@ class FusedDecodeStep:
         self.moe_shared = moe_shared
         self._shared_into_experts()
         self.l2_next: dict[str, Any] = {"megabytes": 0.0, "shared": False, "at": 0, "layers": 0}
-        if self.routers_in_experts() and (ahead := l2_next_for(torch.cuda.get_device_name(model.device))):
-            self.prefetch_next_weights(ahead, shared=True, at=1)
+        if self.routers_in_experts():  # (the persistent MoE kernels: this card's choices)
+            card = torch.cuda.get_device_name(model.device)
+            if ahead := l2_next_for(card):
+                self.prefetch_next_weights(ahead, shared=True, at=1)
+            if window := gate_up_window_for(card):
+                self.set_gate_up_window(window)
         if pdl_verify is None:  # where the CUDA GEMV serves the whole window (the kernels share this policy)
             pdl_verify = self.kernels == "cuda" and not self.kernels_note and self.cuda_tokens >= max(self.token_counts)
         self.launch.one_token_only = not pdl_verify
@@ -588,6 +607,21 @@ class FusedDecodeStep:
             count += bool(regions) and when > 0
         self.l2_next = {"megabytes": megabytes, "shared": shared, "at": at, "layers": count}
         return count
+
+    def set_gate_up_window(self, tiles: int) -> int:
+        """Each MoE layer's one-token kernel (router inside) keeps at most `tiles` of its gate_up tiles in flight
+        (DecodeKernelConfig.gate_up_window; 0: all at once). Only when the copies are issued changes: every result
+        stays the same. The product's on the cards of GATE_UP_WINDOW_CARDS (set at construction). Returns how many
+        MoE layers run a window."""
+        experts = [moe.experts for moe in self.routers_in_experts()]
+        for e in experts:
+            if e.kernel_config.gate_up_window != tiles:
+                e.set_kernel_config(dataclasses.replace(e.kernel_config, gate_up_window=tiles))
+        return len(experts) if tiles else 0
+
+    def gate_up_window(self) -> int:
+        """The gate_up tiles the MoE kernels keep in flight (0: all at once, or no MoE kernel routes inside)."""
+        return max((moe.experts.kernel_config.gate_up_window for moe in self.routers_in_experts()), default=0)
 
     def mla_early_chunks(self) -> int:
         """The steps of old cache rows one token's MLA attention asks the L2 for before it waits for the prep
@@ -729,6 +763,7 @@ class FusedDecodeStep:
             "kda_l2_ahead": self.kda_l2_ahead,
             "l2_next": dict(self.l2_next),
             "mla_early_chunks": self.mla_early_chunks(),
+            "gate_up_window": self.gate_up_window(),
             **({"step_kernels_note": self.kernels_note} if self.kernels_note else {}),
         }
 
