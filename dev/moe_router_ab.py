@@ -50,6 +50,10 @@ TRACE_ROWS = [  # (slot, what it stamps), moe_decode.cu T_*
     (2, "first gate_up tile landed"),
     (10, "last gate_up tile landed"),
     (3, "last gate_up tile published"),
+    (4, "slot pair 0's activations staged"),
+    (5, "slot pair 1's activations staged"),
+    (6, "slot pair 2's activations staged"),
+    (7, "slot pair 3's activations staged"),
     (11, "down products done"),
     (1, "block end"),
 ]
@@ -215,6 +219,21 @@ def per_block(cur: torch.Tensor, sched) -> None:
             f"    {b:5d} {int(smid[b]):3d} {int(n_gu[b]):3d} {int(n_dn[b]):2d} {t[b, 9]:7.2f} {t[b, 2]:6.2f} "
             f"{last_gu[b]:6.2f}  " + " ".join(f"{g:.2f}" for g in groups)
         )
+    # the down phase, slot pair by slot pair (warp 0's clock64 stamps, at each block's own clock rate)
+    rate = (cur[:, 57] - cur[:, 56]).double() / (cur[:, 1] - cur[:, 0]).double().clamp_min(1)  # cycles a ns
+
+    def at(b: int, slot: int) -> float:
+        return float(t[b, 0] + (cur[b, slot] - cur[b, 56]).double() / rate[b] / 1000.0)
+
+    end = t[:, 11]
+    late = end.argsort(descending=True)[:3].tolist() + [int(end.argsort()[len(end) // 2])]
+    print("    down phase (us): block, last published anywhere, then per pair: entered / staged / rows there / done")
+    for b in late:
+        pairs = "  ".join(
+            "/".join(f"{at(b, 32 + 4 * p + k):.2f}" for k in range(4)) + f" ({int(cur[b, 48 + p])} polls)"
+            for p in range(4)
+        )
+        print(f"    {b:5d} {float(t[:, 3].max()):6.2f}  {pairs}  end {float(end[b]):.2f}")
 
 
 if __name__ == "__main__":
