@@ -58,14 +58,16 @@ class DecodeKernelConfig:
     # the tile schedule's balance (decode_schedule, BALANCES). "bytes" gives some blocks one gate_up tile more than
     # the byte share of the others (7 against 6 at Ling shapes, where the shared memory fits no other split), and
     # the activation exchange waits for the last gate_up tile anywhere; "gate_up" gives every block 5 or 6 and the
-    # lighter ones a third down tile, which fits only with x_in_tiles
+    # lighter ones a third down tile, which fits only with x_in_tiles (lost on the H100: the late blocks are late for
+    # their gate_up warps' queue of tiles, not their bytes; docs/kernels.md)
     balance: str = "bytes"
     # x (the token's activations, 5 KB at Ling shapes) kept in the block's down area of the tile memory until the
     # gate_up warps hold it in registers (moe_decode.cu X_IN_TILES: the first down copy waits for them), not in a
     # buffer of its own
     x_in_tiles: bool = False
     # the producer keeps at most this many gate_up tiles in flight (moe_decode.cu GU_WINDOW; 0: all at once), so that
-    # they land one after another while the gate_up warps work, not together at the end of the stream
+    # they land one after another while the gate_up warps work, not together at the end of the stream.
+    # FusedDecodeStep.set_gate_up_window sets it (3 on the cards of solo.fastpath.decode_step.GATE_UP_WINDOW_CARDS)
     gate_up_window: int = 0
     # with gate_up_window: the window spans the down copies too (every copy group in issue order; WINDOW_DOWNS)
     window_downs: bool = False

@@ -1249,7 +1249,8 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             }
 #if X_IN_TILES
             __syncwarp();  // (every lane's reads of x before lane 0's release)
-            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&sm.bars[X_FREE])) : "memory");
+            if (lane == 0)
+                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&sm.bars[X_FREE])) : "memory");
 #endif
 #pragma unroll
             for (int i = 0; i < MAX_GU; ++i) {
