@@ -239,6 +239,7 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE gate_up window 3, again": {"moe": {"gate_up_window": 3}},
     "MoE gate_up window 3, downs after 2 tiles": {"moe": {"gate_up_window": 3, "down_after": 2}},
     "MoE gate_up tiles all at once": {"moe": {"gate_up_window": 0}},  # (the product's before, and off the H100)
+    "MoE gate_up tiles all at once, again": {"moe": {"gate_up_window": 0}},
     # ... the window over every copy group in issue order, the downs too (window_downs; DOWN_AFTER then off)
     "MoE window 3 over all copies": {"moe": {"gate_up_window": 3, "window_downs": True, "down_after": 0}},
     "MoE window 3 over all copies, again": {"moe": {"gate_up_window": 3, "window_downs": True, "down_after": 0}},
