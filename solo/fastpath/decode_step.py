@@ -127,8 +127,9 @@ L2_NEXT_MEGABYTES = 16.0  # (the KDA projections' first wave of tasks: 792 block
 # (DecodeKernelConfig.gate_up_window; all at once they land together near the end of the stream, and the gate_up warps,
 # about 0.5 us a tile, then work through five or six in a row). Measured in the whole decode step at full shape, 32K,
 # on the H100 (dev/decode_launch_ab.py, three device calls: -10.9, -7.9, -8.8 us; windows of 2 and 4: +16.5, -1.4; the
-# window over the down copies too: +21.5 to +22.9 us; docs/results/h100_ab_lab40.log, _lab41). Not on the H200 until
-# measured there.
+# window over the down copies too: +21.5 to +22.9 us; docs/results/h100_ab_lab40.log, _lab41; as the product, the tiles
+# all at once again +15.4 us at 32K, +16.2 / +16.6 at 4K: h100_ab_lab42.log, h100_ab4k_lab45.log). Not on the H200
+# until measured there.
 GATE_UP_WINDOW_CARDS = ("NVIDIA H100 80GB HBM3",)
 GATE_UP_WINDOW = 3
 
