@@ -240,11 +240,6 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE gate_up window 3, downs after 2 tiles": {"moe": {"gate_up_window": 3, "down_after": 2}},
     "MoE gate_up tiles all at once": {"moe": {"gate_up_window": 0}},  # (the product's before, and off the H100)
     "MoE gate_up tiles all at once, again": {"moe": {"gate_up_window": 0}},
-    # (twentieth session) the down phase two or four slot pairs a step (pair_step: one barrier and turn around per
-    # step; with the window, each pair took about 1 us of which 0.45-0.6 products, lab43's trace)
-    "MoE pair step 2": {"moe": {"pair_step": 2}},
-    "MoE pair step 4": {"moe": {"pair_step": 4}},
-    "MoE pair step 4, again": {"moe": {"pair_step": 4}},
     # ... the window over every copy group in issue order, the downs too (window_downs; DOWN_AFTER then off)
     "MoE window 3 over all copies": {"moe": {"gate_up_window": 3, "window_downs": True, "down_after": 0}},
     "MoE window 3 over all copies, again": {"moe": {"gate_up_window": 3, "window_downs": True, "down_after": 0}},

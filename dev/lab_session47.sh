@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Ran at beb8d80, whose DecodeKernelConfig.pair_step and its A/B variants were taken out again after it lost: check that
+# commit out to run it again.)
 # Twentieth session, last H100 call (a short budget): the MoE kernel's down phase two or four slot pairs a step
 # (DecodeKernelConfig.pair_step, moe_decode.cu PAIR_STEP; lab43's trace: with the gate_up window each pair took about
 # 1 us, of which 0.45-0.6 us products). The GPU test (bit for bit the product's, with and without the router inside),

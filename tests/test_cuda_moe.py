@@ -111,13 +111,13 @@ def test_kernel_config_defines_name_every_variant():
         "EVICT_FIRST": 0, "TRACE": 1, "POLL_NS": 0, "SCORE_POLL_NS": 200, "ACT_COPIES": 4, "PROBE": 2,
         "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
         "X_EARLY": 0, "L2_NEXT_AT": 3, "X_IN_TILES": 0, "GU_WINDOW": 0,
-        "WINDOW_DOWNS": 0, "PAIR_STEP": 1,
+        "WINDOW_DOWNS": 0,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
         "X_EARLY": 1, "L2_NEXT_AT": 0, "X_IN_TILES": 0, "GU_WINDOW": 0,
-        "WINDOW_DOWNS": 0, "PAIR_STEP": 1,
+        "WINDOW_DOWNS": 0,
     }  # fmt: skip
     assert DecodeKernelConfig(balance="gate_up", x_in_tiles=True).defines()["X_IN_TILES"] == 1
     assert DecodeKernelConfig(gate_up_window=3).defines()["GU_WINDOW"] == 3
@@ -126,9 +126,6 @@ def test_kernel_config_defines_name_every_variant():
     assert DecodeKernelConfig(gate_up_window=3, window_downs=True).defines()["WINDOW_DOWNS"] == 1
     with pytest.raises(ValueError, match="set gate_up_window"):
         DecodeKernelConfig(window_downs=True).defines()
-    assert DecodeKernelConfig(pair_step=4).defines()["PAIR_STEP"] == 4
-    with pytest.raises(ValueError, match="pair_step is 1, 2 or 4"):
-        DecodeKernelConfig(pair_step=3).defines()
     with pytest.raises(ValueError, match="l2_next_at must be 0"):
         DecodeKernelConfig(l2_next_at=7).defines()
     with pytest.raises(ValueError, match="balance must be one of"):
@@ -232,12 +229,11 @@ def test_gpu_late_down_copies_change_no_result(experts, order):
 
 @pytest.mark.gpu
 @needs_hopper
-def test_gpu_gate_up_window_balance_x_in_tiles_and_pair_step_change_no_result(experts):
+def test_gpu_gate_up_window_balance_and_x_in_tiles_change_no_result(experts):
     """DecodeKernelConfig.gate_up_window only delays when the producer issues gate_up tiles, balance "gate_up" only
-    moves tiles between blocks, x_in_tiles only where x waits (the first down copy lands on it once the gate_up
-    warps hold it), and pair_step only how many slot pairs the down phase stages behind one barrier: the same
-    outputs bit for bit as the product's kernel, with and without the router inside, one instance switching
-    through the variants; a step that does not divide the slot pairs is refused."""
+    moves tiles between blocks, and x_in_tiles only where x waits (the first down copy lands on it once the gate_up
+    warps hold it): the same outputs bit for bit as the product's kernel, with and without the router inside, one
+    instance switching through the variants."""
     from solo.kernels.cuda_moe import PersistentDecodeMoE
     from solo.kernels.fused_router import FusedRouter
 
@@ -247,10 +243,6 @@ def test_gpu_gate_up_window_balance_x_in_tiles_and_pair_step_change_no_result(ex
         DecodeKernelConfig(gate_up_window=2, order="need", down_after=0),
         DecodeKernelConfig(gate_up_window=3, window_downs=True, down_after=0),  # the downs in the window too
         DecodeKernelConfig(gate_up_window=1, window_downs=True, order="need", down_after=0),
-        DecodeKernelConfig(pair_step=2),  # the down phase two slot pairs a step: the same sums in the same order
-        DecodeKernelConfig(pair_step=4, gate_up_window=3),
-        DecodeKernelConfig(pair_step=2, unroll_pairs=False, order="need", down_after=0),
-        DecodeKernelConfig(pair_step=4, trace=True),
         DecodeKernelConfig(balance="gate_up", x_in_tiles=True),
         DecodeKernelConfig(x_in_tiles=True),
         DecodeKernelConfig(x_in_tiles=True, order="need", down_after=0),  # the first down copy before the gate_up tiles
@@ -276,10 +268,6 @@ def test_gpu_gate_up_window_balance_x_in_tiles_and_pair_step_change_no_result(ex
             assert torch.equal(moe.forward(x, ids, w), want), kc
             got = moe.routed_forward(x, router, count)
             assert all(torch.equal(a, b) for a, b in zip(got, want_routed, strict=True)), kc
-    moe.set_kernel_config(DecodeKernelConfig(pair_step=4))
-    ids, w = routing(e, 6, torch.int32)  # (3 slot pairs)
-    with pytest.raises(RuntimeError, match="pair_step 4 does not divide"):
-        moe.forward(x, ids, w)
 
 
 @pytest.mark.gpu

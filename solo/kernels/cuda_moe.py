@@ -303,8 +303,6 @@ class PersistentDecodeMoE(TritonMoE):
         if top_k % 2 or top_k > 8:
             raise RuntimeError(f"the persistent decode kernel needs an even top-k <= 8, got {top_k}")
         sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order, kc.balance)
-        if (top_k // 2) % kc.pair_step:
-            raise RuntimeError(f"the down phase's pair_step {kc.pair_step} does not divide top-k {top_k}'s slot pairs")
         if kc.x_in_tiles:
             if shared is not None:
                 raise RuntimeError("x in the tile memory (x_in_tiles) is not for the kernel with the shared expert")

@@ -71,9 +71,6 @@ class DecodeKernelConfig:
     gate_up_window: int = 0
     # with gate_up_window: the window spans the down copies too (every copy group in issue order; WINDOW_DOWNS)
     window_downs: bool = False
-    # slot pairs the down phase takes a step (moe_decode.cu PAIR_STEP: their activations staged behind one barrier,
-    # then each pair's products in turn, the same sums in the same order); 1, 2 or 4 at top-k 8
-    pair_step: int = 1
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property
@@ -92,8 +89,6 @@ class DecodeKernelConfig:
             raise ValueError("window_downs spans the down copies with gate_up_window's window: set gate_up_window")
         if self.balance not in BALANCES:
             raise ValueError(f"balance must be one of {', '.join(map(repr, BALANCES))}, got {self.balance!r}")
-        if self.pair_step not in (1, 2, 4):
-            raise ValueError(f"pair_step is 1, 2 or 4 slot pairs (it must divide top-k / 2), got {self.pair_step}")
         return {
             "EVICT_FIRST": int(self.evict_first),
             "TRACE": int(self.trace),
@@ -111,7 +106,6 @@ class DecodeKernelConfig:
             "X_IN_TILES": int(self.x_in_tiles),
             "GU_WINDOW": self.gate_up_window,
             "WINDOW_DOWNS": int(self.window_downs),
-            "PAIR_STEP": self.pair_step,
         }
 
 

@@ -180,16 +180,6 @@
 #ifndef WINDOW_DOWNS
 #define WINDOW_DOWNS 0
 #endif
-// PAIR_STEP (a variant, DecodeKernelConfig.pair_step): the down phase takes this many slot pairs a step, their
-// activations staged together behind one barrier, then each pair's products in turn (the same sums in the same order).
-// One pair a step costs a barrier, a wait for its down rows and the warps' turn around (about 0.35 us on the H100)
-// beside 0.45-0.6 us of products, and by then every pair's activations have mostly arrived.
-#ifndef PAIR_STEP
-#define PAIR_STEP 1
-#endif
-#if PAIRS % PAIR_STEP
-#error "PAIR_STEP must divide the slot pairs"
-#endif
 // BIAS_EARLY (a variant, DecodeKernelConfig.bias_early; with ROUTER): each selection lane reads its expert's
 // bias before griddepcontrol.wait, with the router rows, instead of after its score arrived
 #ifndef BIAS_EARLY
@@ -482,7 +472,7 @@ __device__ __forceinline__ void refresh_pairs(uint4 (*pending)[STAGE_PIECES], co
         if (q >= first && q <= last) stage_refresh(pending[q], copy, q, d, lane, tag);
 }
 
-// Store the fp16 halves of the pieces loaded for pairs p..p+PAIR_STEP-1 to shared memory and check their tags (all
+// Store the fp16 halves of the pieces loaded for pair p to shared memory and check their tags (all
 // DOWN_WORKERS warps at once, one barrier: bar.red orders the stores like bar.sync); if any is stale,
 // load the stale ones again and repeat (stale values in shared memory are overwritten then). Each
 // poll round also reloads the stale pieces of every later pair (REFRESH_PENDING), so that a round
@@ -494,13 +484,13 @@ __device__ __forceinline__ int stage_finish(uint4 (*pending)[STAGE_PIECES], cons
         bool ok = true;
 #pragma unroll
         for (int q = 0; q < PAIRS; ++q) {
-            if (q < p || q >= p + PAIR_STEP) continue;
+            if (q != p) continue;
             const uint4 *ahead = pending[q];
 #pragma unroll
             for (int k = 0; k < STAGE_PIECES; ++k) {
                 if (stage_piece(d, lane, k) >= I / 2) continue;
                 ok = ok && piece_current(ahead[k], tag);
-                const int e = 2 * q * I + 4 * stage_piece(d, lane, k);  // first element of the piece
+                const int e = 2 * p * I + 4 * stage_piece(d, lane, k);  // first element of the piece
                 uint2 *dst = reinterpret_cast<uint2 *>(act_h + act_unit(e >> 5, (e & 31) >> 3)) + ((e >> 2) & 1);
                 *dst = make_uint2(__byte_perm(ahead[k].x, ahead[k].y, 0x5410),
                                   __byte_perm(ahead[k].z, ahead[k].w, 0x5410));
@@ -511,7 +501,7 @@ __device__ __forceinline__ int stage_finish(uint4 (*pending)[STAGE_PIECES], cons
 #endif
         if (bar_all(ok, BAR_STAGED, DOWN_WORKERS * 32)) return rounds;
         __nanosleep(POLL_NS);
-        refresh_pairs(pending, copy, p, REFRESH_PENDING ? PAIRS - 1 : p + PAIR_STEP - 1, d, lane, tag);
+        refresh_pairs(pending, copy, p, REFRESH_PENDING ? PAIRS - 1 : p, d, lane, tag);
     }
 }
 
@@ -1307,9 +1297,8 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[k][q] = acc_b[k][q] = 0.f;
         // The slot pairs' activations are read by the down workers together (each 16-byte piece
-        // once): the first step's pairs until they are complete, then every other pair at once (they
-        // complete at about the same time), each checked and, if a tag is stale, read again.
-#if PAIR_STEP == 1  // (the product's loop as it was built before PAIR_STEP existed: its code unchanged)
+        // once): pair 0 until it is complete, then every other pair at once (they complete at
+        // about the same time), each checked and, if a tag is stale, read again.
         uint4 ahead[PAIRS][STAGE_PIECES];
         if (n_dn) stage_issue(ahead[0], copy, 0, warp, lane);
 #if UNROLL_PAIRS
@@ -1375,80 +1364,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             }
 #endif
         }
-#else
-        uint4 ahead[PAIRS][STAGE_PIECES];
-        if (n_dn) {
-#pragma unroll
-            for (int q = 0; q < PAIR_STEP; ++q) stage_issue(ahead[q], copy, q, warp, lane);
-        }
-#if UNROLL_PAIRS
-#pragma unroll
-#else
-#pragma unroll 1  // one copy of the loop's code (instruction cache)
-#endif
-        for (int p0 = 0; p0 < PAIRS; p0 += PAIR_STEP) {  // a step: PAIR_STEP slot pairs staged together
-            if (!n_dn) break;  // (more blocks than down tiles: this one has none)
-#if TRACE
-            const u64 c_enter = clock64();
-#endif
-            const int rounds = stage_finish(ahead, copy, p0, warp, lane, tag, sm.act_h);
-#if TRACE
-            const u64 c_staged = clock64();
-            if (warp == 0 && lane == 0)
-                for (int q = p0; q < p0 + PAIR_STEP; ++q) trow[T_PAIR0 + q] = globaltimer();
-#else
-            (void)rounds;
-#endif
-#if L2_NEXT && L2_NEXT_AT == 2
-            if (p0 == PAIRS - PAIR_STEP && warp == 0 && lane == 0) l2_next_prefetch(sm.l2_table);  // every activation is in
-#endif
-            if (p0 == 0) {
-#pragma unroll
-                for (int q = PAIR_STEP; q < PAIRS; ++q) stage_issue(ahead[q], copy, q, warp, lane);
-            }
-#if REFRESH_PENDING
-            else
-                refresh_pairs(ahead, copy, p0 + PAIR_STEP, PAIRS - 1, warp, lane, tag);  // loads fly during the products
-#endif
-#pragma unroll
-            for (int p = p0; p < p0 + PAIR_STEP; ++p) {
-                bar_wait(smem_addr(&sm.bars[MAX_GU + p]));
-#if TRACE
-                const u64 c_rows = clock64();
-#endif
-                const unsigned char *slot_a = tiles + dn_base + 2 * p * dn_slot;  // slot 2p; slot 2p+1 follows
-#pragma unroll
-                for (int k = 0; k < MAX_ITEMS; ++k) {
-                    const int item = warp + k * DOWN_WORKERS, j = item / DN_WARPS, d = item % DN_WARPS;
-                    if (j < n_dn) {
-                        const int c = 8 * (d >> 1) + t + 4 * ((g ^ d) & 1);
-                        u32 xb[16];
-                        load_b_fragments(xb, sm.act_h, (2 * p + bslot) * (I / 32) + c);
-                        const int r = 8 * j + g;  // row within the block's down rows
-                        const uint4 lo = *reinterpret_cast<const uint4 *>(slot_a + r * (I / 2) + c * 16);
-                        const uint4 hi = *reinterpret_cast<const uint4 *>(slot_a + dn_slot + r * (I / 2) + c * 16);
-                        const unsigned char *sc = slot_a + dn_rows * (I / 2) + r * (I / 32) + c;
-                        const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[dn_slot]);
-#if PROBE == 4
-                        acc[k][0] += __uint_as_float(lo.x ^ hi.y ^ f_lo ^ f_hi ^ xb[0]);
-#else
-                        chunk_products(acc[k], acc_b[k], lo, hi, f_lo, f_hi, xb);
-#endif
-                    }
-                }
-#if TRACE
-                if (warp == 0 && lane == 0) {
-                    const u64 c_done = clock64();
-                    trow[C_PAIR0 + 4 * p + 0] = c_enter;
-                    trow[C_PAIR0 + 4 * p + 1] = c_staged;
-                    trow[C_PAIR0 + 4 * p + 2] = c_rows;
-                    trow[C_PAIR0 + 4 * p + 3] = c_done;
-                    trow[N_POLLS0 + p] = rounds;
-                }
-#endif
-            }
-        }
-#endif
 #if TRACE
         if (warp == 0 && lane == 0) trow[T_DOWN_DONE] = globaltimer();
 #endif
