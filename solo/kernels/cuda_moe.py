@@ -305,10 +305,16 @@ class PersistentDecodeMoE(TritonMoE):
         sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order, kc.balance)
         if kc.x_in_tiles:
             if shared is not None:
-                raise RuntimeError("x in the tile memory (x_in_tiles) is not for the kernel with the shared expert")
+                raise RuntimeError(
+                    "DecodeKernelConfig.x_in_tiles cannot run with the shared expert inside the kernel (it reads x "
+                    "to its end): turn x_in_tiles off"
+                )
             gu_bytes, _ = tile_bytes(self.hidden, self.inter, top_k)
             if max(int(n) for n in sched.table[:, 0]) * gu_bytes + 2 * self.hidden > sched.most_bytes:
-                raise RuntimeError("x does not fit in a block's down area of the tile memory (x_in_tiles)")
+                raise RuntimeError(
+                    "x does not fit in a block's down area of the tile memory at these shapes: turn "
+                    "DecodeKernelConfig.x_in_tiles off"
+                )
         defines = {
             "H": self.hidden,
             "I": self.inter,
