@@ -310,7 +310,7 @@ class PersistentDecodeMoE(TritonMoE):
                     "to its end): turn x_in_tiles off"
                 )
             gu_bytes, _ = tile_bytes(self.hidden, self.inter, top_k)
-            if max(int(n) for n in sched.table[:, 0]) * gu_bytes + 2 * self.hidden > sched.most_bytes:
+            if sched.max_gate_up * gu_bytes + 2 * self.hidden > sched.most_bytes:  # (x after the most gate_up tiles)
                 raise RuntimeError(
                     "x does not fit in a block's down area of the tile memory at these shapes: turn "
                     "DecodeKernelConfig.x_in_tiles off"
