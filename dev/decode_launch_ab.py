@@ -238,6 +238,14 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE gate_up window 4": {"moe": {"gate_up_window": 4}},
     "MoE gate_up window 3, again": {"moe": {"gate_up_window": 3}},
     "MoE gate_up window 3, downs after 2 tiles": {"moe": {"gate_up_window": 3, "down_after": 2}},
+    # (twenty-first session) the down warps do the first slot pairs' down products while the gate_up warps still work
+    # (early_pairs; those pairs' down rows right after the block's gate_up tiles of the pair): lab43's trace put the
+    # down phase at about 1 us a pair after the last activation, the six down warps idle until then
+    "MoE early pairs 1": {"moe": {"early_pairs": 1}},
+    "MoE early pairs 2": {"moe": {"early_pairs": 2}},
+    "MoE early pairs 1, again": {"moe": {"early_pairs": 1}},
+    "MoE early pairs 2, again": {"moe": {"early_pairs": 2}},
+    "MoE early pairs 3": {"moe": {"early_pairs": 3}},
     "MoE gate_up tiles all at once": {"moe": {"gate_up_window": 0}},  # (the product's before, and off the H100)
     "MoE gate_up tiles all at once, again": {"moe": {"gate_up_window": 0}},
     # ... the window over every copy group in issue order, the downs too (window_downs; DOWN_AFTER then off)

@@ -50,6 +50,8 @@ TRACE_ROWS = [  # (slot, what it stamps), moe_decode.cu T_*
     (2, "first gate_up tile landed"),
     (10, "last gate_up tile landed"),
     (3, "last gate_up tile published"),
+    (59, "early pairs' activations staged (down warps)"),
+    (60, "early pairs' down products handed over"),
     (4, "slot pair 0's activations staged"),
     (5, "slot pair 1's activations staged"),
     (6, "slot pair 2's activations staged"),
@@ -180,7 +182,8 @@ def main() -> int:
             print(f"  {name:48s}: {c.min():6.2f} {c.median():6.2f} {c.max():6.2f}")
         if args.per_block:
             for parity in (1 - last, last):
-                per_block(tr[parity], decode_schedule(moe.blocks, H, I, TOPK, config.order, config.balance))
+                sched = decode_schedule(moe.blocks, H, I, TOPK, config.order, config.balance, config.early_pairs)
+                per_block(tr[parity], sched)
     return 0
 
 
@@ -229,9 +232,10 @@ def per_block(cur: torch.Tensor, sched) -> None:
     late = end.argsort(descending=True)[:3].tolist() + [int(end.argsort()[len(end) // 2])]
     print("    down phase (us): block, last published anywhere, then per pair: entered / staged / rows there / done")
     for b in late:
-        pairs = "  ".join(
+        pairs = "  ".join(  # (the pairs the down warps did first, DecodeKernelConfig.early_pairs, have no stamps)
             "/".join(f"{at(b, 32 + 4 * p + k):.2f}" for k in range(4)) + f" ({int(cur[b, 48 + p])} polls)"
             for p in range(4)
+            if cur[b, 32 + 4 * p] > 0
         )
         print(f"    {b:5d} {float(t[:, 3].max()):6.2f}  {pairs}  end {float(end[b]):.2f}")
 

@@ -86,6 +86,38 @@ def test_schedule_at_ling_shapes_balanced_by_gate_up_tiles():
     assert _shared_bytes(gate_up_first, 2560, 768, 8, router, 4, x_in_tiles=True) <= limit
 
 
+@pytest.mark.parametrize("blocks,hidden,inter,top_k", [s for s in SHAPES if s[3] >= 4])
+@pytest.mark.parametrize("early_pairs", [1, 2])
+def test_schedule_puts_early_pairs_down_rows_after_their_own_tiles(blocks, hidden, inter, top_k, early_pairs):
+    """DecodeKernelConfig.early_pairs: the pairs the down warps do first have their down rows right after the block's
+    gate_up tiles of the pair (before any tile of a later slot), the later pairs after every gate_up tile; the tiles
+    and their owners are the product's."""
+    if early_pairs >= top_k // 2:
+        pytest.skip("the down warps leave the last pair")
+    pairs = top_k // 2
+    sched = decode_schedule(blocks, hidden, inter, top_k, early_pairs=early_pairs)
+    product = decode_schedule(blocks, hidden, inter, top_k)
+    assert sched.block_bytes == product.block_bytes
+    for b in range(blocks):
+        gu, dn, groups = decode_row(sched.table[b].tolist(), sched.max_gate_up, sched.max_down, pairs)
+        assert (gu, dn) == decode_row(product.table[b].tolist(), sched.max_gate_up, sched.max_down, pairs)[:2]
+        if not dn:
+            continue
+        position = {code: k for k, code in enumerate(groups)}
+        for p in range(pairs):
+            code = sched.max_gate_up + p
+            for i, (slot, _) in enumerate(gu):
+                if p >= early_pairs or slot <= 2 * p + 1:
+                    assert position[i] < position[code]  # its own tiles (early) or every tile (later pairs) first
+                else:
+                    assert position[i] > position[code]  # early: before any tile of a later slot
+
+
+def test_schedule_rejects_early_pairs_beyond_the_last():
+    with pytest.raises(ValueError, match="early_pairs must be 0..3"):
+        decode_schedule(132, 2560, 768, 8, early_pairs=4)
+
+
 def test_schedule_rejects_an_unknown_order():
     with pytest.raises(ValueError, match="order"):
         decode_schedule(4, 256, 256, 2, order="random")
@@ -111,13 +143,13 @@ def test_kernel_config_defines_name_every_variant():
         "EVICT_FIRST": 0, "TRACE": 1, "POLL_NS": 0, "SCORE_POLL_NS": 200, "ACT_COPIES": 4, "PROBE": 2,
         "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
         "X_EARLY": 0, "L2_NEXT_AT": 3, "X_IN_TILES": 0, "GU_WINDOW": 0,
-        "WINDOW_DOWNS": 0,
+        "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
         "X_EARLY": 1, "L2_NEXT_AT": 0, "X_IN_TILES": 0, "GU_WINDOW": 0,
-        "WINDOW_DOWNS": 0,
+        "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0,
     }  # fmt: skip
     assert DecodeKernelConfig(balance="gate_up", x_in_tiles=True).defines()["X_IN_TILES"] == 1
     assert DecodeKernelConfig(gate_up_window=3).defines()["GU_WINDOW"] == 3
@@ -130,6 +162,9 @@ def test_kernel_config_defines_name_every_variant():
         DecodeKernelConfig(l2_next_at=7).defines()
     with pytest.raises(ValueError, match="balance must be one of"):
         DecodeKernelConfig(balance="even").defines()
+    assert DecodeKernelConfig(early_pairs=2).defines()["EARLY_PAIRS"] == 2
+    with pytest.raises(ValueError, match="early_pairs is 0"):
+        DecodeKernelConfig(early_pairs=-1).defines()
 
 
 def test_cuda_backend_on_cpu_is_a_clear_error():
@@ -231,8 +266,9 @@ def test_gpu_late_down_copies_change_no_result(experts, order):
 @needs_hopper
 def test_gpu_gate_up_window_balance_and_x_in_tiles_change_no_result(experts):
     """DecodeKernelConfig.gate_up_window only delays when the producer issues gate_up tiles, balance "gate_up" only
-    moves tiles between blocks, and x_in_tiles only where x waits (the first down copy lands on it once the gate_up
-    warps hold it): the same outputs bit for bit as the product's kernel, with and without the router inside, one
+    moves tiles between blocks, x_in_tiles only where x waits (the first down copy lands on it once the gate_up
+    warps hold it), and early_pairs only which warps run the first pairs' MMA chains (handed over mid-chain): the same
+    outputs bit for bit as the product's kernel, with and without the router inside, one
     instance switching through the variants."""
     from solo.kernels.cuda_moe import PersistentDecodeMoE
     from solo.kernels.fused_router import FusedRouter
@@ -247,6 +283,9 @@ def test_gpu_gate_up_window_balance_and_x_in_tiles_change_no_result(experts):
         DecodeKernelConfig(x_in_tiles=True),
         DecodeKernelConfig(x_in_tiles=True, order="need", down_after=0),  # the first down copy before the gate_up tiles
         DecodeKernelConfig(balance="gate_up", x_in_tiles=True, trace=True),
+        DecodeKernelConfig(gate_up_window=3, early_pairs=1),  # the down warps do slot pair 0 first
+        DecodeKernelConfig(gate_up_window=3, early_pairs=2, trace=True),
+        DecodeKernelConfig(early_pairs=3, down_after=0),  # (every pair but the last, down rows at once)
     ]
     moe = PersistentDecodeMoE(experts, swiglu_limit=7.0)
     e = experts.gate_up.shape[0]

@@ -302,7 +302,18 @@ class PersistentDecodeMoE(TritonMoE):
             raise ValueError(f"act_copies must be in 1..{MAX_ACT_COPIES}, got {kc.act_copies}")
         if top_k % 2 or top_k > 8:
             raise RuntimeError(f"the persistent decode kernel needs an even top-k <= 8, got {top_k}")
-        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order, kc.balance)
+        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order, kc.balance, kc.early_pairs)
+        if kc.early_pairs:
+            if shared is not None:
+                raise RuntimeError(
+                    "DecodeKernelConfig.early_pairs cannot run with the shared expert inside the kernel (its down "
+                    "warps run the shared expert): set early_pairs to 0"
+                )
+            if sched.max_down * (self.inter // 128) * 128 > kc.early_pairs * 4 * self.inter:
+                raise RuntimeError(  # (moe_decode.cu EARLY_PAIRS: the sums handed over in the pairs' activations)
+                    "the early pairs' down sums do not fit in their activation memory at these shapes: set "
+                    "DecodeKernelConfig.early_pairs to 0"
+                )
         if kc.x_in_tiles:
             if shared is not None:
                 raise RuntimeError(
@@ -448,7 +459,7 @@ class PersistentDecodeMoE(TritonMoE):
         if reason is not None:
             return reason
         kc = self.kernel_config
-        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order, kc.balance)
+        sched = decode_schedule(self.blocks, self.hidden, self.inter, top_k, kc.order, kc.balance, kc.early_pairs)
         if sched.max_down < 2:
             return "the fused shared expert needs a block with at least 2 down tiles (its scratch space)"
         try:

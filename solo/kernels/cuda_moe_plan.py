@@ -71,6 +71,11 @@ class DecodeKernelConfig:
     gate_up_window: int = 0
     # with gate_up_window: the window spans the down copies too (every copy group in issue order; WINDOW_DOWNS)
     window_downs: bool = False
+    # the down warps do the first this many slot pairs' down products themselves while the gate_up warps still work
+    # (moe_decode.cu EARLY_PAIRS; 0: every pair after the gate_up tiles, on every compute warp), and the schedule
+    # issues those pairs' down rows right after the block's gate_up tiles of the pair (decode_schedule's early_pairs);
+    # the same results bit for bit. Not with the shared expert inside
+    early_pairs: int = 0
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property
@@ -89,6 +94,8 @@ class DecodeKernelConfig:
             raise ValueError("window_downs spans the down copies with gate_up_window's window: set gate_up_window")
         if self.balance not in BALANCES:
             raise ValueError(f"balance must be one of {', '.join(map(repr, BALANCES))}, got {self.balance!r}")
+        if self.early_pairs < 0:
+            raise ValueError(f"early_pairs is 0 (none) or the pairs the down warps do first, got {self.early_pairs}")
         return {
             "EVICT_FIRST": int(self.evict_first),
             "TRACE": int(self.trace),
@@ -106,6 +113,7 @@ class DecodeKernelConfig:
             "X_IN_TILES": int(self.x_in_tiles),
             "GU_WINDOW": self.gate_up_window,
             "WINDOW_DOWNS": int(self.window_downs),
+            "EARLY_PAIRS": self.early_pairs,
         }
 
 
@@ -127,13 +135,21 @@ def tile_bytes(hidden: int, inter: int, top_k: int) -> tuple[int, int]:
 
 
 def decode_schedule(
-    blocks: int, hidden: int, inter: int, top_k: int, order: str = "gate_up_first", balance: str = "bytes"
+    blocks: int,
+    hidden: int,
+    inter: int,
+    top_k: int,
+    order: str = "gate_up_first",
+    balance: str = "bytes",
+    early_pairs: int = 0,
 ) -> DecodeSchedule:
     """The tile-to-block table the kernel reads (layout: moe_decode.cu, ROW_WORDS).
 
     A block's down tiles are consecutive output rows (one copy per slot moves them all). Copy order
     per block: "gate_up_first": its gate_up tiles (by slot), then its down rows slot pair by slot
-    pair; "need": each slot pair's down rows right after the block's gate_up tiles of that pair.
+    pair; "need": each slot pair's down rows right after the block's gate_up tiles of that pair;
+    `early_pairs` (DecodeKernelConfig.early_pairs, which the down warps do first): those pairs' down rows as
+    in "need" whatever the order.
     Balance: "bytes": the down tiles spread evenly, then each gate_up tile (in slot order) to the block
     with the fewest bytes; "gate_up": each gate_up tile (in slot order) to the block with the fewest
     gate_up tiles, then the down tiles' counts so that the blocks' bytes are as even as whole tiles allow
@@ -144,6 +160,9 @@ def decode_schedule(
         raise ValueError(f"balance must be one of {', '.join(BALANCES)}, got {balance!r}")
     gu_bytes, dn_bytes = tile_bytes(hidden, inter, top_k)
     pairs = top_k // 2
+    if not 0 <= early_pairs < pairs:
+        raise ValueError(f"early_pairs must be 0..{pairs - 1} (the down warps leave the last pair), got {early_pairs}")
+    in_need_order = pairs if order == "need" else early_pairs  # pairs whose down rows follow their own gate_up tiles
     gate_up: list[list[tuple[int, int]]] = [[] for _ in range(blocks)]
     if balance == "bytes":
         counts = [hidden // 8 // blocks + (b < hidden // 8 % blocks) for b in range(blocks)]
@@ -182,7 +201,7 @@ def decode_schedule(
         groups: list[int] = []
         done_pairs = 0 if dns else pairs  # a block without down rows copies none
         for i, (slot, _) in enumerate(gus):
-            while order == "need" and done_pairs < pairs and slot >= 2 * done_pairs + 2:
+            while done_pairs < in_need_order and slot >= 2 * done_pairs + 2:
                 groups.append(max_gu + done_pairs)
                 done_pairs += 1
             groups.append(i)

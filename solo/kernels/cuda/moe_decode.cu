@@ -86,6 +86,8 @@
 #define T_WARP_BEST 31                  // ROUTER: the warps' best written (the selection's first barrier)
 #define T_RANKED 27                     // ROUTER: thread 0's candidate ranked (before the second barrier)
 #define T_RANKS_IN 58                   // ROUTER: every candidate's place written (after the second barrier)
+#define T_EARLY_STAGED 59               // EARLY_PAIRS: the early pairs' activations staged (down warp 0)
+#define T_EARLY_DONE 60                 // EARLY_PAIRS: the early pairs' products handed over (down warp 0)
 #define T_GROUP0 16                     // 16.. : copy group q (issue order) complete
 #define C_PAIR0 32                      // 32 + 4 * p + s: clock64 of warp 0 in pair p's down step s: 0 enter,
                                         // 1 staged, 2 its down rows there, 3 products done
@@ -210,6 +212,24 @@
 #error "SHARED runs with ROUTER (the gate_up warps normalise x)"
 #endif
 #define INPUT_THREADS ((GU_WARPS + DN_WARPS + 1) * 32)  // the compute warps and the publisher
+// EARLY_PAIRS (a variant, DecodeKernelConfig.early_pairs): the down warps, idle while the gate_up warps work through
+// their tiles, do the first EARLY_PAIRS slot pairs' down products themselves as soon as those pairs' activations
+// and down rows are there (the schedule issues those pairs' down rows right after the block's gate_up tiles of the
+// pair), instead of every compute warp doing every pair after its last gate_up tile. Each down warp takes K slice
+// dw of all of the block's down tiles, with the product's MMA chains, and hands the row sums' parts over through
+// the early pairs' own activation memory (no longer read then); each later item's owner continues from them, so
+// the sums are the product's bit for bit. Not with SHARED (whose down warps run the shared expert).
+#ifndef EARLY_PAIRS
+#define EARLY_PAIRS 0
+#endif
+#if EARLY_PAIRS && (SHARED || EARLY_PAIRS >= TOPK / 2)
+#error "EARLY_PAIRS needs the down warps free (no SHARED) and fewer than TOPK / 2 pairs"
+#endif
+#define BAR_EARLY 2                     // EARLY_PAIRS: the down warps' own steps (SHARED's barrier 2 is not built)
+#if EARLY_PAIRS && MAX_DN * DN_WARPS * 128 > EARLY_PAIRS * 4 * I
+#error "EARLY_PAIRS hands its sums over in the early pairs' activation memory, which is too small here"
+#endif
+#define EARLY_PIECES ((EARLY_PAIRS * I / 2 + DN_WARPS * 32 - 1) / (DN_WARPS * 32))  // 16-byte pieces a down lane
 #ifndef UNROLL_PAIRS
 #define UNROLL_PAIRS 1
 #endif
@@ -472,6 +492,47 @@ __device__ __forceinline__ void refresh_pairs(uint4 (*pending)[STAGE_PIECES], co
         if (q >= first && q <= last) stage_refresh(pending[q], copy, q, d, lane, tag);
 }
 
+// The fp16 halves of a loaded piece (4 tagged activations from element e on) into shared memory.
+__device__ __forceinline__ void stage_store(uint4 *act_h, int e, uint4 v) {
+    uint2 *dst = reinterpret_cast<uint2 *>(act_h + act_unit(e >> 5, (e & 31) >> 3)) + ((e >> 2) & 1);
+    *dst = make_uint2(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.z, v.w, 0x5410));
+}
+
+#if EARLY_PAIRS
+// The first EARLY_PAIRS pairs' activations into shared memory by the down warps alone (down warp dw, lane l: the
+// pairs' pieces dw * 32 + l + k * DN_WARPS * 32), polled until every tag is current (stale values in shared memory
+// are overwritten by the next round, as in stage_finish).
+__device__ __forceinline__ void early_stage(const u32 *copy, int dw, int lane, u32 tag, uint4 *act_h) {
+    uint4 v[EARLY_PIECES];
+#pragma unroll
+    for (int k = 0; k < EARLY_PIECES; ++k) {
+        const int pc = dw * 32 + lane + k * DN_WARPS * 32;
+        if (pc < EARLY_PAIRS * I / 2) v[k] = ld_cg4(copy + 4 * pc);
+    }
+    for (;;) {
+        bool ok = true;
+#pragma unroll
+        for (int k = 0; k < EARLY_PIECES; ++k) {
+            const int pc = dw * 32 + lane + k * DN_WARPS * 32;
+            if (pc >= EARLY_PAIRS * I / 2) continue;
+            ok = ok && piece_current(v[k], tag);
+            stage_store(act_h, 4 * pc, v[k]);
+        }
+        if (bar_all(ok, BAR_EARLY, DN_WARPS * 32)) return;
+        __nanosleep(POLL_NS);
+#pragma unroll
+        for (int k = 0; k < EARLY_PIECES; ++k) {
+            const int pc = dw * 32 + lane + k * DN_WARPS * 32;
+            if (pc < EARLY_PAIRS * I / 2 && !piece_current(v[k], tag)) v[k] = ld_cg4(copy + 4 * pc);
+        }
+    }
+}
+
+// Where down warp dw's lane (g, t < 2) leaves the two accumulators' parts of down tile j (floats in the early pairs'
+// activation memory): the element of its fragment that the row sums read at the end, 2 t + (g & 1).
+__device__ __forceinline__ int early_slot(int j, int dw, int g, int t) { return ((j * DN_WARPS + dw) * 16 + 2 * g + t) * 2; }
+#endif
+
 // Store the fp16 halves of the pieces loaded for pair p to shared memory and check their tags (all
 // DOWN_WORKERS warps at once, one barrier: bar.red orders the stores like bar.sync); if any is stale,
 // load the stale ones again and repeat (stale values in shared memory are overwritten then). Each
@@ -490,10 +551,7 @@ __device__ __forceinline__ int stage_finish(uint4 (*pending)[STAGE_PIECES], cons
             for (int k = 0; k < STAGE_PIECES; ++k) {
                 if (stage_piece(d, lane, k) >= I / 2) continue;
                 ok = ok && piece_current(ahead[k], tag);
-                const int e = 2 * p * I + 4 * stage_piece(d, lane, k);  // first element of the piece
-                uint2 *dst = reinterpret_cast<uint2 *>(act_h + act_unit(e >> 5, (e & 31) >> 3)) + ((e >> 2) & 1);
-                *dst = make_uint2(__byte_perm(ahead[k].x, ahead[k].y, 0x5410),
-                                  __byte_perm(ahead[k].z, ahead[k].w, 0x5410));
+                stage_store(act_h, 2 * p * I + 4 * stage_piece(d, lane, k), ahead[k]);
             }
         }
 #if PROBE == 3
@@ -1300,13 +1358,60 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         // once): pair 0 until it is complete, then every other pair at once (they complete at
         // about the same time), each checked and, if a tag is stale, read again.
         uint4 ahead[PAIRS][STAGE_PIECES];
-        if (n_dn) stage_issue(ahead[0], copy, 0, warp, lane);
+        if (n_dn) stage_issue(ahead[EARLY_PAIRS], copy, EARLY_PAIRS, warp, lane);
+#if EARLY_PAIRS
+        // the down warps: the first EARLY_PAIRS pairs while the gate_up warps still work (see EARLY_PAIRS)
+        if (warp >= GU_WARPS && n_dn) {
+            const int dw = warp - GU_WARPS;
+            early_stage(copy, dw, lane, tag, sm.act_h);
+#if TRACE
+            if (dw == 0 && lane == 0) trow[T_EARLY_STAGED] = globaltimer();
+#endif
+#pragma unroll
+            for (int p = 0; p < EARLY_PAIRS; ++p) bar_wait(smem_addr(&sm.bars[MAX_GU + p]));
+            const int c = 8 * (dw >> 1) + t + 4 * ((g ^ dw) & 1);
+            float keep[MAX_DN][2];
+#pragma unroll
+            for (int j = 0; j < MAX_DN; ++j) {
+                float a0[4] = {0.f, 0.f, 0.f, 0.f}, a1[4] = {0.f, 0.f, 0.f, 0.f};
+                if (j < n_dn) {
+#pragma unroll
+                    for (int p = 0; p < EARLY_PAIRS; ++p) {  // item (j, dw) of pair p, as the loop below does it
+                        u32 xb[16];
+                        load_b_fragments(xb, sm.act_h, (2 * p + bslot) * (I / 32) + c);
+                        const unsigned char *slot_a = tiles + dn_base + 2 * p * dn_slot;
+                        const int r = 8 * j + g;
+                        const uint4 lo = *reinterpret_cast<const uint4 *>(slot_a + r * (I / 2) + c * 16);
+                        const uint4 hi = *reinterpret_cast<const uint4 *>(slot_a + dn_slot + r * (I / 2) + c * 16);
+                        const unsigned char *sc = slot_a + dn_rows * (I / 2) + r * (I / 32) + c;
+                        chunk_products(a0, a1, lo, hi, scale_factor(sc[0]), scale_factor(sc[dn_slot]), xb);
+                    }
+                }
+                // (lane t < 2 keeps element 2 t + (g & 1), the one the row sums read; constant indices only)
+                keep[j][0] = (g & 1) ? (t ? a0[3] : a0[1]) : (t ? a0[2] : a0[0]);
+                keep[j][1] = (g & 1) ? (t ? a1[3] : a1[1]) : (t ? a1[2] : a1[0]);
+            }
+            asm volatile("bar.sync %0, %1;" ::"r"(BAR_EARLY), "r"(DN_WARPS * 32) : "memory");  // act_h read
+            float *hand = reinterpret_cast<float *>(sm.act_h);
+            if (t < 2) {
+#pragma unroll
+                for (int j = 0; j < MAX_DN; ++j)
+                    if (j < n_dn) {
+                        hand[early_slot(j, dw, g, t)] = keep[j][0];
+                        hand[early_slot(j, dw, g, t) + 1] = keep[j][1];
+                    }
+            }
+#if TRACE
+            if (dw == 0 && lane == 0) trow[T_EARLY_DONE] = globaltimer();
+#endif
+        }
+#endif
 #if UNROLL_PAIRS
 #pragma unroll
 #else
 #pragma unroll 1  // one copy of the loop's code (instruction cache)
 #endif
-        for (int p = 0; p < PAIRS; ++p) {
+        for (int p = EARLY_PAIRS; p < PAIRS; ++p) {
             if (!n_dn) break;  // (more blocks than down tiles: this one has none)
 #if TRACE
             const u64 c_enter = clock64();
@@ -1321,9 +1426,26 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #if L2_NEXT && L2_NEXT_AT == 2
             if (p == PAIRS - 1 && warp == 0 && lane == 0) l2_next_prefetch(sm.l2_table);  // every activation is in
 #endif
-            if (p == 0) {
+            if (p == EARLY_PAIRS) {
 #pragma unroll
-                for (int q = 1; q < PAIRS; ++q) stage_issue(ahead[q], copy, q, warp, lane);
+                for (int q = EARLY_PAIRS + 1; q < PAIRS; ++q) stage_issue(ahead[q], copy, q, warp, lane);
+#if EARLY_PAIRS
+                // each item continues from the early pairs' sums (in shared memory since the barrier above)
+                const float *hand = reinterpret_cast<const float *>(sm.act_h);
+#pragma unroll
+                for (int k = 0; k < MAX_ITEMS; ++k) {
+                    const int item = warp + k * DOWN_WORKERS, j = item / DN_WARPS, d = item % DN_WARPS;
+                    if (j < n_dn && t < 2) {
+                        const int q = 2 * t + (g & 1);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            if (e == q) {
+                                acc[k][e] = hand[early_slot(j, d, g, t)];
+                                acc_b[k][e] = hand[early_slot(j, d, g, t) + 1];
+                            }
+                    }
+                }
+#endif
             }
 #if REFRESH_PENDING
             else
