@@ -178,7 +178,9 @@ def main() -> int:
             c = rel_t[:, col]
             if bool((cur[:, col] == 0).all()):
                 continue
-            c = c[cur[:, col] > 0]
+            c = c[(cur[:, col] > 0) & (c > -100.0)]  # (slots this build never stamps keep an earlier call's)
+            if not c.numel():
+                continue
             print(f"  {name:48s}: {c.min():6.2f} {c.median():6.2f} {c.max():6.2f}")
         if args.per_block:
             for parity in (1 - last, last):
@@ -235,7 +237,7 @@ def per_block(cur: torch.Tensor, sched) -> None:
         pairs = "  ".join(  # (the pairs the down warps did first, DecodeKernelConfig.early_pairs, have no stamps)
             "/".join(f"{at(b, 32 + 4 * p + k):.2f}" for k in range(4)) + f" ({int(cur[b, 48 + p])} polls)"
             for p in range(4)
-            if cur[b, 32 + 4 * p] > 0
+            if cur[b, 32 + 4 * p] > cur[b, 56]  # (stamped in this call)
         )
         print(f"    {b:5d} {float(t[:, 3].max()):6.2f}  {pairs}  end {float(end[b]):.2f}")
 

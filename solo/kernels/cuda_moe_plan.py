@@ -74,7 +74,9 @@ class DecodeKernelConfig:
     # the down warps do the first this many slot pairs' down products themselves while the gate_up warps still work
     # (moe_decode.cu EARLY_PAIRS; 0: every pair after the gate_up tiles, on every compute warp), and the schedule
     # issues those pairs' down rows right after the block's gate_up tiles of the pair (decode_schedule's early_pairs);
-    # the same results bit for bit. Not with the shared expert inside
+    # the same results bit for bit. Not with the shared expert inside. Lost on the H100 (twenty-first session): +121 /
+    # +175 us a decode step at 32K for 1 / 2 pairs (docs/results/h100_ab_lab48.log): a pair's activations come only
+    # with the slowest block's tiles of its slots, and its early down rows delay the gate_up tiles
     early_pairs: int = 0
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
