@@ -263,6 +263,11 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # warps, one block an SM: 132 blocks, so 56 of them run a third task. Capped to 64 registers (16 bytes of
     # spills) two blocks an SM fit: two rounds; at 8 warps and 4 loads in flight a lane 86 registers, two
     # blocks an SM; capped to 80 (72 bytes of spills) three: a task a block (dev/nvrtc_resources.py)
+    # (twenty-second session) the KDA and MLA input projections built for 7 blocks an SM (MIN_BLOCKS 7: 72 registers
+    # and 96 bytes of spills inside the task loop, as NVRTC 13.0 builds it; dev/nvrtc_resources.py) instead of the
+    # product's 80 registers and 6 blocks: a sixth more loads in flight where the stream is bound by them
+    "qkvfgb, q|kv_a|g: 7 blocks an SM": {"for": {("qkvfgb", "q|kv_a|g"): {"min_blocks": 7}}},
+    "qkvfgb, q|kv_a|g: 7 blocks an SM, again": {"for": {("qkvfgb", "q|kv_a|g"): {"min_blocks": 7}}},
     "o_proj, dense: 2 blocks an SM": {"for": {("o_proj", "dense"): {"min_blocks": 2}}},
     "o_proj, dense: 8 warps, 4 in flight": {"for": {("o_proj", "dense"): {"warps": 8, "max_in_flight": 4}}},
     "o_proj, dense: 8 warps, 4 in flight, 3 blocks an SM": {
