@@ -123,14 +123,44 @@ def moe_resources(defines: dict) -> tuple[int, int, int]:
     return regs, frame, REGISTERS_PER_SM - warps * per_warp
 
 
+def sweep(name: str) -> int:
+    """Registers, stack and blocks an SM of one launch over warps x loads in flight x MIN_BLOCKS, with the bytes
+    in flight an SM that gives (blocks x warps x PF x 512: one 16-byte load a lane, gate rows only): where the
+    register path's stream could hold more than the product's without spilling (twenty-second session: nowhere)."""
+    from solo.kernels.cuda_step import in_flight
+
+    k = LAUNCHES[name][1]
+    print(f"NVRTC {'.'.join(map(str, cuda_runtime.nvrtc_version()))}, sm_90, {name}: warps x PF x MIN_BLOCKS")
+    seen = set()
+    for warps in (4, 5, 8, 10):
+        for most in (2, 4, 5, 8, 10):
+            pf = in_flight(k // 64 // warps, most)
+            if (warps, pf) in seen:
+                continue
+            seen.add((warps, pf))
+            for min_blocks in (0, 5, 6, 7, 8):
+                extra = {"WARPS": warps, "PF": pf, **({"MIN_BLOCKS": min_blocks} if min_blocks else {})}
+                regs, frame, blocks = resources(defines_for(name, extra))
+                kb = blocks * warps * pf * 512 / 1024
+                print(
+                    f"warps {warps:2d} PF {pf:2d} MIN_BLOCKS {min_blocks}: registers {regs} stack {frame} "
+                    f"blocks {blocks} in flight {kb:.0f} KB an SM",
+                    flush=True,
+                )
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nvrtc", required=True, help="folder holding libnvrtc.so.* (an nvidia-cuda-nvrtc wheel's lib)")
     p.add_argument("--defines", nargs="*", default=[], help="JSON objects of extra defines, one column each")
     p.add_argument("--launches", default=",".join(LAUNCHES))
     p.add_argument("--moe", action="store_true", help="also the persistent MoE kernel (moe_decode.cu) with its router")
+    p.add_argument("--sweep", metavar="LAUNCH", help="instead: LAUNCH's warps x loads in flight x MIN_BLOCKS grid")
     args = p.parse_args()
     load_nvrtc(args.nvrtc)
+    if args.sweep:
+        return sweep(args.sweep)
     columns = [{}] + [json.loads(d) for d in args.defines]
     print(f"NVRTC {'.'.join(map(str, cuda_runtime.nvrtc_version()))}, sm_90: registers / stack bytes / blocks an SM")
     if args.moe:

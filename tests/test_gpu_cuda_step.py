@@ -309,21 +309,25 @@ def test_l2_asks_change_no_result(rows, k, half, launch, tokens, ahead, loop, fe
 
 
 @pytest.mark.parametrize("tokens", [1, 4])
-@pytest.mark.parametrize(("warps", "in_flight", "blocks"), [(16, 8, 2), (8, 4, 3)])
-def test_more_blocks_an_sm_change_no_result(warps, in_flight, blocks, tokens):
-    """GemvLaunch.min_blocks only caps the registers (the output projections' shape, 320 tasks): the same
-    outputs bit for bit as the same warps without it, on a grid of that many blocks an SM, in a graph too."""
+@pytest.mark.parametrize(
+    ("rows", "k", "warps", "in_flight", "blocks"),
+    [(2560, 4096, 16, 8, 2), (2560, 4096, 8, 4, 3), (20512, 2560, 4, 8, 7)],
+)
+def test_more_blocks_an_sm_change_no_result(rows, k, warps, in_flight, blocks, tokens):
+    """GemvLaunch.min_blocks only caps the registers (the output projections' shape, 320 tasks; the KDA
+    projections', 2,564 tasks, where 7 blocks an SM spill): the same outputs bit for bit as the same warps
+    without it, on a grid of that many blocks an SM, in a graph too."""
     import dataclasses
 
-    g, _ = gemv(2560, 4096, warps=warps, max_in_flight=in_flight)
-    x, kwargs = normed_call(2560, 4096, None, tokens)
+    g, _ = gemv(rows, k, warps=warps, max_in_flight=in_flight)
+    x, kwargs = normed_call(rows, k, None, tokens)
     want = g(x, **kwargs)
     g.launch_config = dataclasses.replace(g.launch_config, min_blocks=blocks)
     g._kernels.clear()
     assert torch.equal(g(x, **kwargs), want)
     _, grid, _, defines = next(iter(g._kernels.values()))
     if tokens == 1:
-        assert defines["MIN_BLOCKS"] == blocks and grid == min(320, blocks * g.sms)
+        assert defines["MIN_BLOCKS"] == blocks and grid == min(-(-rows // 8), blocks * g.sms)
     assert torch.equal(graph_replayed(g, x, kwargs, want, captures=2, replays=3), want)
 
 
