@@ -233,6 +233,11 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # (twentieth session) the MoE kernel's producer keeps at most N gate_up tiles in flight (gate_up_window): all at
     # once, a block's tiles land together near the end of the stream and its gate_up warps (about 0.5 us a tile)
     # then work through five or six in a row (lab39's per-block trace)
+    # (twenty-second session) each selection lane keeps four loads of its score in flight, N ns apart
+    # (DecodeKernelConfig.score_stagger), instead of one poll round trip after another
+    "MoE scores: 4 loads in flight, 128 ns apart": {"moe": {"score_stagger": 128}},
+    "MoE scores: 4 loads in flight, 64 ns apart": {"moe": {"score_stagger": 64}},
+    "MoE scores: 4 loads in flight, 128 ns apart, again": {"moe": {"score_stagger": 128}},
     "MoE gate_up window 2": {"moe": {"gate_up_window": 2}},
     "MoE gate_up window 3": {"moe": {"gate_up_window": 3}},
     "MoE gate_up window 4": {"moe": {"gate_up_window": 4}},

@@ -41,6 +41,8 @@ TRACE_ROWS = [  # (slot, what it stamps), moe_decode.cu T_*
     (14, "x normalised"),
     (15, "this block's scores published"),
     (30, "thread 0's score and bias in hand"),
+    (52, "first selection warp with all its scores"),
+    (53, "last selection warp with all its scores"),
     (28, "every score seen"),
     (31, "the warps' best written"),
     (27, "thread 0's candidate ranked"),
@@ -182,6 +184,10 @@ def main() -> int:
             if not c.numel():
                 continue
             print(f"  {name:48s}: {c.min():6.2f} {c.median():6.2f} {c.max():6.2f}")
+        polls = cur[:, 54].double()
+        if bool((polls > 0).all()) and bool((polls < 1e6).all()):  # (a count, where the build stamps it)
+            name = "score loads of the block's slowest lane"
+            print(f"  {name:48s}: {polls.min():6.0f} {polls.median():6.0f} {polls.max():6.0f}")
         if args.per_block:
             for parity in (1 - last, last):
                 sched = decode_schedule(moe.blocks, H, I, TOPK, config.order, config.balance, config.early_pairs)

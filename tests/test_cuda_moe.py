@@ -142,13 +142,13 @@ def test_kernel_config_defines_name_every_variant():
         "EVICT_FIRST": 0, "TRACE": 1, "POLL_NS": 0, "SCORE_POLL_NS": 200, "ACT_COPIES": 4, "PROBE": 2,
         "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
         "X_EARLY": 0, "L2_NEXT_AT": 3, "X_IN_TILES": 0, "GU_WINDOW": 0,
-        "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0,
+        "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
         "X_EARLY": 1, "L2_NEXT_AT": 0, "X_IN_TILES": 0, "GU_WINDOW": 0,
-        "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0,
+        "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0,
     }  # fmt: skip
     assert DecodeKernelConfig(balance="gate_up", x_in_tiles=True).defines()["X_IN_TILES"] == 1
     assert DecodeKernelConfig(gate_up_window=3).defines()["GU_WINDOW"] == 3
@@ -164,6 +164,9 @@ def test_kernel_config_defines_name_every_variant():
     assert DecodeKernelConfig(early_pairs=2).defines()["EARLY_PAIRS"] == 2
     with pytest.raises(ValueError, match="early_pairs is 0"):
         DecodeKernelConfig(early_pairs=-1).defines()
+    assert DecodeKernelConfig(score_stagger=128).defines()["SCORE_STAGGER"] == 128
+    with pytest.raises(ValueError, match="score_stagger is 0"):
+        DecodeKernelConfig(score_stagger=-1).defines()
 
 
 def test_cuda_backend_on_cpu_is_a_clear_error():
@@ -423,14 +426,14 @@ def test_gpu_only_one_token_calls_take_the_persistent_kernel(experts):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
-    ("fast_select", "bias_early", "x_early"),
-    [(False, False, False), (True, False, True), (True, True, True)],
+    ("fast_select", "bias_early", "x_early", "score_stagger"),
+    [(False, False, False, 0), (True, False, True, 0), (True, True, True, 0), (True, True, True, 128)],
 )
 @pytest.mark.parametrize(
     "num_experts,groups,keep", [(512, 8, 4), (64, 8, 4), (64, 1, 1), (256, 4, 2)]
 )  # Ling's router; groups inside a warp; no group limit; groups of two warps each
 def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
-    num_experts, groups, keep, fast_select, bias_early, x_early
+    num_experts, groups, keep, fast_select, bias_early, x_early, score_stagger
 ):
     """One launch: RMSNorm of the residual stream, router scores, grouped top-k in every block, then the
     experts it chose. Against the model's Router in fp32 on the CPU (the same experts where the draw is
@@ -438,7 +441,8 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
     and the same kernel given the chosen routing (exactly: the routing is all that differs). With
     `fast_select` the selection ranks only the kept groups' warps (where groups are whole warps); with
     `bias_early` each selection lane reads its expert's bias before the kernel's wait; with `x_early` x is
-    loaded before the inputs' barrier."""
+    loaded before the inputs' barrier; with `score_stagger` each selection lane keeps four loads of its score in
+    flight."""
     from solo.checkpoint.synthetic import synthetic_config
     from solo.kernels.cuda_moe import PersistentDecodeMoE
     from solo.kernels.fused_router import FusedRouter
@@ -448,7 +452,9 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
 
     experts = random_mxfp4_experts(num_experts, H, I, scales=(116, 126))
     moe = PersistentDecodeMoE(experts, swiglu_limit=7.0)
-    moe.set_kernel_config(DecodeKernelConfig(fast_select=fast_select, bias_early=bias_early, x_early=x_early))
+    moe.set_kernel_config(
+        DecodeKernelConfig(fast_select=fast_select, bias_early=bias_early, x_early=x_early, score_stagger=score_stagger)
+    )
     config = synthetic_config(num_layers=1, num_experts=num_experts)
     ref = Router(config)
     ref.n_group, ref.topk_group = groups, keep

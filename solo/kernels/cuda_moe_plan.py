@@ -78,6 +78,10 @@ class DecodeKernelConfig:
     # +175 us a decode step at 32K for 1 / 2 pairs (docs/results/h100_ab_lab48.log): a pair's activations come only
     # with the slowest block's tiles of its slots, and its early down rows delay the gate_up tiles
     early_pairs: int = 0
+    # with the router inside: each selection lane keeps four loads of its score in flight, this many ns apart
+    # (moe_decode.cu SCORE_STAGGER; 0: one load, the back-off score_poll_ns, the next), so that a score is seen
+    # about one L2 round trip after it lands instead of up to two; the same choices
+    score_stagger: int = 0
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property
@@ -98,6 +102,8 @@ class DecodeKernelConfig:
             raise ValueError(f"balance must be one of {', '.join(map(repr, BALANCES))}, got {self.balance!r}")
         if self.early_pairs < 0:
             raise ValueError(f"early_pairs is 0 (none) or the pairs the down warps do first, got {self.early_pairs}")
+        if self.score_stagger < 0:
+            raise ValueError(f"score_stagger is 0 (off) or ns between a lane's score loads, got {self.score_stagger}")
         return {
             "EVICT_FIRST": int(self.evict_first),
             "TRACE": int(self.trace),
@@ -116,6 +122,7 @@ class DecodeKernelConfig:
             "GU_WINDOW": self.gate_up_window,
             "WINDOW_DOWNS": int(self.window_downs),
             "EARLY_PAIRS": self.early_pairs,
+            "SCORE_STAGGER": self.score_stagger,
         }
 
 

@@ -88,6 +88,9 @@
 #define T_RANKS_IN 58                   // ROUTER: every candidate's place written (after the second barrier)
 #define T_EARLY_STAGED 59               // EARLY_PAIRS: the early pairs' activations staged (down warp 0)
 #define T_EARLY_DONE 60                 // EARLY_PAIRS: the early pairs' products handed over (down warp 0)
+#define T_SCORES_FIRST 52               // ROUTER: the first selection warp with all 32 of its scores current
+#define T_SCORES_LAST 53                // ROUTER: the last one (the exchange's end for this block)
+#define N_SCORE_POLLS 54                // ROUTER: the most score loads any lane of the block issued (a count)
 #define T_GROUP0 16                     // 16.. : copy group q (issue order) complete
 #define C_PAIR0 32                      // 32 + 4 * p + s: clock64 of warp 0 in pair p's down step s: 0 enter,
                                         // 1 staged, 2 its down rows there, 3 products done
@@ -144,6 +147,12 @@
 #endif
 #ifndef SCORE_COPIES
 #define SCORE_COPIES 8                           // copies of the exchanged scores (block b polls copy b % 8)
+#endif
+// SCORE_STAGGER (a variant, DecodeKernelConfig.score_stagger; ns, 0: off): each selection lane keeps four loads of
+// its score in flight, issued this far apart, instead of one load, a back-off and the next: a score that becomes
+// visible is seen about one L2 round trip later, not up to two (every poll round is a round trip)
+#ifndef SCORE_STAGGER
+#define SCORE_STAGGER 0
 #endif
 // FAST_SELECT (a variant, DecodeKernelConfig.fast_select): where groups are whole warps, the warps of the
 // discarded groups (zero keys only) skip the in-warp ranking and the kept warps' best are the only
@@ -1077,7 +1086,12 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             asm volatile("bar.arrive %0, %1;" ::"r"(BAR_NORMED), "r"((GU_WARPS + DN_WARPS) * 32) : "memory");
 #endif
 #if TRACE
-            if (threadIdx.x == 0) trow[T_NORMED] = globaltimer();
+            if (threadIdx.x == 0) {
+                trow[T_NORMED] = globaltimer();
+                trow[T_SCORES_FIRST] = ~0ull;  // (the selection warps' atomics follow the next barrier)
+                trow[T_SCORES_LAST] = 0ull;
+                trow[N_SCORE_POLLS] = 0ull;
+            }
 #endif
             // ---- this block's router scores: warp chunk partials, then per expert in chunk order
 #pragma unroll
@@ -1114,11 +1128,62 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             if (warp < SEL_WARPS) {
                 const int me = warp * 32 + lane;
                 const u64 *mine = scores + (blockIdx.x % SCORE_COPIES) * E + me;
+#if TRACE
+                int polls = 1;
+#define SCORE_POLLED() ++polls
+#else
+#define SCORE_POLLED()
+#endif
+#if SCORE_STAGGER
+                // a ring of four loads in flight, SCORE_STAGGER ns apart; each is checked (waited for) in turn and
+                // issued again while the others fly
+                u64 q[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    if (j) __nanosleep(SCORE_STAGGER);
+                    q[j] = rt_ld_relaxed(mine);
+                }
+                u64 v = 0;
+                for (bool seen = false; !seen;) {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        if (!seen) {
+                            if ((u32)(q[j] >> 32) == rtag) {
+                                v = q[j];
+                                seen = true;
+                            } else {
+                                __nanosleep(SCORE_STAGGER);
+                                q[j] = rt_ld_relaxed(mine);
+                                SCORE_POLLED();
+                            }
+                        }
+                    }
+                }
+#else
                 u64 v = rt_ld_relaxed(mine);
                 while ((u32)(v >> 32) != rtag) {
                     if (SCORE_POLL_NS) __nanosleep(SCORE_POLL_NS);
                     v = rt_ld_relaxed(mine);
+                    SCORE_POLLED();
                 }
+#endif
+#undef SCORE_POLLED
+#if TRACE
+                {
+                    u64 seen_at = globaltimer_after((u32)v);
+#pragma unroll
+                    for (int o = 16; o; o >>= 1) {
+                        const u64 other = __shfl_xor_sync(0xFFFFFFFFu, seen_at, o);
+                        seen_at = other > seen_at ? other : seen_at;
+                    }
+                    const int most = __reduce_max_sync(0xFFFFFFFFu, polls + (SCORE_STAGGER ? 3 : 0));
+                    if (lane == 0) {
+                        atomicMin(&trow[T_SCORES_FIRST], seen_at);
+                        atomicMax(&trow[T_SCORES_LAST], seen_at);
+                        atomicMax(&trow[N_SCORE_POLLS], (u64)most);
+                    }
+                }
+#endif
                 const float sc = __uint_as_float((u32)v);
 #if BIAS_EARLY
                 const float biased = sc + my_bias;
