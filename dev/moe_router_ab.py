@@ -40,6 +40,7 @@ TRACE_ROWS = [  # (slot, what it stamps), moe_decode.cu T_*
     (13, "previous launch complete (griddepcontrol.wait)"),
     (14, "x normalised"),
     (15, "this block's scores published"),
+    (55, "the selection's second run begins (select_twice)"),
     (30, "thread 0's score and bias in hand"),
     (52, "first selection warp with all its scores"),
     (53, "last selection warp with all its scores"),
@@ -137,7 +138,8 @@ def main() -> int:
         for i, v in enumerate(polls)
     }
     for spec, fields in configs.items():  # none moves a result: the product's outputs bit for bit
-        config = DecodeKernelConfig(score_poll_ns=polls[0], **fields)
+        # (select_twice, a probe of the traced kernel, is checked and timed traced)
+        config = DecodeKernelConfig(**{"score_poll_ns": polls[0], "trace": bool(fields.get("select_twice")), **fields})
         for x in xs:
             moe.set_kernel_config(DecodeKernelConfig(score_poll_ns=polls[0]))
             want = [t.clone() for t in inside(x)]
@@ -159,7 +161,7 @@ def main() -> int:
 
     traced = {"": DecodeKernelConfig(trace=True, score_poll_ns=polls[0])}
     for spec, fields in configs.items():
-        traced[f" ({spec})"] = DecodeKernelConfig(trace=True, score_poll_ns=polls[0], **fields)
+        traced[f" ({spec})"] = DecodeKernelConfig(**{"score_poll_ns": polls[0], **fields, "trace": True})
     for label, config in traced.items():
         moe.set_kernel_config(config)
         inside(xs[0])

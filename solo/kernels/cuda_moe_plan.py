@@ -82,6 +82,9 @@ class DecodeKernelConfig:
     # (moe_decode.cu SCORE_STAGGER; 0: one load, the back-off score_poll_ns, the next), so that a score is seen
     # about one L2 round trip after it lands instead of up to two; the same choices
     score_stagger: int = 0
+    # with trace and the router inside: the selection runs twice (one copy of its code) and the trace stamps the
+    # second run (moe_decode.cu SELECT_TWICE): what fetching its instructions costs the first; the same results
+    select_twice: bool = False
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property
@@ -104,6 +107,8 @@ class DecodeKernelConfig:
             raise ValueError(f"early_pairs is 0 (none) or the pairs the down warps do first, got {self.early_pairs}")
         if self.score_stagger < 0:
             raise ValueError(f"score_stagger is 0 (off) or ns between a lane's score loads, got {self.score_stagger}")
+        if self.select_twice and not self.trace:
+            raise ValueError("select_twice is a probe of the traced kernel: set trace too")
         return {
             "EVICT_FIRST": int(self.evict_first),
             "TRACE": int(self.trace),
@@ -123,6 +128,7 @@ class DecodeKernelConfig:
             "WINDOW_DOWNS": int(self.window_downs),
             "EARLY_PAIRS": self.early_pairs,
             "SCORE_STAGGER": self.score_stagger,
+            "SELECT_TWICE": int(self.select_twice),
         }
 
 

@@ -91,6 +91,7 @@
 #define T_SCORES_FIRST 52               // ROUTER: the first selection warp with all 32 of its scores current
 #define T_SCORES_LAST 53                // ROUTER: the last one (the exchange's end for this block)
 #define N_SCORE_POLLS 54                // ROUTER: the most score loads any lane of the block issued (a count)
+#define T_SELECT2 55                    // SELECT_TWICE: the selection's second run begins (its stamps are the second's)
 #define T_GROUP0 16                     // 16.. : copy group q (issue order) complete
 #define C_PAIR0 32                      // 32 + 4 * p + s: clock64 of warp 0 in pair p's down step s: 0 enter,
                                         // 1 staged, 2 its down rows there, 3 products done
@@ -153,6 +154,16 @@
 // visible is seen about one L2 round trip later, not up to two (every poll round is a round trip)
 #ifndef SCORE_STAGGER
 #define SCORE_STAGGER 0
+#endif
+// SELECT_TWICE (a probe of TRACE builds, DecodeKernelConfig.probe "select_twice": the same results, later): the
+// selection (from the score polls to the experts in shared memory) runs twice, one copy of its code, and the trace
+// stamps the second run (T_SELECT2 at its start). The first run's time over the second's is what fetching its
+// instructions costs where they are not cached.
+#ifndef SELECT_TWICE
+#define SELECT_TWICE 0
+#endif
+#if SELECT_TWICE && !TRACE
+#error "SELECT_TWICE is a probe of TRACE builds"
 #endif
 // FAST_SELECT (a variant, DecodeKernelConfig.fast_select): where groups are whole warps, the warps of the
 // discarded groups (zero keys only) skip the in-warp ranking and the kept warps' best are the only
@@ -1125,6 +1136,14 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             if (threadIdx.x == 0) trow[T_SCORED] = globaltimer();
 #endif
             // ---- selection, in every block: one expert per lane of the first E / 32 warps
+#if SELECT_TWICE
+#pragma unroll 1  // one copy of the code, run twice: the second run finds its instructions cached
+            for (int pass = 0; pass < 2; ++pass) {
+                if (pass == 1 && warp < SEL_WARPS) {
+                    asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
+                    if (threadIdx.x == 0) trow[T_SELECT2] = globaltimer();
+                }
+#endif
             if (warp < SEL_WARPS) {
                 const int me = warp * 32 + lane;
                 const u64 *mine = scores + (blockIdx.x % SCORE_COPIES) * E + me;
@@ -1352,9 +1371,15 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #if TRACE
                     if (lane == 0) trow[T_SELECTED] = globaltimer();
 #endif
+#if SELECT_TWICE
+                    if (pass == 1)
+#endif
                     asm volatile("bar.arrive %0, %1;" ::"r"(BAR_ROUTED), "r"(96) : "memory");
                 }
             }
+#if SELECT_TWICE
+            }
+#endif
         }
 #endif
         if (warp < GU_WARPS) {
