@@ -186,6 +186,7 @@ def main() -> int:
             if not c.numel():
                 continue
             print(f"  {name:48s}: {c.min():6.2f} {c.median():6.2f} {c.max():6.2f}")
+        sel_steps(cur)
         polls = cur[:, 54].double()
         if bool((polls > 0).all()) and bool((polls < 1e6).all()):  # (a count, where the build stamps it)
             name = "score loads of the block's slowest lane"
@@ -195,6 +196,34 @@ def main() -> int:
                 sched = decode_schedule(moe.blocks, H, I, TOPK, config.order, config.balance, config.early_pairs)
                 per_block(tr[parity], sched)
     return 0
+
+
+SEL_STEPS = [  # moe_decode.cu SEL_CLOCK(k): thread 0's clock64 at the selection's steps
+    "warp 0's scores in",
+    "groups' two best in warp 0",
+    "barrier: every warp's groups",
+    "groups ranked",
+    "(traced build's barrier)",
+    "warp 0's best written",
+    "barrier: every warp's best",
+    "candidates ranked",
+    "barrier: every rank",
+    "experts and weights stored",
+]
+
+
+def sel_steps(cur: torch.Tensor) -> None:
+    """The selection step by step (thread 0's clock64 at each SEL_CLOCK, at each block's own clock rate): median
+    and largest time over blocks from the step before."""
+    clocks = cur[:, 64 : 64 + len(SEL_STEPS)].double()
+    if not bool((clocks > 0).all()):
+        return
+    rate = (cur[:, 57] - cur[:, 56]).double() / (cur[:, 1] - cur[:, 0]).double().clamp_min(1)  # cycles a ns
+    print("  the selection, thread 0's steps (us from the step before: median, max over blocks; cycles at median)")
+    for k in range(1, len(SEL_STEPS)):
+        d = clocks[:, k] - clocks[:, k - 1]
+        us = d / rate / 1000.0
+        print(f"    {SEL_STEPS[k]:32s} {us.median():6.3f} {us.max():6.3f}   {d.median():7.0f}")
 
 
 def _ranks(v: torch.Tensor) -> torch.Tensor:

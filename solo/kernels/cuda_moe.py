@@ -58,6 +58,7 @@ def persistent_compile_report() -> dict[str, Any]:
 
 SHARED_MEMORY_SLACK = 128
 SCORE_COPIES = 8  # copies of the router scores the blocks exchange (moe_decode.cu ROUTER)
+TRACE_SLOTS = 80  # stamps a block of the traced kernel writes (moe_decode.cu TRACE_SLOTS)
 SH_COPIES = 8  # copies of the shared expert's activations the blocks exchange (moe_decode.cu SHARED)
 MAX_ACT_COPIES = 16
 
@@ -219,7 +220,7 @@ class PersistentDecodeMoE(TritonMoE):
         self._scores = torch.full((SCORE_COPIES * self.num_experts,), -1, dtype=torch.int64, device=self.device)
         self._shared_act: torch.Tensor | None = None  # SHARED: the shared activations exchanged, tagged
         # per-block globaltimer stamps of the last two launches (DecodeKernelConfig.trace; moe_decode.cu T_*)
-        self.trace = torch.zeros((2, self.blocks, 64), dtype=torch.int64, device=self.device)
+        self.trace = torch.zeros((2, self.blocks, TRACE_SLOTS), dtype=torch.int64, device=self.device)
 
     def set_blocks(self, blocks: int | None = None) -> None:
         """Run the one-token kernel on `blocks` blocks, one an SM (None: every SM), leaving the other SMs to the

@@ -66,7 +66,7 @@
 #define PROBE 0
 #endif
 // trace row slots (TRACE): [launch parity][block][TRACE_SLOTS] globaltimer stamps
-#define TRACE_SLOTS 64
+#define TRACE_SLOTS 80
 #define T_START 0
 #define T_END 1
 #define T_FIRST_GU 2
@@ -92,6 +92,17 @@
 #define T_SCORES_LAST 53                // ROUTER: the last one (the exchange's end for this block)
 #define N_SCORE_POLLS 54                // ROUTER: the most score loads any lane of the block issued (a count)
 #define T_SELECT2 55                    // SELECT_TWICE: the selection's second run begins (its stamps are the second's)
+#define C_SEL0 64                       // ROUTER: 64 + k: clock64 of thread 0 at the selection's step k (SEL_CLOCK below)
+#if TRACE
+#define SEL_CLOCK(k)                                       \
+    do {                                                   \
+        if (threadIdx.x == 0) trow[C_SEL0 + (k)] = clock64(); \
+    } while (0)
+#else
+#define SEL_CLOCK(k) \
+    do {             \
+    } while (0)
+#endif
 #define T_GROUP0 16                     // 16.. : copy group q (issue order) complete
 #define C_PAIR0 32                      // 32 + 4 * p + s: clock64 of warp 0 in pair p's down step s: 0 enter,
                                         // 1 staged, 2 its down rows there, 3 products done
@@ -1187,6 +1198,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 }
 #endif
 #undef SCORE_POLLED
+                SEL_CLOCK(0);  // (warp 0's scores in)
 #if TRACE
                 {
                     u64 seen_at = globaltimer_after((u32)v);
@@ -1234,7 +1246,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                         sm.rt.gtop[0][group][part] = m1;
                         sm.rt.gtop[1][group][part] = m2;
                     }
+                    SEL_CLOCK(1);  // groups' two best in this warp
                     asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
+                    SEL_CLOCK(2);
                     float gs = NEG_INF;
                     if (lane < GROUPS) {
                         float a1 = sm.rt.gtop[0][lane][0], a2 = sm.rt.gtop[1][lane][0];
@@ -1267,10 +1281,12 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #undef WPG
                 }
 #endif
+                SEL_CLOCK(3);  // groups ranked
 #if TRACE
                 asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
                 if (threadIdx.x == 0) trow[T_SEEN] = globaltimer();
 #endif
+                SEL_CLOCK(4);
                 // this warp's best TOPK, in order: each lane's rank among the warp's 32 (ties: the lower
                 // lane, which is the lower index), and the first TOPK write themselves down. Ranks
                 // compare (key, ~index) as one 64-bit value: unique, so no branch for ties.
@@ -1291,7 +1307,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                         sm.rt.score[kept_row][wrank] = sc;
                     }
                 }
+                SEL_CLOCK(5);  // this warp's best written
                 asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
+                SEL_CLOCK(6);
 #if TRACE
                 if (threadIdx.x == 0) trow[T_WARP_BEST] = globaltimer();
 #endif
@@ -1346,7 +1364,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif
                 }
 #endif
+                SEL_CLOCK(7);  // candidates ranked
                 asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
+                SEL_CLOCK(8);
 #if TRACE
                 if (threadIdx.x == 0) trow[T_RANKS_IN] = globaltimer();
 #endif
@@ -1368,6 +1388,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                             wts_out[lane] = my_w * scaling;
                         }
                     }
+                    SEL_CLOCK(9);  // the experts and weights in shared memory
 #if TRACE
                     if (lane == 0) trow[T_SELECTED] = globaltimer();
 #endif
