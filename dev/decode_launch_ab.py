@@ -238,6 +238,9 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE scores: 4 loads in flight, 128 ns apart": {"moe": {"score_stagger": 128}},
     "MoE scores: 4 loads in flight, 64 ns apart": {"moe": {"score_stagger": 64}},
     "MoE scores: 4 loads in flight, 128 ns apart, again": {"moe": {"score_stagger": 128}},
+    # (twenty-second session) the selection ranks the groups once and keeps their ballot (DecodeKernelConfig.lean_select)
+    "MoE lean selection": {"moe": {"lean_select": True}},
+    "MoE lean selection, again": {"moe": {"lean_select": True}},
     "MoE gate_up window 2": {"moe": {"gate_up_window": 2}},
     "MoE gate_up window 3": {"moe": {"gate_up_window": 3}},
     "MoE gate_up window 4": {"moe": {"gate_up_window": 4}},

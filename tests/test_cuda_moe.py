@@ -142,13 +142,13 @@ def test_kernel_config_defines_name_every_variant():
         "EVICT_FIRST": 0, "TRACE": 1, "POLL_NS": 0, "SCORE_POLL_NS": 200, "ACT_COPIES": 4, "PROBE": 2,
         "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
         "X_EARLY": 0, "L2_NEXT_AT": 3, "X_IN_TILES": 0, "GU_WINDOW": 0,
-        "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0, "SELECT_TWICE": 0,
+        "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0, "SELECT_TWICE": 0, "LEAN_SELECT": 0,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
         "X_EARLY": 1, "L2_NEXT_AT": 0, "X_IN_TILES": 0, "GU_WINDOW": 0,
-        "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0, "SELECT_TWICE": 0,
+        "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0, "SELECT_TWICE": 0, "LEAN_SELECT": 0,
     }  # fmt: skip
     assert DecodeKernelConfig(balance="gate_up", x_in_tiles=True).defines()["X_IN_TILES"] == 1
     assert DecodeKernelConfig(gate_up_window=3).defines()["GU_WINDOW"] == 3
@@ -167,6 +167,7 @@ def test_kernel_config_defines_name_every_variant():
     assert DecodeKernelConfig(score_stagger=128).defines()["SCORE_STAGGER"] == 128
     with pytest.raises(ValueError, match="score_stagger is 0"):
         DecodeKernelConfig(score_stagger=-1).defines()
+    assert DecodeKernelConfig(lean_select=True).defines()["LEAN_SELECT"] == 1
     assert DecodeKernelConfig(trace=True, select_twice=True).defines()["SELECT_TWICE"] == 1
     with pytest.raises(ValueError, match="set trace too"):
         DecodeKernelConfig(select_twice=True).defines()
@@ -429,14 +430,20 @@ def test_gpu_only_one_token_calls_take_the_persistent_kernel(experts):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
-    ("fast_select", "bias_early", "x_early", "score_stagger"),
-    [(False, False, False, 0), (True, False, True, 0), (True, True, True, 0), (True, True, True, 128)],
+    ("fast_select", "bias_early", "x_early", "score_stagger", "lean_select"),
+    [
+        (False, False, False, 0, False),
+        (True, False, True, 0, False),
+        (True, True, True, 0, False),
+        (True, True, True, 128, False),
+        (True, True, True, 0, True),
+    ],
 )
 @pytest.mark.parametrize(
     "num_experts,groups,keep", [(512, 8, 4), (64, 8, 4), (64, 1, 1), (256, 4, 2)]
 )  # Ling's router; groups inside a warp; no group limit; groups of two warps each
 def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
-    num_experts, groups, keep, fast_select, bias_early, x_early, score_stagger
+    num_experts, groups, keep, fast_select, bias_early, x_early, score_stagger, lean_select
 ):
     """One launch: RMSNorm of the residual stream, router scores, grouped top-k in every block, then the
     experts it chose. Against the model's Router in fp32 on the CPU (the same experts where the draw is
@@ -445,7 +452,7 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
     `fast_select` the selection ranks only the kept groups' warps (where groups are whole warps); with
     `bias_early` each selection lane reads its expert's bias before the kernel's wait; with `x_early` x is
     loaded before the inputs' barrier; with `score_stagger` each selection lane keeps four loads of its score in
-    flight."""
+    flight; with `lean_select` the groups are ranked once."""
     from solo.checkpoint.synthetic import synthetic_config
     from solo.kernels.cuda_moe import PersistentDecodeMoE
     from solo.kernels.fused_router import FusedRouter
@@ -456,7 +463,13 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
     experts = random_mxfp4_experts(num_experts, H, I, scales=(116, 126))
     moe = PersistentDecodeMoE(experts, swiglu_limit=7.0)
     moe.set_kernel_config(
-        DecodeKernelConfig(fast_select=fast_select, bias_early=bias_early, x_early=x_early, score_stagger=score_stagger)
+        DecodeKernelConfig(
+            fast_select=fast_select,
+            bias_early=bias_early,
+            x_early=x_early,
+            score_stagger=score_stagger,
+            lean_select=lean_select,
+        )
     )
     config = synthetic_config(num_layers=1, num_experts=num_experts)
     ref = Router(config)

@@ -85,6 +85,10 @@ class DecodeKernelConfig:
     # with trace and the router inside: the selection runs twice (one copy of its code) and the trace stamps the
     # second run (moe_decode.cu SELECT_TWICE): what fetching its instructions costs the first; the same results
     select_twice: bool = False
+    # with the router inside and fast_select: the groups ranked once, lane g group g, and only the ballot of the kept
+    # groups kept (moe_decode.cu LEAN_SELECT); each lane's own group's rank zeroed keys no kept warp reads. The same
+    # choices
+    lean_select: bool = False
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property
@@ -129,6 +133,7 @@ class DecodeKernelConfig:
             "EARLY_PAIRS": self.early_pairs,
             "SCORE_STAGGER": self.score_stagger,
             "SELECT_TWICE": int(self.select_twice),
+            "LEAN_SELECT": int(self.lean_select),
         }
 
 

@@ -173,6 +173,12 @@
 #ifndef SELECT_TWICE
 #define SELECT_TWICE 0
 #endif
+// LEAN_SELECT (a variant, DecodeKernelConfig.lean_select; with FAST_SELECT's whole-warp groups): the selection ranks
+// the groups once, lane g group g, and keeps the ballot of the kept ones; each lane's own group's rank (the same 8
+// shuffles and twice the comparisons again) only zeroed keys that no kept warp reads. The same choices.
+#ifndef LEAN_SELECT
+#define LEAN_SELECT 0
+#endif
 #if SELECT_TWICE && !TRACE
 #error "SELECT_TWICE is a probe of TRACE builds"
 #endif
@@ -1261,6 +1267,17 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                         }
                         gs = a1 + a2;
                     }
+#if FAST_SEL && LEAN_SELECT
+                    // lane g < GROUPS: group g's rank; only the kept groups' warps rank their experts below, and
+                    // their keys stand as they are (a lane's own group's rank is not needed)
+                    int lane_rank = 0;
+#pragma unroll
+                    for (int g = 0; g < GROUPS; ++g) {
+                        const float other = __shfl_sync(0xFFFFFFFFu, gs, g);
+                        lane_rank += (other > gs || (other == gs && g < lane)) ? 1 : 0;
+                    }
+                    kept_groups = __ballot_sync(0xFFFFFFFFu, lane < GROUPS && lane_rank < KEEP);
+#else
                     const float mine = __shfl_sync(0xFFFFFFFFu, gs, group);
                     int rank = 0;
 #if FAST_SEL
@@ -1278,6 +1295,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     kept_groups = __ballot_sync(0xFFFFFFFFu, lane < GROUPS && lane_rank < KEEP);
 #endif
                     if (rank >= KEEP) key = 0u;
+#endif
 #undef WPG
                 }
 #endif

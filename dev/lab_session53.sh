@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Twenty-second session, fifth H100 call (an H200 runs dev/lab_session37.sh instead): lab52's clock stamps put 1.7 us
+# (3,150 cycles) of the selection's 3.2 in ranking the 8 groups, a step of about 190 instructions that the compiler
+# builds with its predicates spilled to a register; with its instructions cached (select_twice) 0.7 us. Under
+# fast_select only the ballot of the kept groups is used: DecodeKernelConfig.lean_select ranks them once (98
+# instructions). The router-inside GPU tests (lean_select among them), the kernel alone with its trace, then one
+# process at 32K. Results under $OUT: gpu_tests.log, moe_router.log, ab.{log,json}. timeout_s 600.
+nvidia-smi -L | grep -q H200 && exec bash dev/lab_session37.sh
+LAB_DEFAULT_SECONDS=585
+source dev/lab_prelude.sh
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_moe.py -m gpu -k "router_inside_the_kernel_chooses" \
+    > "$OUT/gpu_tests.log" 2>&1
+echo "[GPU tests rc=$? at ${SECONDS}s]"; tail -3 "$OUT/gpu_tests.log"
+timeout 110 python3 dev/moe_router_ab.py --rounds 3 --configs "gate_up_window=3;gate_up_window=3,lean_select=1" \
+    > "$OUT/moe_router.log" 2>&1
+echo "[moe_router rc=$? at ${SECONDS}s]"; grep -v Warning "$OUT/moe_router.log" | grep -E "checks|^  router|groups ranked" | head -12
+default="product;MoE lean selection;product again;MoE lean selection, again"
+ab ab "${VARIANTS:-$default}" --deadline "${AB_DEADLINE:-$(($(left) - 10))}"
