@@ -238,7 +238,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE scores: 4 loads in flight, 128 ns apart": {"moe": {"score_stagger": 128}},
     "MoE scores: 4 loads in flight, 64 ns apart": {"moe": {"score_stagger": 64}},
     "MoE scores: 4 loads in flight, 128 ns apart, again": {"moe": {"score_stagger": 128}},
-    # (twenty-second session) the selection ranks the groups once and keeps their ballot (DecodeKernelConfig.lean_select)
+    # (twenty-second session) the selection ranks the groups once and keeps their ballot
+    # (DecodeKernelConfig.lean_select, the product's since): against the selection as before
+    "MoE selection as before": {"moe": {"lean_select": False}},
+    "MoE and router selection as before": {"moe": {"lean_select": False}, "router_lean": False},
     "MoE lean selection": {"moe": {"lean_select": True}},
     "MoE lean selection, again": {"moe": {"lean_select": True}},
     "MoE gate_up window 2": {"moe": {"gate_up_window": 2}},
@@ -377,6 +380,7 @@ NOT_LAUNCH = (
     "mla_one",
     "mla_window",
     "fast_select",
+    "router_lean",
     "kda",
     "handoff",
     "shared_late_wait",
@@ -515,6 +519,7 @@ def main() -> int:
             moe.experts.set_blocks(sms - VARIANTS[name].get("moe_free_sms", 0))
         for router in routers:
             router.fast_select = fast
+            router.lean_select = VARIANTS[name].get("router_lean", True)
         both, one_only = VARIANTS[name].get("mla", {}), VARIANTS[name].get("mla_one", {})
         window_only = VARIANTS[name].get("mla_window", {})
         for mla, (one, window) in zip(mlas, mla_launches, strict=True):

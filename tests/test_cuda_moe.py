@@ -136,7 +136,7 @@ def test_kernel_config_defines_name_every_variant():
     kc = DecodeKernelConfig(
         evict_first=False, poll_ns=0, score_poll_ns=200, trace=True, act_copies=4, refresh_pending=False,
         unroll_pairs=False, fast_select=False, down_after=2, bias_early=False, x_early=False,
-        l2_next_at=3, probe="no_scales",
+        l2_next_at=3, probe="no_scales", lean_select=False,
     )  # fmt: skip
     assert kc.defines() == {
         "EVICT_FIRST": 0, "TRACE": 1, "POLL_NS": 0, "SCORE_POLL_NS": 200, "ACT_COPIES": 4, "PROBE": 2,
@@ -148,7 +148,7 @@ def test_kernel_config_defines_name_every_variant():
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
         "X_EARLY": 1, "L2_NEXT_AT": 0, "X_IN_TILES": 0, "GU_WINDOW": 0,
-        "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0, "SELECT_TWICE": 0, "LEAN_SELECT": 0,
+        "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0, "SELECT_TWICE": 0, "LEAN_SELECT": 1,
     }  # fmt: skip
     assert DecodeKernelConfig(balance="gate_up", x_in_tiles=True).defines()["X_IN_TILES"] == 1
     assert DecodeKernelConfig(gate_up_window=3).defines()["GU_WINDOW"] == 3
@@ -167,7 +167,7 @@ def test_kernel_config_defines_name_every_variant():
     assert DecodeKernelConfig(score_stagger=128).defines()["SCORE_STAGGER"] == 128
     with pytest.raises(ValueError, match="score_stagger is 0"):
         DecodeKernelConfig(score_stagger=-1).defines()
-    assert DecodeKernelConfig(lean_select=True).defines()["LEAN_SELECT"] == 1
+    assert DecodeKernelConfig(lean_select=False).defines()["LEAN_SELECT"] == 0
     assert DecodeKernelConfig(trace=True, select_twice=True).defines()["SELECT_TWICE"] == 1
     with pytest.raises(ValueError, match="set trace too"):
         DecodeKernelConfig(select_twice=True).defines()

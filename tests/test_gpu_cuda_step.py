@@ -398,7 +398,8 @@ def test_the_router_chooses_as_the_reference(shape, tokens, fast_select):
     """The model's Router in fp32 on the same normalised input, every token of the call (each selected
     by its own block); drawn again when a run comes within rounding of a tie. `fast_select`: the
     selection ranks only the kept groups' warps (router_select.cuh FAST_SELECT, where groups are whole
-    warps): the same choices as the full ranking, bit for bit."""
+    warps): the same choices as the full ranking, bit for bit, with the groups ranked once (lean_select) or per
+    lane."""
     from solo.checkpoint.synthetic import synthetic_config
     from solo.kernels.cuda_step import CudaRouter
     from solo.kernels.fused_router import FusedRouter
@@ -445,17 +446,21 @@ def test_the_router_chooses_as_the_reference(shape, tokens, fast_select):
         router = CudaRouter(fused, counters[2:3])
         router.fast_select = fast_select
         xn, ids, wts = router(x.to(DEVICE))
-        if fast_select:  # bit for bit the full ranking's
+        if fast_select:  # bit for bit the full ranking's, and the groups ranked per lane as before lean_select
             full = CudaRouter(fused, counters[2:3])
             full.fast_select = False
             assert all(torch.equal(a, b) for a, b in zip(full(x.to(DEVICE)), (xn, ids, wts), strict=True))
+            per_lane = CudaRouter(fused, counters[2:3])
+            per_lane.lean_select = False
+            assert all(torch.equal(a, b) for a, b in zip(per_lane(x.to(DEVICE)), (xn, ids, wts), strict=True))
         want_w, want_ids = ref(xn_ref)
         assert torch.equal(xn.cpu(), xn_ref)
         assert torch.equal(ids.cpu().long(), want_ids)
         assert rows_rel(wts.cpu(), want_w) < 1e-5
         again = router(x.to(DEVICE))  # the arrival counters reset themselves: same choice on a second launch
         assert torch.equal(again[1], ids) and torch.equal(again[2], wts)
-        assert counters[2].item() == (3 if fast_select else 2) and counters[0].item() == 0  # `full` ran once more
+        # (`full` and `per_lane` ran once more each)
+        assert counters[2].item() == (4 if fast_select else 2) and counters[0].item() == 0
         checked += 1
         if checked == 3:
             break

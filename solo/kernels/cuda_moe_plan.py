@@ -87,8 +87,10 @@ class DecodeKernelConfig:
     select_twice: bool = False
     # with the router inside and fast_select: the groups ranked once, lane g group g, and only the ballot of the kept
     # groups kept (moe_decode.cu LEAN_SELECT); each lane's own group's rank zeroed keys no kept warp reads. The same
-    # choices
-    lean_select: bool = False
+    # choices, half the group ranking's instructions. On since the twenty-second session: the kernel alone 18.51 ->
+    # 18.05 us, the decode step at 32K -0.1 / -8.1 us (a second capture +2.1) on the H100
+    # (docs/results/h100_ab_lab53.log)
+    lean_select: bool = True
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property

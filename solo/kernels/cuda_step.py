@@ -467,6 +467,9 @@ class CudaRouter:
     # the selection over the kept groups' warps only (router_select.cuh FAST_SELECT; the same choices; on
     # since the twelfth session, as in the MoE kernel): False, set before the first call, ranks every warp
     fast_select = True
+    # with fast_select: the groups ranked once, lane g group g (router_select.cuh LEAN_SELECT; the same choices; the
+    # MoE kernel's DecodeKernelConfig.lean_select); False, set before the first call, ranks each lane's group too
+    lean_select = True
 
     def __init__(self, fused: FusedRouter, counter: torch.Tensor, max_tokens: int = MAX_TOKENS) -> None:
         if not 1 <= max_tokens <= MAX_TOKENS:
@@ -508,6 +511,7 @@ class CudaRouter:
                 "WARPS": self.warps,
                 "EPW": 1,
                 "FAST_SELECT": int(self.fast_select),
+                "LEAN_SELECT": int(self.lean_select),
             }
             self._kernels[tokens] = CudaKernel(ROUTER_SOURCE, "router_decode", defines, self.device)
         return self._kernels[tokens]

@@ -21,6 +21,11 @@
 #define FAST_SELECT 0
 #endif
 #define SEL_FAST (FAST_SELECT && KEEP < GROUPS && GSIZE >= 32)
+// LEAN_SELECT (CudaRouter.lean_select; with SEL_FAST): the groups ranked once, lane g group g, and only the ballot of
+// the kept ones used; each lane's own group's rank only zeroed keys that no kept warp reads. The same choices.
+#ifndef LEAN_SELECT
+#define LEAN_SELECT 1
+#endif
 #define SEL_CANDS (KEEP * SEL_WPG * TOPK)
 #if SEL_FAST && (SEL_CANDS * 4 > E || KEEP * SEL_WPG > E / 32)
 #error "FAST_SELECT: too many candidates for the selecting warps"
@@ -89,6 +94,17 @@ __device__ __forceinline__ void select_top(SelectScratch &s, float sc, float bia
             }
             gs = a1 + a2;
         }
+#if SEL_FAST && LEAN_SELECT
+        // lane g < GROUPS: group g's rank; only the kept groups' warps rank their experts below, and their keys
+        // stand as they are (a lane's own group's rank is not needed)
+        int lane_rank = 0;
+#pragma unroll
+        for (int g = 0; g < GROUPS; ++g) {
+            const float other = __shfl_sync(0xFFFFFFFFu, gs, g);
+            lane_rank += (other > gs || (other == gs && g < lane)) ? 1 : 0;
+        }
+        kept_groups = __ballot_sync(0xFFFFFFFFu, lane < GROUPS && lane_rank < KEEP);
+#else
         const float mine = __shfl_sync(0xFFFFFFFFu, gs, group);
         int rank = 0;
 #if SEL_FAST
@@ -106,6 +122,7 @@ __device__ __forceinline__ void select_top(SelectScratch &s, float sc, float bia
         kept_groups = __ballot_sync(0xFFFFFFFFu, lane < GROUPS && lane_rank < KEEP);
 #endif
         if (rank >= KEEP) key = 0u;
+#endif
     }
 #endif
 #if SEL_FAST
