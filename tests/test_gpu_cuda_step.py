@@ -454,7 +454,9 @@ def test_the_router_chooses_as_the_reference(shape, tokens, fast_select):
             per_lane.lean_select = False
             assert all(torch.equal(a, b) for a, b in zip(per_lane(x.to(DEVICE)), (xn, ids, wts), strict=True))
         want_w, want_ids = ref(xn_ref)
-        assert torch.equal(xn.cpu(), xn_ref)
+        # (its sum of squares adds in another order than the reference's: a value on a bf16 rounding boundary
+        # may move by a step; seen once on the H100, twenty-second session)
+        assert_same_rounding(xn.cpu(), xn_ref)
         assert torch.equal(ids.cpu().long(), want_ids)
         assert rows_rel(wts.cpu(), want_w) < 1e-5
         again = router(x.to(DEVICE))  # the arrival counters reset themselves: same choice on a second launch

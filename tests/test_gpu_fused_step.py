@@ -184,8 +184,14 @@ def test_more_programs_per_kda_head_compute_what_four_do(setup, splits, monkeypa
         variants = [programs_per_head(nv) for nv in (fused_kda.VALUE_SPLITS, splits)]
         results = layer_runs(config, fused_layer, tokens, window, variants)
         for a, b in zip(*results, strict=True):
-            if a.dtype == torch.bfloat16:  # the layer's output: one rounding of sums that agree to fp32
-                torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-3)
+            if a.dtype == torch.bfloat16:
+                # the layer's output, residual + the output projection of o, each rounded to bf16: o's values
+                # (sums that agree to fp32) may round to neighbouring bf16 values, which the projection and the
+                # residual add carry to a bf16 step of the output (0.0078 at magnitude 1-2 was seen on the H100,
+                # in 81 of 2,560 values, twenty-second session): within two steps at the layer's scale, and
+                # close as a whole
+                torch.testing.assert_close(a.float(), b.float(), rtol=2**-7, atol=2**-6)
+                assert rel(a.float(), b.float()) < 1e-2
             else:
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
