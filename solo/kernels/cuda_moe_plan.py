@@ -88,8 +88,8 @@ class DecodeKernelConfig:
     # with the router inside and fast_select: the groups ranked once, lane g group g, and only the ballot of the kept
     # groups kept (moe_decode.cu LEAN_SELECT); each lane's own group's rank zeroed keys no kept warp reads. The same
     # choices, half the group ranking's instructions. On since the twenty-second session: the kernel alone 18.51 ->
-    # 18.05 us, the decode step at 32K -0.1 / -8.1 us (a second capture +2.1) on the H100
-    # (docs/results/h100_ab_lab53.log)
+    # 18.05 us; the decode step at 32K on the H100 -0.1 / -8.1 us as a variant (docs/results/h100_ab_lab53.log), and
+    # the selection as before +13.7 us against it as the product (docs/results/h100_ab_lab54.log)
     lean_select: bool = True
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
