@@ -212,13 +212,18 @@ SEL_STEPS = [  # moe_decode.cu SEL_CLOCK(k): thread 0's clock64 at the selection
 ]
 
 
+def clock_rate(cur: torch.Tensor) -> torch.Tensor:
+    """Each block's clock64 cycles a ns of globaltimer, from its start and end stamps of both (C_START, C_END)."""
+    return (cur[:, 57] - cur[:, 56]).double() / (cur[:, 1] - cur[:, 0]).double().clamp_min(1)
+
+
 def sel_steps(cur: torch.Tensor) -> None:
     """The selection step by step (thread 0's clock64 at each SEL_CLOCK, at each block's own clock rate): median
     and largest time over blocks from the step before."""
     clocks = cur[:, 64 : 64 + len(SEL_STEPS)].double()
     if not bool((clocks > 0).all()):
         return
-    rate = (cur[:, 57] - cur[:, 56]).double() / (cur[:, 1] - cur[:, 0]).double().clamp_min(1)  # cycles a ns
+    rate = clock_rate(cur)
     print("  the selection, thread 0's steps (us from the step before: median, max over blocks; cycles at median)")
     for k in range(1, len(SEL_STEPS)):
         d = clocks[:, k] - clocks[:, k - 1]
@@ -262,7 +267,7 @@ def per_block(cur: torch.Tensor, sched) -> None:
             f"{last_gu[b]:6.2f}  " + " ".join(f"{g:.2f}" for g in groups)
         )
     # the down phase, slot pair by slot pair (warp 0's clock64 stamps, at each block's own clock rate)
-    rate = (cur[:, 57] - cur[:, 56]).double() / (cur[:, 1] - cur[:, 0]).double().clamp_min(1)  # cycles a ns
+    rate = clock_rate(cur)
 
     def at(b: int, slot: int) -> float:
         return float(t[b, 0] + (cur[b, slot] - cur[b, 56]).double() / rate[b] / 1000.0)

@@ -1268,15 +1268,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                         gs = a1 + a2;
                     }
 #if FAST_SEL && LEAN_SELECT
-                    // lane g < GROUPS: group g's rank; only the kept groups' warps rank their experts below, and
-                    // their keys stand as they are (a lane's own group's rank is not needed)
-                    int lane_rank = 0;
-#pragma unroll
-                    for (int g = 0; g < GROUPS; ++g) {
-                        const float other = __shfl_sync(0xFFFFFFFFu, gs, g);
-                        lane_rank += (other > gs || (other == gs && g < lane)) ? 1 : 0;
-                    }
-                    kept_groups = __ballot_sync(0xFFFFFFFFu, lane < GROUPS && lane_rank < KEEP);
+                    // only the kept groups' warps rank their experts below, and their keys stand as they are (a
+                    // lane's own group's rank is not needed)
+                    kept_groups = kept_groups_mask<GROUPS, KEEP>(gs, lane);
 #else
                     const float mine = __shfl_sync(0xFFFFFFFFu, gs, group);
                     int rank = 0;

@@ -136,6 +136,20 @@ __device__ __forceinline__ int rank_in_warp(u32 key, int lane) {
     return rank;
 }
 
+// The groups the grouped top-k keeps, as a mask (bit g: group g): lane g < NG holds group g's score gs and ranks it
+// among all NG groups (ties: the lower group first); the best NK are kept. Every lane calls it. (NG, NK: the
+// kernels' GROUPS and KEEP, which are macros there.)
+template <int NG, int NK>
+__device__ __forceinline__ u32 kept_groups_mask(float gs, int lane) {
+    int rank = 0;
+#pragma unroll
+    for (int g = 0; g < NG; ++g) {
+        const float other = __shfl_sync(0xFFFFFFFFu, gs, g);
+        rank += (other > gs || (other == gs && g < lane)) ? 1 : 0;
+    }
+    return __ballot_sync(0xFFFFFFFFu, lane < NG && rank < NK);
+}
+
 // Candidate me / SUB's rank among the N distinct 64-bit keys of `keys` (TK to a row of W), the
 // comparisons split over SUB consecutive lanes of a warp (every lane calls it); `ck` gets the candidate.
 template <int N, int SUB, int TK, int W>
