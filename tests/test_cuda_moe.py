@@ -143,12 +143,14 @@ def test_kernel_config_defines_name_every_variant():
         "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
         "X_EARLY": 0, "L2_NEXT_AT": 3, "X_IN_TILES": 0, "GU_WINDOW": 0,
         "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0, "SELECT_TWICE": 0, "LEAN_SELECT": 0,
+        "JOINT_PAIRS": 0,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
         "X_EARLY": 1, "L2_NEXT_AT": 0, "X_IN_TILES": 0, "GU_WINDOW": 0,
         "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0, "SELECT_TWICE": 0, "LEAN_SELECT": 1,
+        "JOINT_PAIRS": 0,
     }  # fmt: skip
     assert DecodeKernelConfig(balance="gate_up", x_in_tiles=True).defines()["X_IN_TILES"] == 1
     assert DecodeKernelConfig(gate_up_window=3).defines()["GU_WINDOW"] == 3
@@ -171,6 +173,12 @@ def test_kernel_config_defines_name_every_variant():
     assert DecodeKernelConfig(trace=True, select_twice=True).defines()["SELECT_TWICE"] == 1
     with pytest.raises(ValueError, match="set trace too"):
         DecodeKernelConfig(select_twice=True).defines()
+    assert DecodeKernelConfig(joint_pairs=3).defines()["JOINT_PAIRS"] == 3
+    for bad in (-1, 1):
+        with pytest.raises(ValueError, match="joint_pairs is 0"):
+            DecodeKernelConfig(joint_pairs=bad).defines()
+    with pytest.raises(ValueError, match="cannot both be set"):
+        DecodeKernelConfig(joint_pairs=2, early_pairs=1).defines()
 
 
 def test_cuda_backend_on_cpu_is_a_clear_error():
@@ -273,7 +281,8 @@ def test_gpu_late_down_copies_change_no_result(experts, order):
 def test_gpu_gate_up_window_balance_and_x_in_tiles_change_no_result(experts):
     """DecodeKernelConfig.gate_up_window only delays when the producer issues gate_up tiles, balance "gate_up" only
     moves tiles between blocks, x_in_tiles only where x waits (the first down copy lands on it once the gate_up
-    warps hold it), and early_pairs only which warps run the first pairs' MMA chains (handed over mid-chain): the same
+    warps hold it), early_pairs only which warps run the first pairs' MMA chains (handed over mid-chain), and
+    joint_pairs only how many pairs a poll round stages and a pass multiplies (each sum in the same order): the same
     outputs bit for bit as the product's kernel, with and without the router inside, one
     instance switching through the variants."""
     from solo.kernels.cuda_moe import PersistentDecodeMoE
@@ -292,6 +301,9 @@ def test_gpu_gate_up_window_balance_and_x_in_tiles_change_no_result(experts):
         DecodeKernelConfig(gate_up_window=3, early_pairs=1),  # the down warps do slot pair 0 first
         DecodeKernelConfig(gate_up_window=3, early_pairs=2, trace=True),
         DecodeKernelConfig(early_pairs=3, down_after=0),  # (every pair but the last, down rows at once)
+        DecodeKernelConfig(gate_up_window=3, joint_pairs=3),  # slot pairs 1-3 staged and multiplied together
+        DecodeKernelConfig(gate_up_window=3, joint_pairs=4, trace=True),  # every pair at once
+        DecodeKernelConfig(joint_pairs=2, unroll_pairs=False),  # (the pair loop not unrolled)
     ]
     moe = PersistentDecodeMoE(experts, swiglu_limit=7.0)
     e = experts.gate_up.shape[0]
