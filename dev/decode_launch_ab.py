@@ -251,6 +251,9 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE joint pairs 4": {"moe": {"joint_pairs": 4}},
     "MoE joint pairs 3, again": {"moe": {"joint_pairs": 3}},
     "MoE joint pairs 4, again": {"moe": {"joint_pairs": 4}},
+    # (twenty-third session) each of the 64 candidates ranked by 8 threads (8 comparisons, 3 shuffles), not 4
+    "MoE candidates ranked by 8 threads": {"moe": {"select_sub": 8}},
+    "MoE joint pairs 3, candidates by 8 threads": {"moe": {"joint_pairs": 3, "select_sub": 8}},
     "MoE gate_up window 2": {"moe": {"gate_up_window": 2}},
     "MoE gate_up window 3": {"moe": {"gate_up_window": 3}},
     "MoE gate_up window 4": {"moe": {"gate_up_window": 4}},

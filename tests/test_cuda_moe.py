@@ -143,14 +143,14 @@ def test_kernel_config_defines_name_every_variant():
         "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
         "X_EARLY": 0, "L2_NEXT_AT": 3, "X_IN_TILES": 0, "GU_WINDOW": 0,
         "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0, "SELECT_TWICE": 0, "LEAN_SELECT": 0,
-        "JOINT_PAIRS": 0,
+        "JOINT_PAIRS": 0, "SELECT_SUB": 4,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
         "X_EARLY": 1, "L2_NEXT_AT": 0, "X_IN_TILES": 0, "GU_WINDOW": 0,
         "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0, "SELECT_TWICE": 0, "LEAN_SELECT": 1,
-        "JOINT_PAIRS": 0,
+        "JOINT_PAIRS": 0, "SELECT_SUB": 4,
     }  # fmt: skip
     assert DecodeKernelConfig(balance="gate_up", x_in_tiles=True).defines()["X_IN_TILES"] == 1
     assert DecodeKernelConfig(gate_up_window=3).defines()["GU_WINDOW"] == 3
@@ -179,6 +179,9 @@ def test_kernel_config_defines_name_every_variant():
             DecodeKernelConfig(joint_pairs=bad).defines()
     with pytest.raises(ValueError, match="cannot both be set"):
         DecodeKernelConfig(joint_pairs=2, early_pairs=1).defines()
+    assert DecodeKernelConfig(select_sub=8).defines()["SELECT_SUB"] == 8
+    with pytest.raises(ValueError, match="select_sub is 2, 4 or 8"):
+        DecodeKernelConfig(select_sub=3).defines()
 
 
 def test_cuda_backend_on_cpu_is_a_clear_error():
@@ -442,20 +445,21 @@ def test_gpu_only_one_token_calls_take_the_persistent_kernel(experts):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
-    ("fast_select", "bias_early", "x_early", "score_stagger", "lean_select"),
+    ("fast_select", "bias_early", "x_early", "score_stagger", "lean_select", "select_sub"),
     [
-        (False, False, False, 0, False),
-        (True, False, True, 0, False),
-        (True, True, True, 0, False),
-        (True, True, True, 128, False),
-        (True, True, True, 0, True),
+        (False, False, False, 0, False, 4),
+        (True, False, True, 0, False, 4),
+        (True, True, True, 0, False, 4),
+        (True, True, True, 128, False, 4),
+        (True, True, True, 0, True, 4),
+        (True, True, True, 0, True, 8),
     ],
 )
 @pytest.mark.parametrize(
     "num_experts,groups,keep", [(512, 8, 4), (64, 8, 4), (64, 1, 1), (256, 4, 2)]
 )  # Ling's router; groups inside a warp; no group limit; groups of two warps each
 def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
-    num_experts, groups, keep, fast_select, bias_early, x_early, score_stagger, lean_select
+    num_experts, groups, keep, fast_select, bias_early, x_early, score_stagger, lean_select, select_sub
 ):
     """One launch: RMSNorm of the residual stream, router scores, grouped top-k in every block, then the
     experts it chose. Against the model's Router in fp32 on the CPU (the same experts where the draw is
@@ -464,7 +468,7 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
     `fast_select` the selection ranks only the kept groups' warps (where groups are whole warps); with
     `bias_early` each selection lane reads its expert's bias before the kernel's wait; with `x_early` x is
     loaded before the inputs' barrier; with `score_stagger` each selection lane keeps four loads of its score in
-    flight; with `lean_select` the groups are ranked once."""
+    flight; with `lean_select` the groups are ranked once; `select_sub` threads rank each candidate."""
     from solo.checkpoint.synthetic import synthetic_config
     from solo.kernels.cuda_moe import PersistentDecodeMoE
     from solo.kernels.fused_router import FusedRouter
@@ -481,6 +485,7 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
             x_early=x_early,
             score_stagger=score_stagger,
             lean_select=lean_select,
+            select_sub=select_sub,
         )
     )
     config = synthetic_config(num_layers=1, num_experts=num_experts)

@@ -179,6 +179,16 @@
 #ifndef LEAN_SELECT
 #define LEAN_SELECT 0
 #endif
+// SELECT_SUB (a variant, DecodeKernelConfig.select_sub; with FAST_SELECT): the threads that rank one of the kept warps'
+// candidates, each comparing it with 1 / SELECT_SUB of them, their counts summed by log2(SELECT_SUB) shuffles (4: 16
+// comparisons and 2 shuffles a thread at Ling shapes, on 8 of the 16 selection warps; 8: 8 and 3, on all 16). The
+// same ranks.
+#ifndef SELECT_SUB
+#define SELECT_SUB 4
+#endif
+#if SELECT_SUB != 2 && SELECT_SUB != 4 && SELECT_SUB != 8
+#error "SELECT_SUB is 2, 4 or 8"
+#endif
 #if SELECT_TWICE && !TRACE
 #error "SELECT_TWICE is a probe of TRACE builds"
 #endif
@@ -1318,7 +1328,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #if FAST_SEL
 #define SEL_WPG (GSIZE / 32)
 #define SEL_CANDS (KEEP * SEL_WPG * TOPK)
-#define SEL_SUB 4  // threads ranking one candidate
+#define SEL_SUB SELECT_SUB  // threads ranking one candidate
 #if SEL_CANDS * SEL_SUB > SEL_WARPS * 32 || KEEP * SEL_WPG > SEL_WARPS
 #error "FAST_SELECT: too many candidates for the selecting warps"
 #endif
