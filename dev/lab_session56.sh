@@ -3,8 +3,8 @@
 # in one pass (DecodeKernelConfig.joint_pairs, moe_decode.cu JOINT_PAIRS). Lab43's trace: after the first pair, a pair
 # about every 1 us, 0.2-0.35 us of it the poll round's barrier and the rows' wait, and every activation in soon after
 # the last gate_up tile anywhere. Also each selection candidate ranked by 8 threads, not 4 (select_sub). The
-# persistent kernel's variant tests (bit for bit against the product's) and the router-inside tests, the kernel alone
-# with its trace, then one process at 32K. Results under $OUT: gpu_tests.log, moe_router.log, ab.{log,json}.
+# persistent kernel's variant tests (bit for bit against the product's) and the router-inside tests, one process at 32K,
+# then the kernel alone with its trace. Results under $OUT: gpu_tests.log, moe_router.log, ab.{log,json}.
 # timeout_s 600.
 nvidia-smi -L | grep -q H200 && exec bash dev/lab_session37.sh
 LAB_DEFAULT_SECONDS=585
@@ -12,9 +12,10 @@ source dev/lab_prelude.sh
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_moe.py -m gpu -k "window_balance or (chooses and True-True-True-0-True)" \
     > "$OUT/gpu_tests.log" 2>&1
 echo "[GPU tests rc=$? at ${SECONDS}s]"; tail -3 "$OUT/gpu_tests.log"
-timeout 110 python3 dev/moe_router_ab.py --rounds 3 \
+default="product;MoE joint pairs 3;MoE joint pairs 4;product again;MoE candidates ranked by 8 threads;MoE joint pairs 2"
+ab ab "${VARIANTS:-$default}" --deadline "${AB_DEADLINE:-$(($(left) - ${ROUTER_SECONDS:-120}))}"
+timeout $(($(left) - 5)) python3 dev/moe_router_ab.py --rounds 3 \
     --configs "gate_up_window=3;gate_up_window=3,joint_pairs=3;gate_up_window=3,joint_pairs=4;gate_up_window=3,select_sub=8" \
     > "$OUT/moe_router.log" 2>&1
 echo "[moe_router rc=$? at ${SECONDS}s]"; grep -v Warning "$OUT/moe_router.log" | grep -E "checks|^  router|down products done|block end" | head -16
-default="product;MoE joint pairs 3;MoE joint pairs 4;MoE candidates ranked by 8 threads;product again;MoE joint pairs 2"
-ab ab "${VARIANTS:-$default}" --deadline "${AB_DEADLINE:-$(($(left) - 10))}"
+
