@@ -1649,6 +1649,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #else
             (void)rounds;
 #endif
+#if L2_NEXT && L2_NEXT_AT == 2
+            if (warp == 0 && lane == 0) l2_next_prefetch(sm.l2_table);  // every activation is in
+#endif
 #pragma unroll
             for (int q = FIRST_JOINT; q < PAIRS; ++q) bar_wait(smem_addr(&sm.bars[MAX_GU + q]));
 #if TRACE
