@@ -244,16 +244,6 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE and router selection as before": {"moe": {"lean_select": False}, "router_lean": False},
     "MoE lean selection": {"moe": {"lean_select": True}},
     "MoE lean selection, again": {"moe": {"lean_select": True}},
-    # (twenty-third session) the last N slot pairs staged in one poll round and multiplied in one pass
-    # (DecodeKernelConfig.joint_pairs): lab43's trace, about 1 us a pair after the first, 0.2-0.35 us of it the round
-    "MoE joint pairs 2": {"moe": {"joint_pairs": 2}},
-    "MoE joint pairs 3": {"moe": {"joint_pairs": 3}},
-    "MoE joint pairs 4": {"moe": {"joint_pairs": 4}},
-    "MoE joint pairs 3, again": {"moe": {"joint_pairs": 3}},
-    "MoE joint pairs 4, again": {"moe": {"joint_pairs": 4}},
-    # (twenty-third session) each of the 64 candidates ranked by 8 threads (8 comparisons, 3 shuffles), not 4
-    "MoE candidates ranked by 8 threads": {"moe": {"select_sub": 8}},
-    "MoE joint pairs 3, candidates by 8 threads": {"moe": {"joint_pairs": 3, "select_sub": 8}},
     "MoE gate_up window 2": {"moe": {"gate_up_window": 2}},
     "MoE gate_up window 3": {"moe": {"gate_up_window": 3}},
     "MoE gate_up window 4": {"moe": {"gate_up_window": 4}},

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Ran at 55b3da2, whose DecodeKernelConfig.joint_pairs and select_sub and their A/B variants were taken out again after
+# they lost: check that commit out to run it again.)
 # Twenty-third session, first H100 call (an H200 runs dev/lab_session37.sh instead): the last slot pairs' down products
 # in one pass (DecodeKernelConfig.joint_pairs, moe_decode.cu JOINT_PAIRS). Lab43's trace: after the first pair, a pair
 # about every 1 us, 0.2-0.35 us of it the poll round's barrier and the rows' wait, and every activation in soon after

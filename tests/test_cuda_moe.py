@@ -143,14 +143,12 @@ def test_kernel_config_defines_name_every_variant():
         "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
         "X_EARLY": 0, "L2_NEXT_AT": 3, "X_IN_TILES": 0, "GU_WINDOW": 0,
         "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0, "SELECT_TWICE": 0, "LEAN_SELECT": 0,
-        "JOINT_PAIRS": 0, "SELECT_SUB": 4,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
         "X_EARLY": 1, "L2_NEXT_AT": 0, "X_IN_TILES": 0, "GU_WINDOW": 0,
         "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0, "SELECT_TWICE": 0, "LEAN_SELECT": 1,
-        "JOINT_PAIRS": 0, "SELECT_SUB": 4,
     }  # fmt: skip
     assert DecodeKernelConfig(balance="gate_up", x_in_tiles=True).defines()["X_IN_TILES"] == 1
     assert DecodeKernelConfig(gate_up_window=3).defines()["GU_WINDOW"] == 3
@@ -173,15 +171,6 @@ def test_kernel_config_defines_name_every_variant():
     assert DecodeKernelConfig(trace=True, select_twice=True).defines()["SELECT_TWICE"] == 1
     with pytest.raises(ValueError, match="set trace too"):
         DecodeKernelConfig(select_twice=True).defines()
-    assert DecodeKernelConfig(joint_pairs=3).defines()["JOINT_PAIRS"] == 3
-    for bad in (-1, 1):
-        with pytest.raises(ValueError, match="joint_pairs is 0"):
-            DecodeKernelConfig(joint_pairs=bad).defines()
-    with pytest.raises(ValueError, match="cannot both be set"):
-        DecodeKernelConfig(joint_pairs=2, early_pairs=1).defines()
-    assert DecodeKernelConfig(select_sub=8).defines()["SELECT_SUB"] == 8
-    with pytest.raises(ValueError, match="select_sub is 2, 4 or 8"):
-        DecodeKernelConfig(select_sub=3).defines()
 
 
 def test_cuda_backend_on_cpu_is_a_clear_error():
@@ -284,8 +273,7 @@ def test_gpu_late_down_copies_change_no_result(experts, order):
 def test_gpu_gate_up_window_balance_and_x_in_tiles_change_no_result(experts):
     """DecodeKernelConfig.gate_up_window only delays when the producer issues gate_up tiles, balance "gate_up" only
     moves tiles between blocks, x_in_tiles only where x waits (the first down copy lands on it once the gate_up
-    warps hold it), early_pairs only which warps run the first pairs' MMA chains (handed over mid-chain), and
-    joint_pairs only how many pairs a poll round stages and a pass multiplies (each sum in the same order): the same
+    warps hold it), and early_pairs only which warps run the first pairs' MMA chains (handed over mid-chain): the same
     outputs bit for bit as the product's kernel, with and without the router inside, one
     instance switching through the variants."""
     from solo.kernels.cuda_moe import PersistentDecodeMoE
@@ -304,9 +292,6 @@ def test_gpu_gate_up_window_balance_and_x_in_tiles_change_no_result(experts):
         DecodeKernelConfig(gate_up_window=3, early_pairs=1),  # the down warps do slot pair 0 first
         DecodeKernelConfig(gate_up_window=3, early_pairs=2, trace=True),
         DecodeKernelConfig(early_pairs=3, down_after=0),  # (every pair but the last, down rows at once)
-        DecodeKernelConfig(gate_up_window=3, joint_pairs=3),  # slot pairs 1-3 staged and multiplied together
-        DecodeKernelConfig(gate_up_window=3, joint_pairs=4, trace=True),  # every pair at once
-        DecodeKernelConfig(joint_pairs=2, unroll_pairs=False),  # (the pair loop not unrolled)
     ]
     moe = PersistentDecodeMoE(experts, swiglu_limit=7.0)
     e = experts.gate_up.shape[0]
@@ -445,21 +430,20 @@ def test_gpu_only_one_token_calls_take_the_persistent_kernel(experts):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
-    ("fast_select", "bias_early", "x_early", "score_stagger", "lean_select", "select_sub"),
+    ("fast_select", "bias_early", "x_early", "score_stagger", "lean_select"),
     [
-        (False, False, False, 0, False, 4),
-        (True, False, True, 0, False, 4),
-        (True, True, True, 0, False, 4),
-        (True, True, True, 128, False, 4),
-        (True, True, True, 0, True, 4),
-        (True, True, True, 0, True, 8),
+        (False, False, False, 0, False),
+        (True, False, True, 0, False),
+        (True, True, True, 0, False),
+        (True, True, True, 128, False),
+        (True, True, True, 0, True),
     ],
 )
 @pytest.mark.parametrize(
     "num_experts,groups,keep", [(512, 8, 4), (64, 8, 4), (64, 1, 1), (256, 4, 2)]
 )  # Ling's router; groups inside a warp; no group limit; groups of two warps each
 def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
-    num_experts, groups, keep, fast_select, bias_early, x_early, score_stagger, lean_select, select_sub
+    num_experts, groups, keep, fast_select, bias_early, x_early, score_stagger, lean_select
 ):
     """One launch: RMSNorm of the residual stream, router scores, grouped top-k in every block, then the
     experts it chose. Against the model's Router in fp32 on the CPU (the same experts where the draw is
@@ -468,7 +452,7 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
     `fast_select` the selection ranks only the kept groups' warps (where groups are whole warps); with
     `bias_early` each selection lane reads its expert's bias before the kernel's wait; with `x_early` x is
     loaded before the inputs' barrier; with `score_stagger` each selection lane keeps four loads of its score in
-    flight; with `lean_select` the groups are ranked once; `select_sub` threads rank each candidate."""
+    flight; with `lean_select` the groups are ranked once."""
     from solo.checkpoint.synthetic import synthetic_config
     from solo.kernels.cuda_moe import PersistentDecodeMoE
     from solo.kernels.fused_router import FusedRouter
@@ -485,7 +469,6 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
             x_early=x_early,
             score_stagger=score_stagger,
             lean_select=lean_select,
-            select_sub=select_sub,
         )
     )
     config = synthetic_config(num_layers=1, num_experts=num_experts)

@@ -315,11 +315,6 @@ class PersistentDecodeMoE(TritonMoE):
                     "the early pairs' down sums do not fit in their activation memory at these shapes: set "
                     "DecodeKernelConfig.early_pairs to 0"
                 )
-        if kc.joint_pairs > top_k // 2:
-            raise ValueError(
-                f"DecodeKernelConfig.joint_pairs counts slot pairs: at most {top_k // 2} at top-{top_k}, "
-                f"got {kc.joint_pairs}"
-            )
         if kc.x_in_tiles:
             if shared is not None:
                 raise RuntimeError(

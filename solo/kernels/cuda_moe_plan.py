@@ -91,14 +91,6 @@ class DecodeKernelConfig:
     # 18.05 us; the decode step at 32K on the H100 -0.1 / -8.1 us as a variant (docs/results/h100_ab_lab53.log), and
     # the selection as before +13.7 us against it as the product (docs/results/h100_ab_lab54.log)
     lean_select: bool = True
-    # the last this many slot pairs (2..top-k / 2; 0: off) staged in one poll round and multiplied in one pass, instead
-    # of a round, a barrier and a pass each (moe_decode.cu JOINT_PAIRS); the same results bit for bit. Not with
-    # early_pairs
-    joint_pairs: int = 0
-    # with the router inside and fast_select: the threads that rank one candidate of the kept warps' best (2, 4 or 8;
-    # moe_decode.cu SELECT_SUB; at most the selection warps' threads in all), each comparing it with that fraction of
-    # them; the same ranks
-    select_sub: int = 4
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property
@@ -121,12 +113,6 @@ class DecodeKernelConfig:
             raise ValueError(f"early_pairs is 0 (none) or the pairs the down warps do first, got {self.early_pairs}")
         if self.score_stagger < 0:
             raise ValueError(f"score_stagger is 0 (off) or ns between a lane's score loads, got {self.score_stagger}")
-        if self.joint_pairs < 0 or self.joint_pairs == 1:
-            raise ValueError(f"joint_pairs is 0 (off) or the last 2 or more slot pairs, got {self.joint_pairs}")
-        if self.joint_pairs and self.early_pairs:
-            raise ValueError("joint_pairs and early_pairs cannot both be set: set one of them to 0")
-        if self.select_sub not in (2, 4, 8):
-            raise ValueError(f"select_sub is 2, 4 or 8 threads a candidate, got {self.select_sub}")
         if self.select_twice and not self.trace:
             raise ValueError("select_twice is a probe of the traced kernel: set trace too")
         return {
@@ -150,8 +136,6 @@ class DecodeKernelConfig:
             "SCORE_STAGGER": self.score_stagger,
             "SELECT_TWICE": int(self.select_twice),
             "LEAN_SELECT": int(self.lean_select),
-            "JOINT_PAIRS": self.joint_pairs,
-            "SELECT_SUB": self.select_sub,
         }
 
 

@@ -179,16 +179,6 @@
 #ifndef LEAN_SELECT
 #define LEAN_SELECT 0
 #endif
-// SELECT_SUB (a variant, DecodeKernelConfig.select_sub; with FAST_SELECT): the threads that rank one of the kept warps'
-// candidates, each comparing it with 1 / SELECT_SUB of them, their counts summed by log2(SELECT_SUB) shuffles (4: 16
-// comparisons and 2 shuffles a thread at Ling shapes, on 8 of the 16 selection warps; 8: 8 and 3, on all 16). The
-// same ranks.
-#ifndef SELECT_SUB
-#define SELECT_SUB 4
-#endif
-#if SELECT_SUB != 2 && SELECT_SUB != 4 && SELECT_SUB != 8
-#error "SELECT_SUB is 2, 4 or 8"
-#endif
 #if SELECT_TWICE && !TRACE
 #error "SELECT_TWICE is a probe of TRACE builds"
 #endif
@@ -277,19 +267,6 @@
 #error "EARLY_PAIRS hands its sums over in the early pairs' activation memory, which is too small here"
 #endif
 #define EARLY_PIECES ((EARLY_PAIRS * I / 2 + DN_WARPS * 32 - 1) / (DN_WARPS * 32))  // 16-byte pieces a down lane
-// JOINT_PAIRS (a variant, DecodeKernelConfig.joint_pairs; 0: off): the last JOINT_PAIRS (2..PAIRS) slot pairs are staged
-// in one poll round (one barrier) and multiplied in one pass, instead of a round, a barrier and a pass each. Traced
-// (lab43), the pairs after the first are staged about 1 us apart, 0.2-0.35 us of it the round and the rows' wait, and
-// every activation is in soon after the last gate_up tile anywhere: one warp's item of a pair (about 190
-// instructions) then shares its SM partition with few others, and a pass over several pairs gives the partition more
-// independent work. Each sum adds the same products in the same order: the product's results bit for bit.
-#ifndef JOINT_PAIRS
-#define JOINT_PAIRS 0
-#endif
-#define FIRST_JOINT (JOINT_PAIRS > 1 ? PAIRS - JOINT_PAIRS : PAIRS)  // the first pair of the joint pass
-#if JOINT_PAIRS && (JOINT_PAIRS < 2 || JOINT_PAIRS > PAIRS || EARLY_PAIRS)
-#error "JOINT_PAIRS needs 2..TOPK / 2 pairs and no EARLY_PAIRS"
-#endif
 #ifndef UNROLL_PAIRS
 #define UNROLL_PAIRS 1
 #endif
@@ -593,25 +570,25 @@ __device__ __forceinline__ void early_stage(const u32 *copy, int dw, int lane, u
 __device__ __forceinline__ int early_slot(int j, int dw, int g, int t) { return ((j * DN_WARPS + dw) * 16 + 2 * g + t) * 2; }
 #endif
 
-// Store the fp16 halves of the pieces loaded for pairs p..last to shared memory and check their tags (all
+// Store the fp16 halves of the pieces loaded for pair p to shared memory and check their tags (all
 // DOWN_WORKERS warps at once, one barrier: bar.red orders the stores like bar.sync); if any is stale,
 // load the stale ones again and repeat (stale values in shared memory are overwritten then). Each
 // poll round also reloads the stale pieces of every later pair (REFRESH_PENDING), so that a round
 // brings all of them up to date instead of the later pairs waiting their turn.
-__device__ __forceinline__ int stage_finish(uint4 (*pending)[STAGE_PIECES], const u32 *copy, int p, int last, int d,
-                                            int lane, u32 tag, uint4 *act_h) {
+__device__ __forceinline__ int stage_finish(uint4 (*pending)[STAGE_PIECES], const u32 *copy, int p, int d, int lane,
+                                            u32 tag, uint4 *act_h) {
     int rounds = 0;
     for (;; ++rounds) {
         bool ok = true;
 #pragma unroll
         for (int q = 0; q < PAIRS; ++q) {
-            if (q < p || q > last) continue;
+            if (q != p) continue;
             const uint4 *ahead = pending[q];
 #pragma unroll
             for (int k = 0; k < STAGE_PIECES; ++k) {
                 if (stage_piece(d, lane, k) >= I / 2) continue;
                 ok = ok && piece_current(ahead[k], tag);
-                stage_store(act_h, 2 * q * I + 4 * stage_piece(d, lane, k), ahead[k]);
+                stage_store(act_h, 2 * p * I + 4 * stage_piece(d, lane, k), ahead[k]);
             }
         }
 #if PROBE == 3
@@ -619,7 +596,7 @@ __device__ __forceinline__ int stage_finish(uint4 (*pending)[STAGE_PIECES], cons
 #endif
         if (bar_all(ok, BAR_STAGED, DOWN_WORKERS * 32)) return rounds;
         __nanosleep(POLL_NS);
-        refresh_pairs(pending, copy, p, REFRESH_PENDING ? PAIRS - 1 : last, d, lane, tag);
+        refresh_pairs(pending, copy, p, REFRESH_PENDING ? PAIRS - 1 : p, d, lane, tag);
     }
 }
 
@@ -1328,7 +1305,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #if FAST_SEL
 #define SEL_WPG (GSIZE / 32)
 #define SEL_CANDS (KEEP * SEL_WPG * TOPK)
-#define SEL_SUB SELECT_SUB  // threads ranking one candidate
+#define SEL_SUB 4  // threads ranking one candidate
 #if SEL_CANDS * SEL_SUB > SEL_WARPS * 32 || KEEP * SEL_WPG > SEL_WARPS
 #error "FAST_SELECT: too many candidates for the selecting warps"
 #endif
@@ -1557,12 +1534,12 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #else
 #pragma unroll 1  // one copy of the loop's code (instruction cache)
 #endif
-        for (int p = EARLY_PAIRS; p < FIRST_JOINT; ++p) {  // (JOINT_PAIRS: the pairs before the joint pass)
+        for (int p = EARLY_PAIRS; p < PAIRS; ++p) {
             if (!n_dn) break;  // (more blocks than down tiles: this one has none)
 #if TRACE
             const u64 c_enter = clock64();
 #endif
-            const int rounds = stage_finish(ahead, copy, p, p, warp, lane, tag, sm.act_h);
+            const int rounds = stage_finish(ahead, copy, p, warp, lane, tag, sm.act_h);
 #if TRACE
             const u64 c_staged = clock64();
             if (warp == 0 && lane == 0) trow[T_PAIR0 + p] = globaltimer();
@@ -1632,68 +1609,6 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
             }
 #endif
         }
-#if JOINT_PAIRS
-        if (n_dn) {  // the last JOINT_PAIRS pairs: one poll round, then one pass (pair by pair in each sum)
-#if TRACE
-            const u64 c_enter = clock64();
-#endif
-            if (FIRST_JOINT == EARLY_PAIRS) {  // (from the first pair: the later pairs' loads were not issued above)
-#pragma unroll
-                for (int q = FIRST_JOINT + 1; q < PAIRS; ++q) stage_issue(ahead[q], copy, q, warp, lane);
-            }
-            const int rounds = stage_finish(ahead, copy, FIRST_JOINT, PAIRS - 1, warp, lane, tag, sm.act_h);
-#if TRACE
-            const u64 c_staged = clock64();
-            if (warp == 0 && lane == 0)
-                for (int q = FIRST_JOINT; q < PAIRS; ++q) trow[T_PAIR0 + q] = globaltimer();
-#else
-            (void)rounds;
-#endif
-#if L2_NEXT && L2_NEXT_AT == 2
-            if (warp == 0 && lane == 0) l2_next_prefetch(sm.l2_table);  // every activation is in
-#endif
-#pragma unroll
-            for (int q = FIRST_JOINT; q < PAIRS; ++q) bar_wait(smem_addr(&sm.bars[MAX_GU + q]));
-#if TRACE
-            const u64 c_rows = clock64();
-#endif
-#pragma unroll
-            for (int q = FIRST_JOINT; q < PAIRS; ++q) {
-                const unsigned char *slot_a = tiles + dn_base + 2 * q * dn_slot;  // slot 2q; slot 2q+1 follows
-#pragma unroll
-                for (int k = 0; k < MAX_ITEMS; ++k) {
-                    const int item = warp + k * DOWN_WORKERS, j = item / DN_WARPS, d = item % DN_WARPS;
-                    if (j < n_dn) {
-                        const int c = 8 * (d >> 1) + t + 4 * ((g ^ d) & 1);
-                        u32 xb[16];
-                        load_b_fragments(xb, sm.act_h, (2 * q + bslot) * (I / 32) + c);
-                        const int r = 8 * j + g;
-                        const uint4 lo = *reinterpret_cast<const uint4 *>(slot_a + r * (I / 2) + c * 16);
-                        const uint4 hi = *reinterpret_cast<const uint4 *>(slot_a + dn_slot + r * (I / 2) + c * 16);
-                        const unsigned char *sc = slot_a + dn_rows * (I / 2) + r * (I / 32) + c;
-                        const u32 f_lo = scale_factor(sc[0]), f_hi = scale_factor(sc[dn_slot]);
-#if PROBE == 4
-                        acc[k][0] += __uint_as_float(lo.x ^ hi.y ^ f_lo ^ f_hi ^ xb[0]);
-#else
-                        chunk_products(acc[k], acc_b[k], lo, hi, f_lo, f_hi, xb);
-#endif
-                    }
-                }
-            }
-#if TRACE
-            if (warp == 0 && lane == 0) {
-                const u64 c_done = clock64();
-                for (int q = FIRST_JOINT; q < PAIRS; ++q) {  // (the same stamps for each pair of the pass)
-                    trow[C_PAIR0 + 4 * q + 0] = c_enter;
-                    trow[C_PAIR0 + 4 * q + 1] = c_staged;
-                    trow[C_PAIR0 + 4 * q + 2] = c_rows;
-                    trow[C_PAIR0 + 4 * q + 3] = c_done;
-                    trow[N_POLLS0 + q] = rounds;
-                }
-            }
-#endif
-        }
-#endif
 #if TRACE
         if (warp == 0 && lane == 0) trow[T_DOWN_DONE] = globaltimer();
 #endif
