@@ -6,7 +6,9 @@ reference RMSNorm's by a bf16 step, over many fresh draws: the router-inside GPU
 Per draw: the values that differ (each by how many bf16 steps of the reference's value), and for comparison the same
 norm computed by torch on the GPU (another summation order of the same fp32 squares) against the CPU's. A kernel
 that reads x as the reference does differs like torch's own GPU norm does; many more differing values would mean it
-computes 1 / rms otherwise.
+computes 1 / rms otherwise. Then the offsets of 1 / rms (fp32 ulps from the reference's) at which the reference's
+rounding gives each output exactly (solo.testing.rounding.rms_offset, what the GPU tests assert; None: none within
+16 ulps).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from solo.kernels.cuda_moe import PersistentDecodeMoE  # noqa: E402
 from solo.kernels.fused_router import FusedRouter  # noqa: E402
 from solo.model.layers import RMSNorm  # noqa: E402
 from solo.testing.moe import random_mxfp4_experts  # noqa: E402
+from solo.testing.rounding import rms_offset  # noqa: E402
 
 H, I = 2560, 768
 
@@ -44,7 +47,7 @@ def main() -> int:
         experts = random_mxfp4_experts(e, H, I, scales=(116, 126))
         moe = PersistentDecodeMoE(experts, swiglu_limit=7.0)
         count = torch.zeros(1, dtype=torch.int32, device="cuda")
-        kernel, gpu = [], []
+        kernel, gpu, offsets = [], [], {}
         for _ in range(args.draws):
             norm = RMSNorm(H, 1e-6)
             norm.weight.data = (1 + 0.1 * torch.randn(H)).to(torch.bfloat16)
@@ -58,6 +61,8 @@ def main() -> int:
             )  # fmt: skip
             _, xn, _, _ = moe.routed_forward(x.cuda(), router, count)
             kernel.append(differing(xn.cpu(), want))
+            off = rms_offset(xn.cpu().reshape(x.shape), x, norm.weight.data, 1e-6)[0]
+            offsets[off] = offsets.get(off, 0) + 1
             gpu.append(differing(norm.cuda()(x.cuda()).cpu(), want))
         for name, got in (("kernel", kernel), ("torch on the GPU", gpu)):
             counts = sorted(c for c, _ in got)
@@ -68,6 +73,7 @@ def main() -> int:
                 f"max {counts[-1]}, draws with more than 2: {over} of {len(counts)}; largest diff {worst:.2f} steps"
             )
             print(f"  counts: {counts[-12:]} (largest 12)")
+        print(f"{e} experts, the kernel's 1 / rms offsets (ulps: draws): {dict(sorted(offsets.items(), key=str))}")
     return 0
 
 
