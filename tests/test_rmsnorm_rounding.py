@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from solo.model.layers import RMSNorm
-from solo.testing.rounding import assert_rmsnorm_rounding, rms_offset, rmsnorm_rounded
+from solo.testing.rounding import RMS_ULPS, assert_rmsnorm_rounding, rms_offset, rmsnorm_rounded
 
 H = 2560
 
@@ -50,7 +50,8 @@ def test_a_wrong_value_fails_and_the_message_says_how_far():
     x, norm = draw(2)
     got = norm(x).clone()
     got.view(torch.int16)[1, int(torch.randint(H, ()))] += 2
-    with pytest.raises(AssertionError, match=r"rows \[1\] match .* no 1 / rms within 16 ulps: 1 values differ"):
+    message = rf"rows \[1\] match .* no 1 / rms within {RMS_ULPS} ulps: 1 values differ"
+    with pytest.raises(AssertionError, match=message):
         assert_rmsnorm_rounding(got, x, norm.weight.data, 1e-6)
 
 
