@@ -25,15 +25,9 @@ from solo.kernels.cuda_moe import PersistentDecodeMoE  # noqa: E402
 from solo.kernels.fused_router import FusedRouter  # noqa: E402
 from solo.model.layers import RMSNorm  # noqa: E402
 from solo.testing.moe import random_mxfp4_experts  # noqa: E402
-from solo.testing.rounding import rms_offset  # noqa: E402
+from solo.testing.rounding import rms_offset, steps_apart  # noqa: E402
 
 H, I = 2560, 768
-
-
-def differing(got: torch.Tensor, want: torch.Tensor) -> tuple[int, float]:
-    step = want.float().abs().clamp_min(1e-30) * 2.0**-7
-    diff = (got.float() - want.float()).abs()
-    return int((diff > 0).sum()), float((diff / step).max())
 
 
 def main() -> int:
@@ -60,10 +54,10 @@ def main() -> int:
                 1e-6, 8, groups, keep, True, 2.5, torch.zeros(1, dtype=torch.int32, device="cuda"),
             )  # fmt: skip
             _, xn, _, _ = moe.routed_forward(x.cuda(), router, count)
-            kernel.append(differing(xn.cpu(), want))
+            kernel.append(steps_apart(xn.cpu(), want))
             off = rms_offset(xn.cpu().reshape(x.shape), x, norm.weight.data, 1e-6)[0]
             offsets[off] = offsets.get(off, 0) + 1
-            gpu.append(differing(norm.cuda()(x.cuda()).cpu(), want))
+            gpu.append(steps_apart(norm.cuda()(x.cuda()).cpu(), want))
         for name, got in (("kernel", kernel), ("torch on the GPU", gpu)):
             counts = sorted(c for c, _ in got)
             worst = max(s for _, s in got)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from solo.model.layers import RMSNorm
-from solo.testing.rounding import RMS_ULPS, assert_rmsnorm_rounding, rms_offset, rmsnorm_rounded
+from solo.testing.rounding import RMS_ULPS, assert_rmsnorm_rounding, reference_rstd, rms_offset, rmsnorm_rounded
 
 H = 2560
 
@@ -18,13 +18,9 @@ def draw(tokens: int = 1) -> tuple[torch.Tensor, RMSNorm]:
     return x, norm
 
 
-def rstd_of(x: torch.Tensor) -> torch.Tensor:
-    return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
-
-
 def test_the_reference_itself_is_at_offset_zero():
     x, norm = draw(3)
-    assert rmsnorm_rounded(x, norm.weight.data, rstd_of(x)).equal(norm(x))
+    assert rmsnorm_rounded(x, norm.weight.data, reference_rstd(x, 1e-6)).equal(norm(x))
     assert rms_offset(norm(x), x, norm.weight.data, 1e-6) == [0, 0, 0]
     assert_rmsnorm_rounding(norm(x), x, norm.weight.data, 1e-6)
 
@@ -34,7 +30,7 @@ def test_a_1_over_rms_some_ulps_away_passes_even_where_many_values_move():
     "at most two values differ" rule fails there, this check finds the offset."""
     for _ in range(3000):
         x, norm = draw()
-        rstd = rstd_of(x)
+        rstd = reference_rstd(x, 1e-6)
         moved = torch.nextafter(torch.nextafter(rstd, rstd * 2), rstd * 2)  # two ulps up
         got = rmsnorm_rounded(x, norm.weight.data, moved)
         if int((got != norm(x)).sum()) > 2:
@@ -57,6 +53,6 @@ def test_a_wrong_value_fails_and_the_message_says_how_far():
 
 def test_a_1_over_rms_far_off_fails():
     x, norm = draw()
-    got = rmsnorm_rounded(x, norm.weight.data, rstd_of(x) * (1 + 1e-3))
+    got = rmsnorm_rounded(x, norm.weight.data, reference_rstd(x, 1e-6) * (1 + 1e-3))
     with pytest.raises(AssertionError, match="values differ"):
         assert_rmsnorm_rounding(got, x, norm.weight.data, 1e-6)

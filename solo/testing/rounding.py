@@ -19,6 +19,18 @@ import torch
 RMS_ULPS = 32  # how far (fp32 ulps) a reordered sum of squares may move 1 / rms: a few at 2,560 values
 
 
+def reference_rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """The reference's fp32 1 / rms of each row of x [T, n], as [T, 1]."""
+    return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+
+
+def steps_apart(got: torch.Tensor, want: torch.Tensor) -> tuple[int, float]:
+    """How many values of `got` differ from `want`, and the largest difference in bf16 steps of `want`'s values."""
+    step = want.float().abs().clamp_min(1e-30) * 2.0**-7
+    diff = (got.float() - want.float()).abs()
+    return int((diff > 0).sum()), float((diff / step).max())
+
+
 def rmsnorm_rounded(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
     """RMSNorm's output for x [T, n] at the given 1 / rms [T, 1], rounded as the reference rounds it."""
     return weight * (x.float() * rstd).to(x.dtype)
@@ -29,8 +41,7 @@ def rms_offset(
 ) -> list[int | None]:
     """For each row of x [T, n]: the offset (in fp32 ulps, nearest first) of a 1 / rms at which the reference's
     rounding gives that row of `got` exactly, or None where no offset within `ulps` does."""
-    xf = x.float()
-    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    rstd = reference_rstd(x, eps)
     up, down = rstd.clone(), rstd.clone()
     candidates = {0: rstd}
     for j in range(1, ulps + 1):
@@ -59,11 +70,9 @@ def assert_rmsnorm_rounding(
     offsets = rms_offset(got, x, weight, eps, ulps)
     if all(j is not None for j in offsets):
         return
-    want = rmsnorm_rounded(x, weight, torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps))
-    step = want.float().abs().clamp_min(1e-30) * 2.0**-7
-    diff = (got.float() - want.float()).abs()
+    count, largest = steps_apart(got, rmsnorm_rounded(x, weight, reference_rstd(x, eps)))
     rows = [r for r, j in enumerate(offsets) if j is None]
     raise AssertionError(
         f"RMSNorm rows {rows} match the reference's rounding at no 1 / rms within {ulps} ulps: "
-        f"{int((diff > 0).sum())} values differ from it, the largest by {float((diff / step).max()):.2f} bf16 steps"
+        f"{count} values differ from it, the largest by {largest:.2f} bf16 steps"
     )
