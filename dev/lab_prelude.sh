@@ -1,5 +1,6 @@
 # Sourced by dev/lab_session12.sh and later: the device's environment, the output folder ($OUT), the
-# script's deadline (LAB_SECONDS, else the script's LAB_DEFAULT_SECONDS) and the two calls they all make.
+# script's deadline (LAB_SECONDS, else the script's LAB_DEFAULT_SECONDS) and the calls they share (the A/B, the bench,
+# the GPU tests, the MoE kernel alone).
 set -uo pipefail
 export PYTHONPATH=$PWD SOLO_CACHE_DIR=/tmp/solo_cache PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -23,4 +24,21 @@ product_bench() {
         --configs cuda:fp8:fused+cuda+pdl --context "$1" --prefill "${PREFILL:-}" --loop-tokens "$2" \
         --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
     echo "[bench rc=$? at ${SECONDS}s]"; grep -E "^\| cuda" "$OUT/bench.log" | head -4
+}
+
+# gpu_tests SECONDS PYTEST_ARGS...: GPU tests (-m gpu) into $OUT/gpu_tests.log
+gpu_tests() {
+    local seconds=$1
+    shift
+    timeout "$seconds" python3 -m pytest -q -p no:cacheprovider -m gpu "$@" > "$OUT/gpu_tests.log" 2>&1
+    echo "[GPU tests rc=$? at ${SECONDS}s]"; tail -3 "$OUT/gpu_tests.log"
+}
+
+# moe_router SECONDS PATTERN [options of dev/moe_router_ab.py]: the MoE kernel alone, traced, into
+# $OUT/moe_router.log; prints its lines matching PATTERN
+moe_router() {
+    local seconds=$1 pattern=$2
+    shift 2
+    timeout "$seconds" python3 dev/moe_router_ab.py "$@" > "$OUT/moe_router.log" 2>&1
+    echo "[moe_router rc=$? at ${SECONDS}s]"; grep -v Warning "$OUT/moe_router.log" | grep -E "$pattern" | head -20
 }

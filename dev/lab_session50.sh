@@ -9,13 +9,9 @@
 nvidia-smi -L | grep -q H200 && exec bash dev/lab_session37.sh
 LAB_DEFAULT_SECONDS=585
 source dev/lab_prelude.sh
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_moe.py -m gpu -k "router_inside_the_kernel_chooses" \
-    > "$OUT/gpu_tests.log" 2>&1
-echo "[GPU tests rc=$? at ${SECONDS}s]"; tail -3 "$OUT/gpu_tests.log"
-timeout 110 python3 dev/moe_router_ab.py --rounds 2 \
-    --configs "gate_up_window=3;gate_up_window=3,score_stagger=128;gate_up_window=3,score_stagger=64" \
-    > "$OUT/moe_router.log" 2>&1
-echo "[moe_router rc=$? at ${SECONDS}s]"; grep -v Warning "$OUT/moe_router.log" | grep -E "^  router|checks|score" | head -20
+gpu_tests 150 tests/test_cuda_moe.py -k "router_inside_the_kernel_chooses"
+moe_router 110 "^  router|checks|score" --rounds 2 \
+    --configs "gate_up_window=3;gate_up_window=3,score_stagger=128;gate_up_window=3,score_stagger=64"
 default="product;MoE scores: 4 loads in flight, 128 ns apart;MoE scores: 4 loads in flight, 64 ns apart;product again"
 default+=";MoE scores: 4 loads in flight, 128 ns apart, again"
 ab ab "${VARIANTS:-$default}" --deadline "${AB_DEADLINE:-$(($(left) - 10))}"

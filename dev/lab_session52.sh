@@ -7,6 +7,4 @@
 nvidia-smi -L | grep -q H200 && exec bash dev/lab_session37.sh
 LAB_DEFAULT_SECONDS=285
 source dev/lab_prelude.sh
-timeout 200 python3 dev/moe_router_ab.py --rounds 1 --configs "gate_up_window=3;gate_up_window=3,select_twice=1" \
-    > "$OUT/moe_router.log" 2>&1
-echo "[moe_router rc=$? at ${SECONDS}s]"; grep -v Warning "$OUT/moe_router.log" | grep -E "checks|^  router" | head
+moe_router 200 "checks|^  router" --rounds 1 --configs "gate_up_window=3;gate_up_window=3,select_twice=1"

@@ -8,11 +8,7 @@
 nvidia-smi -L | grep -q H200 && exec bash dev/lab_session37.sh
 LAB_DEFAULT_SECONDS=585
 source dev/lab_prelude.sh
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_moe.py -m gpu -k "router_inside_the_kernel_chooses" \
-    > "$OUT/gpu_tests.log" 2>&1
-echo "[GPU tests rc=$? at ${SECONDS}s]"; tail -3 "$OUT/gpu_tests.log"
-timeout 110 python3 dev/moe_router_ab.py --rounds 3 --configs "gate_up_window=3;gate_up_window=3,lean_select=1" \
-    > "$OUT/moe_router.log" 2>&1
-echo "[moe_router rc=$? at ${SECONDS}s]"; grep -v Warning "$OUT/moe_router.log" | grep -E "checks|^  router|groups ranked" | head -12
+gpu_tests 150 tests/test_cuda_moe.py -k "router_inside_the_kernel_chooses"
+moe_router 110 "checks|^  router|groups ranked" --rounds 3 --configs "gate_up_window=3;gate_up_window=3,lean_select=1"
 default="product;MoE lean selection;product again;MoE lean selection, again"
 ab ab "${VARIANTS:-$default}" --deadline "${AB_DEADLINE:-$(($(left) - 10))}"

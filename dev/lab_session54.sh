@@ -7,8 +7,7 @@
 nvidia-smi -L | grep -q H200 && exec bash dev/lab_session37.sh
 LAB_DEFAULT_SECONDS=585
 source dev/lab_prelude.sh
-timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_moe.py tests/test_gpu_fused_step.py \
-    "tests/test_gpu_cuda_step.py::test_the_router_chooses_as_the_reference" > "$OUT/gpu_tests.log" 2>&1
-echo "[GPU tests rc=$? at ${SECONDS}s]"; tail -3 "$OUT/gpu_tests.log"
+gpu_tests 240 tests/test_cuda_moe.py tests/test_gpu_fused_step.py \
+    "tests/test_gpu_cuda_step.py::test_the_router_chooses_as_the_reference"
 default="product;MoE selection as before;MoE and router selection as before;product again"
 ab ab "${VARIANTS:-$default}" --deadline "${AB_DEADLINE:-$(($(left) - 10))}"

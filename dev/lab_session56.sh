@@ -11,13 +11,9 @@
 nvidia-smi -L | grep -q H200 && exec bash dev/lab_session37.sh
 LAB_DEFAULT_SECONDS=585
 source dev/lab_prelude.sh
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_moe.py -m gpu -k "window_balance or (chooses and True-True-True-0-True)" \
-    > "$OUT/gpu_tests.log" 2>&1
-echo "[GPU tests rc=$? at ${SECONDS}s]"; tail -3 "$OUT/gpu_tests.log"
+gpu_tests 150 tests/test_cuda_moe.py -k "window_balance or (chooses and True-True-True-0-True)"
 default="product;MoE joint pairs 3;MoE joint pairs 4;product again;MoE candidates ranked by 8 threads;MoE joint pairs 2"
 ab ab "${VARIANTS:-$default}" --deadline "${AB_DEADLINE:-$(($(left) - ${ROUTER_SECONDS:-120}))}"
-timeout $(($(left) - 5)) python3 dev/moe_router_ab.py --rounds 3 \
-    --configs "gate_up_window=3;gate_up_window=3,joint_pairs=3;gate_up_window=3,joint_pairs=4;gate_up_window=3,select_sub=8" \
-    > "$OUT/moe_router.log" 2>&1
-echo "[moe_router rc=$? at ${SECONDS}s]"; grep -v Warning "$OUT/moe_router.log" | grep -E "checks|^  router|down products done|block end" | head -16
+moe_router $(($(left) - 5)) "checks|^  router|down products done|block end" --rounds 3 \
+    --configs "gate_up_window=3;gate_up_window=3,joint_pairs=3;gate_up_window=3,joint_pairs=4;gate_up_window=3,select_sub=8"
 

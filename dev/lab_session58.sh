@@ -19,9 +19,7 @@ if nvidia-smi -L | grep -q H200; then
         > "$OUT/steady.log" 2>&1
     echo "[steady rc=$? at ${SECONDS}s]"; grep -v Warning "$OUT/steady.log" | tail -12
 else
-    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_moe.py tests/test_gpu_cuda_step.py \
-        -k "chooses or norm_projection_and_residual" > "$OUT/gpu_tests.log" 2>&1
-    echo "[GPU tests rc=$? at ${SECONDS}s]"; tail -3 "$OUT/gpu_tests.log"
+    gpu_tests 200 tests/test_cuda_moe.py tests/test_gpu_cuda_step.py -k "chooses or norm_projection_and_residual"
     timeout 60 python3 dev/norm_rounding_probe.py --draws 1000 2>&1 | grep -v Warning > "$OUT/norm_rounding.log"
     echo "[norm probe rc=$? at ${SECONDS}s]"; tail -4 "$OUT/norm_rounding.log"
     PREFILL="" product_bench 4096,32768 128 5
