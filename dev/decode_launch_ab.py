@@ -126,6 +126,12 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
         "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"bulk": 2, "warps": 8, "slots": 6}}
     },
     "bulk, 2 blocks of 8 warps: every GEMV": {"bulk": 2, "warps": 8},
+    # (twenty-fourth session) on the H200 the same CUDA GEMV streamed the LM head's 403 MB at 94-97% of the copy
+    # bandwidth with 8-10 warps a block, at 72% with the big projections' 4 (h200_step_kernels_probe.log, kernels
+    # alone, where q|k|v|f|g|b itself lost with them: 61-62% against 67%); never run in the step on an H200. The
+    # sums run in another order (logits differ, as expected)
+    "8 warps: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"warps": 8}}},
+    "10 warps: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"warps": 10}}},
     # (nineteenth session) the H200's big projections stream at about 66% of its copy rate where the H100's reach
     # 79%: the same latency at a higher rate needs more bytes in flight than a lane's registers hold; the ring
     # holds about 200 KB an SM (never measured on the H200); with the H100's product asks beside it

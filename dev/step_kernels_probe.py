@@ -139,6 +139,7 @@ STEADY_LAUNCHES = {
     # (twenty-fourth session) the weights through rings of shared memory filled by bulk copies, up to about 200 KB
     # an SM in flight against the registers' 60: does the H200's stream, which stops near 2.9 TB/s, rise with them?
     # (warps other than the product's sum K in another order: their outputs are not compared)
+    "8 warps": GemvLaunch(warps=8),
     "bulk 2x8": GemvLaunch(bulk=2, warps=8),
     "bulk 4x4": GemvLaunch(bulk=4, warps=4),
 }
