@@ -1,6 +1,6 @@
 # Sourced by dev/lab_session12.sh and later: the device's environment, the output folder ($OUT), the
 # script's deadline (LAB_SECONDS, else the script's LAB_DEFAULT_SECONDS) and the calls they share (the A/B, the bench,
-# the GPU tests, the MoE kernel alone).
+# the GPU tests, the MoE kernel alone, the steady probe).
 set -uo pipefail
 export PYTHONPATH=$PWD SOLO_CACHE_DIR=/tmp/solo_cache PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -41,4 +41,12 @@ moe_router() {
     shift 2
     timeout "$seconds" python3 dev/moe_router_ab.py "$@" > "$OUT/moe_router.log" 2>&1
     echo "[moe_router rc=$? at ${SECONDS}s]"; grep -v Warning "$OUT/moe_router.log" | grep -E "$pattern" | head -20
+}
+
+# steady_probe SECONDS: the projections with their rows scaled 1, 4 and 16 times (dev/step_kernels_probe.py --steady)
+# into $OUT/steady.log
+steady_probe() {
+    timeout "$1" python3 dev/step_kernels_probe.py --steady qkvfgb,o_proj,shared_gate_up --scales 1,4,16 \
+        > "$OUT/steady.log" 2>&1
+    echo "[steady rc=$? at ${SECONDS}s]"; grep -v Warning "$OUT/steady.log" | tail -12
 }

@@ -8,9 +8,7 @@
 LAB_DEFAULT_SECONDS=585
 source dev/lab_prelude.sh
 nvidia-smi -L | grep -q H200 || { echo "not an H200: nothing run"; exit 0; }
-timeout 75 python3 dev/step_kernels_probe.py --steady qkvfgb,o_proj,shared_gate_up --scales 1,4,16 \
-    > "$OUT/steady.log" 2>&1
-echo "[steady rc=$? at ${SECONDS}s]"; grep -v Warning "$OUT/steady.log" | tail -12
+steady_probe 75
 big="qkvfgb, q|kv_a|g, MLP"
 default="bulk, 2 blocks of 8 warps: $big;MLA one token: L2 asks for the first step early"
 default+=";L2 next: shared + 16 MB, after the copies;MoE gate_up window 3;L2 fetch 256 B;bulk, 2 blocks of 10 warps: $big"

@@ -15,9 +15,7 @@ if nvidia-smi -L | grep -q H200; then
     default="bulk, 2 blocks of 8 warps: $big;MLA one token: L2 asks for the first step early"
     default+=";L2 next: shared + 16 MB, after the copies;MoE gate_up window 3;L2 fetch 256 B;product again"
     ab ab "product;${VARIANTS:-$default}" --deadline "$(($(left) - 90))"
-    timeout $(($(left) - 5)) python3 dev/step_kernels_probe.py --steady qkvfgb,o_proj,shared_gate_up --scales 1,4,16 \
-        > "$OUT/steady.log" 2>&1
-    echo "[steady rc=$? at ${SECONDS}s]"; grep -v Warning "$OUT/steady.log" | tail -12
+    steady_probe $(($(left) - 5))
 else
     gpu_tests 200 tests/test_cuda_moe.py tests/test_gpu_cuda_step.py -k "chooses or norm_projection_and_residual"
     timeout 60 python3 dev/norm_rounding_probe.py --draws 1000 2>&1 | grep -v Warning > "$OUT/norm_rounding.log"

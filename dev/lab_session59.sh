@@ -19,9 +19,7 @@ if nvidia-smi -L | grep -q H200; then
     default+=";product again;MoE gate_up window 3;MLA one token: L2 asks for the first step early"
     default+=";bulk, 2 blocks of 8 warps: $big + L2 next: shared + 16 MB, after the copies;10 warps: $big"
     ab ab "product;${VARIANTS:-$default}" --deadline "$(($(left) - 80))"
-    timeout $(($(left) - 5)) python3 dev/step_kernels_probe.py --steady qkvfgb,o_proj,shared_gate_up --scales 1,4,16 \
-        > "$OUT/steady.log" 2>&1
-    echo "[steady rc=$? at ${SECONDS}s]"; grep -v Warning "$OUT/steady.log" | tail -12
+    steady_probe $(($(left) - 5))
 else
     # (the device has no uvicorn or openai: the modules importing them are left out)
     gpu_tests $(($(left) - 5)) tests/ --ignore=tests/test_lm_eval.py --ignore=tests/test_server.py \
