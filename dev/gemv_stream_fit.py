@@ -79,10 +79,8 @@ def name_gemvs(timeline: list[list]) -> list[tuple[str, float]]:
 
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Least squares of us = fixed + MB / rate over (MB, us): (fixed us, rate in MB/us = TB/s)."""
-    mean_x = statistics.fmean(x for x, _ in points)
-    mean_y = statistics.fmean(y for _, y in points)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
-    return mean_y - slope * mean_x, 1.0 / slope
+    slope, fixed = statistics.linear_regression([x for x, _ in points], [y for _, y in points])
+    return fixed, 1.0 / slope
 
 
 def report(path: str, context: str, sizes: dict[str, int]) -> None:

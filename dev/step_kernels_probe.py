@@ -157,15 +157,14 @@ def steady(name: str, scales: list[int], copy_gbs: float, device: torch.device) 
             nbytes = gemvs[0].nbytes()
             want = None
             line = f"{scaled:14s} {nbytes / 1e6:7.1f} MB"
-            product_warps = None
             for label, launch in STEADY_LAUNCHES.items():
                 cudas = [CudaGemv(g, counter, launch) for g in gemvs]
                 got = run_once(cudas[0], kw, outs[0]).clone()
                 warps = next(iter(cudas[0]._kernels.values()))[3]["WARPS"]
-                product_warps = warps if product_warps is None else product_warps
-                # (None: not compared, the sums run in another order)
-                same = True if want is None else None if warps != product_warps else torch.equal(got, want)
-                want = got if want is None else want
+                if want is None:  # (the product, first)
+                    want, product_warps, same = got, warps, True
+                else:  # (None: not compared, the sums run in another order)
+                    same = torch.equal(got, want) if warps == product_warps else None
                 calls = [lambda c=c, o=o, kw=kw: run_once(c, kw, o) for c, o in zip(cudas, outs, strict=True)]
                 secs = graph_seconds(calls)
                 row = {"shape": scaled, "mb": nbytes / 1e6, "launch": label, "us": secs * 1e6}
