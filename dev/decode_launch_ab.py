@@ -324,6 +324,7 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "L2 next: shared + 12 MB, after the copies": {"l2_next": {"megabytes": 12, "at": 1}},
     "L2 next: shared + 16 MB, after the copies": {"l2_next": {"megabytes": 16, "at": 1}},
     "L2 next: shared + 24 MB, after the copies": {"l2_next": {"megabytes": 24, "at": 1}},
+    "L2 next: shared + 24 MB, after the copies, again": {"l2_next": {"megabytes": 24, "at": 1}},
     "L2 next: 8 MB, after the copies": {"l2_next": {"megabytes": 8, "shared": False, "at": 1}},
     # (with the table in shared memory, copied before the wait: the later points no longer wait for its load)
     "L2 next: shared + 16 MB, at the end": {"l2_next": {"megabytes": 16, "at": 3}},
