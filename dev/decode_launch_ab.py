@@ -188,6 +188,18 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MLA prep: w_uk before the wait, again": {"mla": {"prep_weights_early": True}},
     "MLA one token: no early asks, again": {"mla_one": {"early_chunks": 0}},
     "MLA one token transposed: 32 positions a step": {"mla_one": {"block_l": 32}},
+    # (twenty-fifth session) at 2 stages Triton's pipeliner issues a step's cache copies at the end of the step
+    # before and waits for all of them at its top (cp.async.wait_group 0, read in the PTX): no load overlaps the
+    # products. 3 stages of 64 positions take more shared memory than an SM has; of 32 positions, 3-6 stages keep
+    # 1-4 steps of copies in flight during the products (wait_group 2-8)
+    "MLA one token: 32 positions a step, 4 stages": {"mla_one": {"block_l": 32, "stages": 4}},
+    "MLA one token: 32 positions a step, 5 stages": {"mla_one": {"block_l": 32, "stages": 5}},
+    "MLA one token: 32 positions a step, 6 stages": {"mla_one": {"block_l": 32, "stages": 6}},
+    "MLA one token: 32 positions a step, 5 stages, 2 early": {
+        "mla_one": {"block_l": 32, "stages": 5, "early_chunks": 2}
+    },
+    "MLA verification: 32 positions a step, 3 stages": {"mla_window": {"block_l": 32, "stages": 3}},
+    "MLA verification: 32 positions a step, 4 stages": {"mla_window": {"block_l": 32, "stages": 4}},
     # verification's attention transposed (4 warps for both lost 540 us of verification on the H100)
     "MLA verification transposed": {"mla_window": {"transposed": True}},
     "MLA verification: 128 splits": {"mla_window": {"splits": 128}},

@@ -2,7 +2,8 @@
 CUDA graph, over launch configurations (`AttendLaunch`: splits, positions per step and per split,
 pipelining stages, row tiles, operand type, the combine's value rows per program).
 
-    python3 dev/mla_probe.py [--contexts 4096,32768] [--tokens 1,4] [--variants N | --pick 0,5,6] [--json OUT.json]
+    python3 dev/mla_probe.py [--contexts 4096,32768] [--tokens 1,4] [--variants N | --pick 0,5,6 | --changes JSON]
+        [--json OUT.json]
 
 32 heads, rank 512, rope 64, v 128; 7 layers with their own latent caches (over the L2 at 32K),
 filled with fresh random values up to the context. Each variant's outputs are compared with the
@@ -169,6 +170,12 @@ def main() -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--variants", type=int, default=len(VARIANTS), help="run the first N variants only")
     p.add_argument("--pick", default=None, help="run these variants only (indices, e.g. 0,5,6; 0 is the product)")
+    p.add_argument(
+        "--changes",
+        default=None,
+        help="run these changes to the product's AttendLaunch instead (JSON list, e.g. '[{}, {\"stages\": 3}]'; "
+        "put {} first: the first is the outputs' reference)",
+    )
     args = p.parse_args()
     dev, copy_gbs, g, contexts, layers, width = lab_setup(args.contexts)
     rows = []
@@ -177,7 +184,12 @@ def main() -> int:
         for ctx in contexts:
             positions = torch.arange(ctx - tokens, ctx, device=dev)
             reference = None
-            picked = [VARIANTS[int(i)] for i in args.pick.split(",")] if args.pick else VARIANTS[: args.variants]
+            if args.changes:
+                picked = json.loads(args.changes)
+            elif args.pick:
+                picked = [VARIANTS[int(i)] for i in args.pick.split(",")]
+            else:
+                picked = VARIANTS[: args.variants]
             for variant in picked:
                 recorder = Recorder()
                 mlas = build_layers(FusedMLA, layers, recorder)
