@@ -199,6 +199,9 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
         "mla_one": {"block_l": 32, "stages": 5, "early_chunks": 2}
     },
     "MLA verification: 32 positions a step, 3 stages": {"mla_window": {"block_l": 32, "stages": 3}},
+    # (lab62's Nsight Compute: one warp a scheduler, 46% of its stalls on the cache copies' scoreboard) the copies
+    # of the step after asked of the L2 at each step's top (not run yet)
+    "MLA one token: L2 asks 1 step ahead in the loop": {"mla_one": {"ahead_steps": 1}},
     "MLA verification: 32 positions a step, 4 stages": {"mla_window": {"block_l": 32, "stages": 4}},
     # verification's attention transposed (4 warps for both lost 540 us of verification on the H100)
     "MLA verification transposed": {"mla_window": {"transposed": True}},
@@ -322,6 +325,7 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "L2 next off": {"l2_next": {"megabytes": 0, "shared": False, "at": 0}},  # (the product's on L2_NEXT_CARDS)
     "L2 next off, again": {"l2_next": {"megabytes": 0, "shared": False, "at": 0}},
     "L2 next: shared + 32 MB, after the copies": {"l2_next": {"megabytes": 32, "at": 1}},
+    "L2 next: shared + 32 MB, after the copies, again": {"l2_next": {"megabytes": 32, "at": 1}},
     "L2 next: shared expert, after the copies": {"l2_next": {"megabytes": 0, "at": 1}},
     "L2 next: shared expert, after the exchange": {"l2_next": {"megabytes": 0, "at": 2}},
     "L2 next: shared + 8 MB, after the copies": {"l2_next": {"megabytes": 8, "at": 1}},
