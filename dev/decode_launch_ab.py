@@ -191,7 +191,9 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # (twenty-fifth session) at 2 stages Triton's pipeliner issues a step's cache copies at the end of the step
     # before and waits for all of them at its top (cp.async.wait_group 0, read in the PTX): no load overlaps the
     # products. 3 stages of 64 positions take more shared memory than an SM has; of 32 positions, 3-6 stages keep
-    # 1-4 steps of copies in flight during the products (wait_group 2-8)
+    # 1-4 steps of copies in flight during the products (wait_group 2-8), with the scores on mma.sync. Lost on the
+    # H100 (h100_ab_lab61.log): one token +25.8 / +41.1 / +60.8 us at 4 / 5 / 6 stages, +31.8 with 2 early steps;
+    # verification +2.1 / +3.3 us at 3 / 4 stages
     "MLA one token: 32 positions a step, 4 stages": {"mla_one": {"block_l": 32, "stages": 4}},
     "MLA one token: 32 positions a step, 5 stages": {"mla_one": {"block_l": 32, "stages": 5}},
     "MLA one token: 32 positions a step, 6 stages": {"mla_one": {"block_l": 32, "stages": 6}},
@@ -199,10 +201,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
         "mla_one": {"block_l": 32, "stages": 5, "early_chunks": 2}
     },
     "MLA verification: 32 positions a step, 3 stages": {"mla_window": {"block_l": 32, "stages": 3}},
-    # (lab62's Nsight Compute: one warp a scheduler, 46% of its stalls on the cache copies' scoreboard) the copies
-    # of the step after asked of the L2 at each step's top (not run yet)
-    "MLA one token: L2 asks 1 step ahead in the loop": {"mla_one": {"ahead_steps": 1}},
     "MLA verification: 32 positions a step, 4 stages": {"mla_window": {"block_l": 32, "stages": 4}},
+    # (lab62's Nsight Compute: one warp a scheduler, 46% of its stalls on the cache copies' scoreboard) the copies
+    # of the step after asked of the L2 at each step's top: +16.7 us on the H100 (h100_ab_lab63.log)
+    "MLA one token: L2 asks 1 step ahead in the loop": {"mla_one": {"ahead_steps": 1}},
     # verification's attention transposed (4 warps for both lost 540 us of verification on the H100)
     "MLA verification transposed": {"mla_window": {"transposed": True}},
     "MLA verification: 128 splits": {"mla_window": {"splits": 128}},
