@@ -8,7 +8,8 @@
 # Results under $OUT: mla_probe1.log, mla_probe4.log, ab.{log,json}. timeout_s 600.
 LAB_DEFAULT_SECONDS=585
 source dev/lab_prelude.sh
-one='[{}, {"block_l": 32, "stages": 4}, {"block_l": 32, "stages": 5}, {"block_l": 32, "stages": 6}, {"block_l": 16, "stages": 8}, {"block_l": 32, "stages": 5, "transposed": false, "warps": 8}]'
+one='[{}, {"block_l": 32, "stages": 4}, {"block_l": 32, "stages": 5}, {"block_l": 32, "stages": 6}'
+one+=', {"block_l": 16, "stages": 8}, {"block_l": 32, "stages": 5, "transposed": false, "warps": 8}]'
 timeout 170 python3 dev/mla_probe.py --contexts 4096,32768 --tokens 1 --changes "$one" > "$OUT/mla_probe1.log" 2>&1
 echo "[mla_probe 1 rc=$? at ${SECONDS}s]"; grep "^T=" "$OUT/mla_probe1.log"
 four='[{}, {"block_l": 32, "stages": 3}, {"block_l": 32, "stages": 4}]'
