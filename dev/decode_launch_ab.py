@@ -205,6 +205,14 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # (lab62's Nsight Compute: one warp a scheduler, 46% of its stalls on the cache copies' scoreboard) the copies
     # of the step after asked of the L2 at each step's top: +16.7 us on the H100 (h100_ab_lab63.log)
     "MLA one token: L2 asks 1 step ahead in the loop": {"mla_one": {"ahead_steps": 1}},
+    # (twenty-sixth session) one token's attention in Gluon (solo.kernels.gluon_mla): TMA copies into a ring of 2
+    # buffers of 64 positions, each refilled as soon as its products are done, so one step's copies are in flight
+    # while the step before computes (Triton's pipeline issues them after it); with the product's early_chunks the
+    # first two steps of old rows are copied before the wait for the prep. 1 buffer: no overlap, for scale
+    "MLA one token: Gluon ring": {"mla_one": {"gluon": True}},
+    "MLA one token: Gluon ring, again": {"mla_one": {"gluon": True}},
+    "MLA one token: Gluon ring, no early copies": {"mla_one": {"gluon": True, "early_chunks": 0}},
+    "MLA one token: Gluon ring, 1 buffer": {"mla_one": {"gluon": True, "ring_buffers": 1}},
     # verification's attention transposed (4 warps for both lost 540 us of verification on the H100)
     "MLA verification transposed": {"mla_window": {"transposed": True}},
     "MLA verification: 128 splits": {"mla_window": {"splits": 128}},

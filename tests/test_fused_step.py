@@ -386,6 +386,34 @@ def test_an_attention_cut_the_kernels_cannot_run_is_refused_naming_it(splits):
     FusedMLA(*args, kv_offset=heads * (nope + rope), gate_offset=heads * (nope + rope) + rank + rope)
 
 
+def test_the_gluon_attention_is_refused_where_it_cannot_run_naming_why():
+    """AttendLaunch.gluon (one token's attention on Hopper's TMA and warpgroup MMA) is refused when the layer is
+    built, naming why and the fix: here on the CPU, and for several tokens anywhere."""
+    from dataclasses import replace
+
+    from solo.kernels.fused_mla import FusedMLA
+
+    heads, nope, rank, v, rope = 8, 16, 128, 16, 64
+    args = (
+        torch.randn(heads, nope, rank).bfloat16(),
+        torch.randn(heads, v, rank).bfloat16(),
+        torch.ones(rank).bfloat16(),
+        torch.rand(rope // 2),
+        1.0,
+        0.1,
+        1e-6,
+        rope,
+        torch.zeros(3, dtype=torch.int32),
+    )
+    offsets = dict(kv_offset=heads * (nope + rope), gate_offset=heads * (nope + rope) + rank + rope)
+    one = type("One", (FusedMLA,), {"ONE_TOKEN": replace(FusedMLA.ONE_TOKEN, gluon=True)})
+    with pytest.raises(ValueError, match="the Gluon MLA attention cannot run: .*leave AttendLaunch.gluon off"):
+        one(*args, **offsets)
+    several = type("Several", (FusedMLA,), {"WINDOW": replace(FusedMLA.WINDOW, gluon=True)})
+    with pytest.raises(ValueError, match="cannot run: (it attends for one token, not 2|.*CPU|.*GPU)"):
+        several(*args, **offsets)
+
+
 def test_the_shared_expert_inside_the_moe_kernel_is_refused_where_it_cannot_run_naming_the_fix(models):
     """--moe-shared fused runs inside the persistent MoE kernel, with the router there: where that cannot
     run (here: no GPU) it is an error naming the fix; auto keeps the shared expert's own kernels."""

@@ -528,6 +528,11 @@ class AttendLaunch:
     prep_weights_early: bool = False
     # (transposed, under PDL) each step of a split's loop asks the L2 for the step this many later
     ahead_steps: int = 0
+    # (one token, Hopper) the attention as solo.kernels.gluon_mla's ring: the cache's steps copied by TMA into
+    # ring_buffers shared-memory buffers, each refilled as soon as its products are done (with early_chunks: the
+    # ring's first steps of old rows copied before the wait for the prep)
+    gluon: bool = False
+    ring_buffers: int = 2
 
 
 class FusedMLA:
@@ -592,6 +597,10 @@ class FusedMLA:
             if c.splits < 16 or c.splits & (c.splits - 1) or c.splits % min(c.combine_chunk, c.splits):
                 raise ValueError(f"{c}: splits must be a power of two, at least 16, and a multiple of combine_chunk")
             self._check_rank_parts(c)
+        if self.ONE_TOKEN.gluon:
+            self._check_gluon(self.ONE_TOKEN, 1, w_uk.device)
+        if self.WINDOW.gluon:
+            self._check_gluon(self.WINDOW, 2, w_uk.device)
         self.w_uk = w_uk.contiguous()
         self.w_uv = w_uv.contiguous()
         self.kv_norm = kv_norm_weight
@@ -604,11 +613,29 @@ class FusedMLA:
         self.launch = launch
         self._scratch: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
         self._combine_scratch: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._descriptors: dict[tuple[int, int, int], tuple] = {}  # the Gluon attention's TMA descriptors per cache
 
     def _check_rank_parts(self, c: AttendLaunch) -> None:
         parts = c.combine_rank_parts
         if parts and (parts & (parts - 1) or self.rank % parts or (self.rank // parts) & (self.rank // parts - 1)):
             raise ValueError(f"{c}: combine_rank_parts must be a power of two cutting the rank into powers of two")
+
+    def _check_gluon(self, config: AttendLaunch, tokens: int, device: torch.device) -> None:
+        """Refuse, naming why, a launch of the Gluon attention (AttendLaunch.gluon) that cannot run."""
+        from solo.kernels.gluon_mla import gluon_unavailable
+
+        why = gluon_unavailable(device)
+        if tokens != 1:
+            why = f"it attends for one token, not {tokens}"
+        elif config.block_l != 64 or self.heads % 8 or self.heads > 256 or self.rank % 64 or self.rope % 64:
+            why = (
+                f"it takes steps of 64 positions, 8 to 256 heads in eights and a rank and rope dimension in "
+                f"sixty-fours, not {config.block_l}, {self.heads}, {self.rank} and {self.rope}"
+            )
+        elif not 1 <= config.ring_buffers <= 2:
+            why = f"its ring holds 1 or 2 steps of 64 positions in shared memory, not {config.ring_buffers}"
+        if why is not None:
+            raise ValueError(f"{config}: the Gluon MLA attention cannot run: {why}; leave AttendLaunch.gluon off")
 
     def config(self, tokens: int) -> AttendLaunch:
         return self.ONE_TOKEN if tokens == 1 else self.WINDOW
@@ -731,7 +758,9 @@ class FusedMLA:
             **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
             **launch.options,
         )
-        if config.transposed:
+        if config.gluon:
+            compiled = self._attend_ring(config, q, positions, latent_cache, rope_cache, part, ml, launch)
+        elif config.transposed:
             if d_parts != 1:
                 raise ValueError(f"{config}: the transposed attention computes every value column of its rows")
             early = dict(EARLY=config.early_chunks, AHEAD=config.ahead_steps, THREADS=32 * config.warps)
@@ -746,6 +775,42 @@ class FusedMLA:
                 *args, D_PARTS=d_parts, ROWS_ADJACENT=rows_adjacent, **shared
             )
         launch.record("mla_attend", compiled)
+
+    def _attend_ring(
+        self,
+        config: AttendLaunch,
+        q: torch.Tensor,
+        positions: torch.Tensor,
+        latent_cache: torch.Tensor,
+        rope_cache: torch.Tensor,
+        part: torch.Tensor,
+        ml: torch.Tensor,
+        launch: LaunchPolicy,
+    ) -> object:
+        """One token's attention as solo.kernels.gluon_mla's ring (AttendLaunch.gluon); refused, naming why, where
+        it cannot run."""
+        from solo.kernels import gluon_mla
+
+        self._check_gluon(config, q.shape[0], q.device)
+        key = (latent_cache.data_ptr(), rope_cache.data_ptr(), config.block_l)
+        if key not in self._descriptors:  # (per cache: graphs point at them)
+            self._descriptors[key] = gluon_mla.cache_descriptors(latent_cache, rope_cache, config.block_l)
+        return gluon_mla.attend_ring(
+            q,
+            positions,
+            self._descriptors[key],
+            part,
+            ml,
+            self.counter[1:2],
+            self.scale,
+            splits=config.splits,
+            min_chunk=config.min_chunk,
+            block_l=config.block_l,
+            buffers=config.ring_buffers,
+            early=config.early_chunks > 0,
+            pdl=launch.pdl,
+            launch_options=launch.options,
+        )
 
     def combine(
         self,

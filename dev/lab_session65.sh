@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Twenty-sixth session: one token's MLA attention in Gluon (solo.kernels.gluon_mla, AttendLaunch.gluon): TMA copies
+# into a ring of 64-position buffers, each refilled as soon as its products are done, on the warpgroup MMA. First
+# alone against the product's Triton attention (outputs compared, 4K and 32K), then its GPU test against the
+# reference, then the whole decode step at 32K (A/B in one process). On an H200 the A/B then goes on with what
+# lab_session59.sh's H200 branch measures, as far as the time allows.
+# Results under $OUT: mla_probe.log, gpu_tests.log, ab.{log,json}. timeout_s LAB_SECONDS + 30.
+LAB_DEFAULT_SECONDS=570
+source dev/lab_prelude.sh
+one='[{}, {"gluon": true}, {"gluon": true, "early_chunks": 0}, {"gluon": true, "ring_buffers": 1}]'
+timeout 150 python3 dev/mla_probe.py --contexts 4096,32768 --tokens 1 --changes "$one" > "$OUT/mla_probe.log" 2>&1
+echo "[mla_probe rc=$? at ${SECONDS}s]"; grep -E "^T=|Error|error" "$OUT/mla_probe.log" | head -20
+gpu_tests 200 tests/test_gpu_fused_step.py -k "gluon" -rfE
+g="MLA one token: Gluon ring"
+default="$g;$g, no early copies;product again;$g, again"
+if nvidia-smi -L | grep -q H200; then
+    big="qkvfgb, q|kv_a|g, MLP"
+    default+=";bulk, 2 blocks of 8 warps: $big;8 warps: $big;L2 next: shared + 16 MB, after the copies;L2 fetch 256 B"
+    default+=";10 warps: $big"
+fi
+ab ab "product;${VARIANTS:-$default}" --deadline "$(($(left) - 20))"

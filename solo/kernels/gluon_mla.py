@@ -1,0 +1,237 @@
+"""One token's MLA decode attention on Hopper, written in Gluon: the cache's steps copied by the tensor memory
+accelerator into a ring of shared-memory buffers, products on the warpgroup MMA (`AttendLaunch.gluon`).
+
+Why not Triton: at the 2 stages that fit in shared memory, Triton's software pipeline issues a step's cache
+copies after the products of the step before and waits for them at the next step's top (cp.async and TMA
+descriptors alike, docs/kernels.md, MLA), so no copy overlaps a product: the attention reads the cache at about
+half the copy bandwidth. Here every buffer of the ring is filled as soon as the products that read it are done,
+so while a step computes the next one is already in flight, and the split's first steps are copied before the
+wait for the previous kernel (the prep) wherever they hold only rows earlier steps wrote.
+
+Same cut, arithmetic and outputs as `fused_mla._mla_attend_t` for one token (positions on the MMA's M side,
+the heads on N; bf16 operands, fp32 sums in another order): the combine reads its partials unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+try:  # Gluon is Triton's explicit-layout dialect (Triton 3.5 and later); without it the option is unavailable
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    gluon = None
+
+from solo.kernels.triton_fp8 import interpreter_mode
+
+
+def gluon_unavailable(device: torch.device | str) -> str | None:
+    """Why the Gluon attention cannot run on `device`, or None when it can."""
+    device = torch.device(device)
+    if gluon is None:
+        return f"this Triton ({triton.__version__}) has no Gluon with Hopper TMA and warpgroup MMA; install Triton 3.6"
+    if interpreter_mode():
+        return "Triton's CPU interpreter (TRITON_INTERPRET=1) runs no Gluon kernels"
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"the Gluon MLA attention needs an NVIDIA GPU; the model is on '{device.type}'"
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        return "the Gluon MLA attention needs a Hopper GPU (compute capability 9.x: TMA and the warpgroup MMA)"
+    return None
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _grid_dependency(PDL: gl.constexpr):
+        """Under PDL: wait for the previous kernel (its writes visible), then let the next one launch."""
+        if PDL:
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+            gl.inline_asm_elementwise(
+                "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+            )
+
+    @gluon.jit
+    def _copy_step(latent_desc, rope_desc, bar, kv_buf, kr_buf, row, go):
+        """One step's latent and rope rows from `row` into a buffer, completing on `bar` (when `go`)."""
+        mbarrier.expect(bar, latent_desc.block_type.nbytes + rope_desc.block_type.nbytes, pred=go)
+        tma.async_copy_global_to_shared(latent_desc, [row, 0], bar, kv_buf, pred=go)
+        tma.async_copy_global_to_shared(rope_desc, [row, 0], bar, kr_buf, pred=go)
+
+    @gluon.jit
+    def _mla_attend_ring(
+        q_ptr,
+        pos_ptr,
+        latent_desc,
+        rope_desc,
+        part_ptr,
+        ml_ptr,
+        count_ptr,
+        scale,
+        HEADS: gl.constexpr,
+        RANK: gl.constexpr,
+        ROPE: gl.constexpr,
+        SPLITS: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        BLOCK_L: gl.constexpr,
+        MIN_CHUNK: gl.constexpr,
+        BUFFERS: gl.constexpr,
+        EARLY: gl.constexpr,
+        PDL: gl.constexpr,
+    ):
+        """Split s of one token's filled positions: scores^T = keys . q^T [BLOCK_L, HEADS] and out^T += values^T .
+        p^T [RANK, HEADS] per step of BLOCK_L positions, an online softmax between; the partial output, running max
+        and sum into part / ml as _mla_attend_t writes them. A box past the split's end reads rows that later
+        positions left (finite: the caches start zeroed) or zeros past the cache: the mask drops them."""
+        s = gl.program_id(0)
+        pos = gl.load(pos_ptr)  # the token's position (final two kernels back: read before the wait)
+        length = pos + 1
+        used = gl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)
+        chunk = (length + used - 1) // used
+        chunk = (chunk + BLOCK_L - 1) // BLOCK_L * BLOCK_L
+        start = s * chunk
+        end = gl.minimum(start + chunk, length)
+        steps = gl.where(s < used, (end - start + BLOCK_L - 1) // BLOCK_L, 0)
+
+        kv_ring = gl.allocate_shared_memory(gl.bfloat16, [BUFFERS, BLOCK_L, RANK], latent_desc.layout)
+        kr_ring = gl.allocate_shared_memory(gl.bfloat16, [BUFFERS, BLOCK_L, ROPE], rope_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(BUFFERS):
+            mbarrier.init(bars.index(b), count=1)
+        # the ring's first steps: those holding only rows earlier steps wrote before the wait for the prep (which
+        # writes this token's row), the rest after it
+        if EARLY:
+            for b in gl.static_range(BUFFERS):
+                row = start + b * BLOCK_L
+                early = (b < steps) & (row + BLOCK_L <= pos)
+                _copy_step(latent_desc, rope_desc, bars.index(b), kv_ring.index(b), kr_ring.index(b), row, early)
+        _grid_dependency(PDL)
+        if s == 0:
+            gl.atomic_add(count_ptr, 1)
+        for b in gl.static_range(BUFFERS):
+            row = start + b * BLOCK_L
+            late = (b < steps) & (row + BLOCK_L > pos) if EARLY else b < steps
+            _copy_step(latent_desc, rope_desc, bars.index(b), kv_ring.index(b), kr_ring.index(b), row, late)
+
+        # the products' layout: one warpgroup, positions (or latent columns) on M, the heads on N
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEADS, 16])
+        heads_of: gl.constexpr = gl.SliceLayout(0, mma)
+        # the query once into shared memory, [HEADS, RANK] and [HEADS, ROPE] (the B operand, K-major)
+        q_load: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        rq = gl.arange(0, HEADS, layout=gl.SliceLayout(1, q_load))
+        q_lat = gl.load(
+            q_ptr + rq[:, None] * (RANK + ROPE) + gl.arange(0, RANK, layout=gl.SliceLayout(0, q_load))[None, :]
+        )
+        q_rope = gl.load(
+            q_ptr + rq[:, None] * (RANK + ROPE) + RANK + gl.arange(0, ROPE, layout=gl.SliceLayout(0, q_load))[None, :]
+        )
+        q_smem = gl.allocate_shared_memory(
+            gl.bfloat16, [HEADS, RANK], gl.NVMMASharedLayout.get_default_for([HEADS, RANK], gl.bfloat16), q_lat
+        )
+        qr_smem = gl.allocate_shared_memory(
+            gl.bfloat16, [HEADS, ROPE], gl.NVMMASharedLayout.get_default_for([HEADS, ROPE], gl.bfloat16), q_rope
+        )
+        p_smem = gl.allocate_shared_memory(
+            gl.bfloat16, [BLOCK_L, HEADS], gl.NVMMASharedLayout.get_default_for([BLOCK_L, HEADS], gl.bfloat16)
+        )
+        fence_async_shared()
+
+        m_i = gl.full([HEADS], float("-inf"), gl.float32, layout=heads_of)
+        l_i = gl.zeros([HEADS], gl.float32, layout=heads_of)
+        acc = gl.zeros([RANK, HEADS], gl.float32, layout=mma)
+        zero_scores = gl.zeros([BLOCK_L, HEADS], gl.float32, layout=mma)
+        offsets = gl.arange(0, BLOCK_L, layout=gl.SliceLayout(1, mma))
+        for i in range(steps):
+            slot = i % BUFFERS
+            kv = kv_ring.index(slot)
+            kr = kr_ring.index(slot)
+            mbarrier.wait(bars.index(slot), (i // BUFFERS) & 1)
+            scores = warpgroup_mma(kv, q_smem.permute((1, 0)), zero_scores, use_acc=False, is_async=True)
+            scores = warpgroup_mma(kr, qr_smem.permute((1, 0)), scores, is_async=True)
+            scores = warpgroup_mma_wait(num_outstanding=0, deps=(scores,))
+            visible = (start + i * BLOCK_L + offsets) < end
+            scores = gl.where(visible[:, None], scores * scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(scores, axis=0))
+            p = gl.exp(scores - m_new[None, :])  # (every step has a visible position: m_new is finite)
+            alpha = gl.exp(m_i - m_new)
+            l_i = l_i * alpha + gl.sum(p, axis=0)
+            p_smem.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            acc = warpgroup_mma(kv.permute((1, 0)), p_smem, acc * alpha[None, :], is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            m_i = m_new
+            # the buffer is free again: the step BUFFERS later into it
+            later = i + BUFFERS
+            _copy_step(latent_desc, rope_desc, bars.index(slot), kv, kr, start + later * BLOCK_L, later < steps)
+        for b in gl.static_range(BUFFERS):
+            mbarrier.invalidate(bars.index(b))
+        if s < used:
+            rows = s * BLOCK_M + gl.arange(0, HEADS, layout=heads_of)
+            rd = gl.arange(0, RANK, layout=gl.SliceLayout(1, mma))
+            gl.store(part_ptr + rows[None, :] * RANK + rd[:, None], acc)
+            gl.store(ml_ptr + rows * 2, m_i)
+            gl.store(ml_ptr + rows * 2 + 1, l_i)
+
+
+def cache_descriptors(latent_cache: torch.Tensor, rope_cache: torch.Tensor, block_l: int) -> tuple:
+    """TMA descriptors of a layer's latent [positions, rank] and rope [positions, rope] caches, boxes of block_l
+    rows in the swizzled layout the warpgroup MMA reads."""
+    descriptors = []
+    for cache in (latent_cache, rope_cache):
+        block = [block_l, cache.shape[1]]
+        layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
+        descriptors.append(TensorDescriptor.from_tensor(cache, block, layout))
+    return tuple(descriptors)
+
+
+def attend_ring(
+    q: torch.Tensor,
+    positions: torch.Tensor,
+    descriptors: tuple,
+    part: torch.Tensor,
+    ml: torch.Tensor,
+    counter: torch.Tensor,
+    scale: float,
+    *,
+    splits: int,
+    min_chunk: int,
+    block_l: int,
+    buffers: int,
+    early: bool,
+    pdl: bool,
+    launch_options: dict,
+) -> object:
+    """Launch _mla_attend_ring for one token's q [1, heads, rank + rope]; returns what Triton's launch returned."""
+    _, heads, width = q.shape
+    latent_desc, rope_desc = descriptors
+    rank = latent_desc.block_shape[1]
+    return _mla_attend_ring[(splits,)](
+        q,
+        positions,
+        latent_desc,
+        rope_desc,
+        part,
+        ml,
+        counter,
+        scale,
+        HEADS=heads,
+        RANK=rank,
+        ROPE=width - rank,
+        SPLITS=splits,
+        BLOCK_M=part.shape[1],
+        BLOCK_L=block_l,
+        MIN_CHUNK=min_chunk,
+        BUFFERS=buffers,
+        EARLY=early,
+        PDL=pdl,
+        num_warps=4,
+        **launch_options,
+    )
