@@ -213,6 +213,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MLA one token: Gluon ring, again": {"mla_one": {"gluon": True}},
     "MLA one token: Gluon ring, no early copies": {"mla_one": {"gluon": True, "early_chunks": 0}},
     "MLA one token: Gluon ring, 1 buffer": {"mla_one": {"gluon": True, "ring_buffers": 1}},
+    # the steps past the ring asked of the L2 too: before the wait (4 early: at 32K a split's whole 295 KB is
+    # requested before the prep ends), and in the loop the step 2 later (1 more in flight than the ring holds)
+    "MLA one token: Gluon ring, 4 early": {"mla_one": {"gluon": True, "early_chunks": 4}},
+    "MLA one token: Gluon ring, 4 early, L2 2 ahead": {"mla_one": {"gluon": True, "early_chunks": 4, "ahead_steps": 2}},
     # verification's attention transposed (4 warps for both lost 540 us of verification on the H100)
     "MLA verification transposed": {"mla_window": {"transposed": True}},
     "MLA verification: 128 splits": {"mla_window": {"splits": 128}},

@@ -7,12 +7,13 @@
 # Results under $OUT: mla_probe.log, gpu_tests.log, ab.{log,json}. timeout_s LAB_SECONDS + 30.
 LAB_DEFAULT_SECONDS=570
 source dev/lab_prelude.sh
-one='[{}, {"gluon": true}, {"gluon": true, "early_chunks": 0}, {"gluon": true, "ring_buffers": 1}]'
+one='[{}, {"gluon": true}, {"gluon": true, "early_chunks": 0}, {"gluon": true, "ring_buffers": 1}'
+one+=', {"gluon": true, "early_chunks": 4}, {"gluon": true, "early_chunks": 4, "ahead_steps": 2}]'
 timeout 150 python3 dev/mla_probe.py --contexts 4096,32768 --tokens 1 --changes "$one" > "$OUT/mla_probe.log" 2>&1
 echo "[mla_probe rc=$? at ${SECONDS}s]"; grep -E "^T=|Error|error" "$OUT/mla_probe.log" | head -20
 gpu_tests 200 tests/test_gpu_fused_step.py -k "gluon" -rfE
 g="MLA one token: Gluon ring"
-default="$g;$g, no early copies;product again;$g, again"
+default="$g;$g, 4 early;$g, 4 early, L2 2 ahead;product again;$g, again;$g, no early copies"
 if nvidia-smi -L | grep -q H200; then
     big="qkvfgb, q|kv_a|g, MLP"
     default+=";bulk, 2 blocks of 8 warps: $big;8 warps: $big;L2 next: shared + 16 MB, after the copies;L2 fetch 256 B"

@@ -478,12 +478,12 @@ def test_mla_splits_of_several_steps_match_the_reference(setup, tokens, transpos
             assert worst < LONG_CONTEXT_BOUND
 
 
-@pytest.mark.parametrize("buffers,early", [(2, 1), (2, 0), (1, 1)])
-def test_the_gluon_ring_attention_matches_the_reference(setup, buffers, early):
+@pytest.mark.parametrize("buffers,early,ahead", [(2, 1, 0), (2, 0, 0), (1, 1, 0), (2, 4, 2)])
+def test_the_gluon_ring_attention_matches_the_reference(setup, buffers, early, ahead):
     """One token's attention in Gluon (AttendLaunch.gluon: TMA copies into a ring of shared-memory buffers, the
     warpgroup MMA) over long contexts (several steps a split, the online softmax rescaling) and short ones (this
     call's row in the only split's first step, copied after the wait for the prep), its old rows copied before
-    that wait or not; skipped, naming why, where Gluon cannot run."""
+    that wait or not, later steps asked of the L2 (hints) or not; skipped, naming why, where Gluon cannot run."""
     from solo.kernels.gluon_mla import gluon_unavailable
     from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference
 
@@ -491,10 +491,11 @@ def test_the_gluon_ring_attention_matches_the_reference(setup, buffers, early):
     why = gluon_unavailable("cuda")
     if why:
         pytest.skip(why)
-    with mla_launches(fused, one_token={"gluon": True, "ring_buffers": buffers, "early_chunks": early}):
+    changes = {"gluon": True, "ring_buffers": buffers, "early_chunks": early, "ahead_steps": ahead}
+    with mla_launches(fused, one_token=changes):
         for context in (int(torch.randint(12000, 20000, ())), int(torch.randint(2, 200, ()))):
             worst = mla_layers_against_reference(fused, context=context, tokens=1)
-            print(f"\nMLA (Gluon ring, {buffers} buffers, early {early}) at {context} positions: worst {worst:.1e}")
+            print(f"\nMLA (Gluon ring {changes}) at {context} positions: worst {worst:.1e}")
             assert worst < LONG_CONTEXT_BOUND
 
 

@@ -798,6 +798,8 @@ class FusedMLA:
         return gluon_mla.attend_ring(
             q,
             positions,
+            latent_cache,
+            rope_cache,
             self._descriptors[key],
             part,
             ml,
@@ -807,7 +809,8 @@ class FusedMLA:
             min_chunk=config.min_chunk,
             block_l=config.block_l,
             buffers=config.ring_buffers,
-            early=config.early_chunks > 0,
+            early=config.early_chunks and max(config.early_chunks, config.ring_buffers),
+            ahead=config.ahead_steps,
             pdl=launch.pdl,
             launch_options=launch.options,
         )

@@ -67,9 +67,35 @@ if gluon is not None:
         tma.async_copy_global_to_shared(rope_desc, [row, 0], bar, kr_buf, pred=go)
 
     @gluon.jit
+    def _ask_rows(ptr, row, rows, WIDTH: gl.constexpr, BLOCK_L: gl.constexpr):
+        """Ask the L2 for `rows` (at most BLOCK_L; none when <= 0) rows of WIDTH bf16 from row `row` of `ptr`: bulk
+        prefetches, a request per thread of the 4 warps, no registers held and nothing waited for (a hint)."""
+        lanes: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        share: gl.constexpr = BLOCK_L * WIDTH * 2 // 128
+        t = gl.arange(0, 128, layout=lanes)
+        size = gl.minimum(gl.maximum(rows * (WIDTH * 2) - t * share, 0), share)
+        base = (ptr + row.to(gl.int64) * WIDTH).to(gl.int64, bitcast=True)
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r",
+            [base + t * share, size],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+    @gluon.jit
+    def _ask_l2(latent_ptr, rope_ptr, row, rows, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_L: gl.constexpr):
+        """Ask the L2 for `rows` latent and rope rows from `row` (_ask_rows)."""
+        _ask_rows(latent_ptr, row, rows, RANK, BLOCK_L)
+        _ask_rows(rope_ptr, row, rows, ROPE, BLOCK_L)
+
+    @gluon.jit
     def _mla_attend_ring(
         q_ptr,
         pos_ptr,
+        latent_ptr,
+        rope_ptr,
         latent_desc,
         rope_desc,
         part_ptr,
@@ -86,6 +112,7 @@ if gluon is not None:
         BUFFERS: gl.constexpr,
         EARLY: gl.constexpr,
         PDL: gl.constexpr,
+        AHEAD: gl.constexpr = 0,
     ):
         """Split s of one token's filled positions: scores^T = keys . q^T [BLOCK_L, HEADS] and out^T += values^T .
         p^T [RANK, HEADS] per step of BLOCK_L positions, an online softmax between; the partial output, running max
@@ -108,17 +135,21 @@ if gluon is not None:
             mbarrier.init(bars.index(b), count=1)
         # the ring's first steps: those holding only rows earlier steps wrote before the wait for the prep (which
         # writes this token's row), the rest after it
-        if EARLY:
+        if EARLY > 0:
             for b in gl.static_range(BUFFERS):
                 row = start + b * BLOCK_L
                 early = (b < steps) & (row + BLOCK_L <= pos)
                 _copy_step(latent_desc, rope_desc, bars.index(b), kv_ring.index(b), kr_ring.index(b), row, early)
+            for b in gl.static_range(BUFFERS, EARLY):  # (steps past the ring: asked of the L2, old rows only)
+                row = start + b * BLOCK_L
+                old_rows = gl.where(b < steps, gl.minimum(gl.minimum(end, pos) - row, BLOCK_L), 0)
+                _ask_l2(latent_ptr, rope_ptr, row, old_rows, RANK, ROPE, BLOCK_L)
         _grid_dependency(PDL)
         if s == 0:
             gl.atomic_add(count_ptr, 1)
         for b in gl.static_range(BUFFERS):
             row = start + b * BLOCK_L
-            late = (b < steps) & (row + BLOCK_L > pos) if EARLY else b < steps
+            late = (b < steps) & (row + BLOCK_L > pos) if EARLY > 0 else b < steps
             _copy_step(latent_desc, rope_desc, bars.index(b), kv_ring.index(b), kr_ring.index(b), row, late)
 
         # the products' layout: one warpgroup, positions (or latent columns) on M, the heads on N
@@ -154,6 +185,9 @@ if gluon is not None:
             kv = kv_ring.index(slot)
             kr = kr_ring.index(slot)
             mbarrier.wait(bars.index(slot), (i // BUFFERS) & 1)
+            if AHEAD > 0:
+                row = start + (i + AHEAD) * BLOCK_L
+                _ask_l2(latent_ptr, rope_ptr, row, gl.minimum(end - row, BLOCK_L), RANK, ROPE, BLOCK_L)
             scores = warpgroup_mma(kv, q_smem.permute((1, 0)), zero_scores, use_acc=False, is_async=True)
             scores = warpgroup_mma(kr, qr_smem.permute((1, 0)), scores, is_async=True)
             scores = warpgroup_mma_wait(num_outstanding=0, deps=(scores,))
@@ -174,11 +208,11 @@ if gluon is not None:
         for b in gl.static_range(BUFFERS):
             mbarrier.invalidate(bars.index(b))
         if s < used:
-            rows = s * BLOCK_M + gl.arange(0, HEADS, layout=heads_of)
+            out_rows = s * BLOCK_M + gl.arange(0, HEADS, layout=heads_of)
             rd = gl.arange(0, RANK, layout=gl.SliceLayout(1, mma))
-            gl.store(part_ptr + rows[None, :] * RANK + rd[:, None], acc)
-            gl.store(ml_ptr + rows * 2, m_i)
-            gl.store(ml_ptr + rows * 2 + 1, l_i)
+            gl.store(part_ptr + out_rows[None, :] * RANK + rd[:, None], acc)
+            gl.store(ml_ptr + out_rows * 2, m_i)
+            gl.store(ml_ptr + out_rows * 2 + 1, l_i)
 
 
 def cache_descriptors(latent_cache: torch.Tensor, rope_cache: torch.Tensor, block_l: int) -> tuple:
@@ -195,6 +229,8 @@ def cache_descriptors(latent_cache: torch.Tensor, rope_cache: torch.Tensor, bloc
 def attend_ring(
     q: torch.Tensor,
     positions: torch.Tensor,
+    latent_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
     descriptors: tuple,
     part: torch.Tensor,
     ml: torch.Tensor,
@@ -205,17 +241,22 @@ def attend_ring(
     min_chunk: int,
     block_l: int,
     buffers: int,
-    early: bool,
+    early: int,
+    ahead: int,
     pdl: bool,
     launch_options: dict,
 ) -> object:
-    """Launch _mla_attend_ring for one token's q [1, heads, rank + rope]; returns what Triton's launch returned."""
+    """Launch _mla_attend_ring for one token's q [1, heads, rank + rope]: `early` > 0, the split's first steps of old
+    rows requested before the wait for the previous kernel (the ring's copied, up to `early` asked of the L2);
+    `ahead` > 0, each step asks the L2 for the step that many later. Returns what Triton's launch returned."""
     _, heads, width = q.shape
     latent_desc, rope_desc = descriptors
     rank = latent_desc.block_shape[1]
     return _mla_attend_ring[(splits,)](
         q,
         positions,
+        latent_cache,
+        rope_cache,
         latent_desc,
         rope_desc,
         part,
@@ -232,6 +273,7 @@ def attend_ring(
         BUFFERS=buffers,
         EARLY=early,
         PDL=pdl,
+        AHEAD=ahead,
         num_warps=4,
         **launch_options,
     )
