@@ -217,6 +217,8 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # requested before the prep ends), and in the loop the step 2 later (1 more in flight than the ring holds)
     "MLA one token: Gluon ring, 4 early": {"mla_one": {"gluon": True, "early_chunks": 4}},
     "MLA one token: Gluon ring, 4 early, L2 2 ahead": {"mla_one": {"gluon": True, "early_chunks": 4, "ahead_steps": 2}},
+    # half the splits (8 steps of 64 positions each at 32K): half the partials the combine merges
+    "MLA one token: Gluon ring, 4 early, 64 splits": {"mla_one": {"gluon": True, "early_chunks": 4, "splits": 64}},
     # verification's attention transposed (4 warps for both lost 540 us of verification on the H100)
     "MLA verification transposed": {"mla_window": {"transposed": True}},
     "MLA verification: 128 splits": {"mla_window": {"splits": 128}},

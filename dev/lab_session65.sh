@@ -8,13 +8,15 @@
 LAB_DEFAULT_SECONDS=570
 source dev/lab_prelude.sh
 one='[{}, {"gluon": true}, {"gluon": true, "early_chunks": 0}, {"gluon": true, "ring_buffers": 1}'
-one+=', {"gluon": true, "early_chunks": 4}, {"gluon": true, "early_chunks": 4, "ahead_steps": 2}]'
+one+=', {"gluon": true, "early_chunks": 4}, {"gluon": true, "early_chunks": 4, "ahead_steps": 2}'
+one+=', {"gluon": true, "early_chunks": 4, "splits": 64}]'
 timeout 150 python3 dev/mla_probe.py --contexts 4096,32768 --tokens 1 --changes "$one" > "$OUT/mla_probe.log" 2>&1
 echo "[mla_probe rc=$? at ${SECONDS}s]"; grep -E "^T=|Error|error" "$OUT/mla_probe.log" | head -20
 g="MLA one token: Gluon ring"
 if grep -q "^T=1 ctx= 32768 {'gluon': True}: .* rel err [0-9.]*e-0[2-9]" "$OUT/mla_probe.log"; then
     gpu_tests 200 tests/test_gpu_fused_step.py -k "gluon" -rfE
-    default="$g;$g, 4 early;$g, 4 early, L2 2 ahead;product again;$g, again;$g, no early copies"
+    default="$g;$g, 4 early;$g, 4 early, L2 2 ahead;product again;$g, again;$g, 4 early, 64 splits"
+    default+=";$g, no early copies"
 else  # (the Gluon attention failed or differs alone: the step's A/B without it)
     echo "the Gluon attention did not match alone: no GPU test, no A/B of it"
     default="product again"
