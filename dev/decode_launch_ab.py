@@ -217,6 +217,13 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # requested before the prep ends), and in the loop the step 2 later (1 more in flight than the ring holds)
     "MLA one token: Gluon ring, 4 early": {"mla_one": {"gluon": True, "early_chunks": 4}},
     "MLA one token: Gluon ring, 4 early, L2 2 ahead": {"mla_one": {"gluon": True, "early_chunks": 4, "ahead_steps": 2}},
+    # (h100_mla_probe_lab65.log, alone at 32K: the product's attention 26.0 us, the ring 23.0, without early
+    # copies 21.9, 1 buffer 24.5, 4 early 23.1, + L2 2 ahead 26.3, 64 splits 25.5) two warpgroups: each takes half
+    # of the output's latent columns (64 accumulators a thread, 125 registers) and half of the scores' heads
+    "MLA one token: Gluon ring, 8 warps": {"mla_one": {"gluon": True, "warps": 8}},
+    "MLA one token: Gluon ring, 8 warps, again": {"mla_one": {"gluon": True, "warps": 8}},
+    "MLA one token: Gluon ring, 8 warps, no early copies": {"mla_one": {"gluon": True, "warps": 8, "early_chunks": 0}},
+    "MLA one token: Gluon ring, 8 warps, 4 early": {"mla_one": {"gluon": True, "warps": 8, "early_chunks": 4}},
     # half the splits (8 steps of 64 positions each at 32K): half the partials the combine merges
     "MLA one token: Gluon ring, 4 early, 64 splits": {"mla_one": {"gluon": True, "early_chunks": 4, "splits": 64}},
     # verification's attention transposed (4 warps for both lost 540 us of verification on the H100)

@@ -632,6 +632,8 @@ class FusedMLA:
                 f"it takes steps of 64 positions, 8 to 256 heads in eights and a rank and rope dimension in "
                 f"sixty-fours, not {config.block_l}, {self.heads}, {self.rank} and {self.rope}"
             )
+        elif config.warps not in (4, 8):
+            why = f"it runs on one or two warpgroups (4 or 8 warps), not {config.warps} warps"
         elif not 1 <= config.ring_buffers <= 2:
             why = f"its ring holds 1 or 2 steps of 64 positions in shared memory, not {config.ring_buffers}"
         if why is not None:
@@ -811,6 +813,7 @@ class FusedMLA:
             buffers=config.ring_buffers,
             early=config.early_chunks and max(config.early_chunks, config.ring_buffers),
             ahead=config.ahead_steps,
+            warps=config.warps,
             pdl=launch.pdl,
             launch_options=launch.options,
         )

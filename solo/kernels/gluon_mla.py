@@ -67,12 +67,12 @@ if gluon is not None:
         tma.async_copy_global_to_shared(rope_desc, [row, 0], bar, kr_buf, pred=go)
 
     @gluon.jit
-    def _ask_rows(ptr, row, rows, WIDTH: gl.constexpr, BLOCK_L: gl.constexpr):
+    def _ask_rows(ptr, row, rows, WIDTH: gl.constexpr, BLOCK_L: gl.constexpr, WARPS: gl.constexpr):
         """Ask the L2 for `rows` (at most BLOCK_L; none when <= 0) rows of WIDTH bf16 from row `row` of `ptr`: bulk
-        prefetches, a request per thread of the 4 warps, no registers held and nothing waited for (a hint)."""
-        lanes: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        share: gl.constexpr = BLOCK_L * WIDTH * 2 // 128
-        t = gl.arange(0, 128, layout=lanes)
+        prefetches, a request per thread, no registers held and nothing waited for (a hint)."""
+        lanes: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        share: gl.constexpr = BLOCK_L * WIDTH * 2 // (32 * WARPS)
+        t = gl.arange(0, 32 * WARPS, layout=lanes)
         size = gl.minimum(gl.maximum(rows * (WIDTH * 2) - t * share, 0), share)
         base = (ptr + row.to(gl.int64) * WIDTH).to(gl.int64, bitcast=True)
         gl.inline_asm_elementwise(
@@ -85,10 +85,19 @@ if gluon is not None:
         )
 
     @gluon.jit
-    def _ask_l2(latent_ptr, rope_ptr, row, rows, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_L: gl.constexpr):
+    def _ask_l2(
+        latent_ptr,
+        rope_ptr,
+        row,
+        rows,
+        RANK: gl.constexpr,
+        ROPE: gl.constexpr,
+        BLOCK_L: gl.constexpr,
+        WARPS: gl.constexpr,
+    ):
         """Ask the L2 for `rows` latent and rope rows from `row` (_ask_rows)."""
-        _ask_rows(latent_ptr, row, rows, RANK, BLOCK_L)
-        _ask_rows(rope_ptr, row, rows, ROPE, BLOCK_L)
+        _ask_rows(latent_ptr, row, rows, RANK, BLOCK_L, WARPS)
+        _ask_rows(rope_ptr, row, rows, ROPE, BLOCK_L, WARPS)
 
     @gluon.jit
     def _mla_attend_ring(
@@ -113,13 +122,14 @@ if gluon is not None:
         EARLY: gl.constexpr,
         PDL: gl.constexpr,
         AHEAD: gl.constexpr = 0,
+        WARPS: gl.constexpr = 4,
     ):
         """Split s of one token's filled positions: scores^T = keys . q^T [BLOCK_L, HEADS] and out^T += values^T .
         p^T [RANK, HEADS] per step of BLOCK_L positions, an online softmax between; the partial output, running max
         and sum into part / ml as _mla_attend_t writes them. A box past the split's end reads rows that later
         positions left (finite: the caches start zeroed) or zeros past the cache: the mask drops them."""
         s = gl.program_id(0)
-        pos = gl.load(pos_ptr)  # the token's position (final two kernels back: read before the wait)
+        pos = gl.load(pos_ptr).to(gl.int32)  # the token's position (final two kernels back: read before the wait)
         length = pos + 1
         used = gl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)
         chunk = (length + used - 1) // used
@@ -143,7 +153,7 @@ if gluon is not None:
             for b in gl.static_range(BUFFERS, EARLY):  # (steps past the ring: asked of the L2, old rows only)
                 row = start + b * BLOCK_L
                 old_rows = gl.where(b < steps, gl.minimum(gl.minimum(end, pos) - row, BLOCK_L), 0)
-                _ask_l2(latent_ptr, rope_ptr, row, old_rows, RANK, ROPE, BLOCK_L)
+                _ask_l2(latent_ptr, rope_ptr, row, old_rows, RANK, ROPE, BLOCK_L, WARPS)
         _grid_dependency(PDL)
         if s == 0:
             gl.atomic_add(count_ptr, 1)
@@ -152,11 +162,18 @@ if gluon is not None:
             late = (b < steps) & (row + BLOCK_L > pos) if EARLY > 0 else b < steps
             _copy_step(latent_desc, rope_desc, bars.index(b), kv_ring.index(b), kr_ring.index(b), row, late)
 
-        # the products' layout: one warpgroup, positions (or latent columns) on M, the heads on N
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEADS, 16])
+        # the products' layouts: positions (scores) or latent columns (output) on M, the heads on N; with two
+        # warpgroups each takes half of the output's columns and half of the scores' heads
+        mma: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, HEADS, 16]
+        )
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, WARPS // 4], instr_shape=[16, HEADS // (WARPS // 4), 16]
+        )
         heads_of: gl.constexpr = gl.SliceLayout(0, mma)
+        heads_s: gl.constexpr = gl.SliceLayout(0, mma_s)
         # the query once into shared memory, [HEADS, RANK] and [HEADS, ROPE] (the B operand, K-major)
-        q_load: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        q_load: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
         rq = gl.arange(0, HEADS, layout=gl.SliceLayout(1, q_load))
         q_lat = gl.load(
             q_ptr + rq[:, None] * (RANK + ROPE) + gl.arange(0, RANK, layout=gl.SliceLayout(0, q_load))[None, :]
@@ -175,11 +192,11 @@ if gluon is not None:
         )
         fence_async_shared()
 
-        m_i = gl.full([HEADS], float("-inf"), gl.float32, layout=heads_of)
-        l_i = gl.zeros([HEADS], gl.float32, layout=heads_of)
+        m_i = gl.full([HEADS], float("-inf"), gl.float32, layout=heads_s)
+        l_i = gl.zeros([HEADS], gl.float32, layout=heads_s)
         acc = gl.zeros([RANK, HEADS], gl.float32, layout=mma)
-        zero_scores = gl.zeros([BLOCK_L, HEADS], gl.float32, layout=mma)
-        offsets = gl.arange(0, BLOCK_L, layout=gl.SliceLayout(1, mma))
+        zero_scores = gl.zeros([BLOCK_L, HEADS], gl.float32, layout=mma_s)
+        offsets = gl.arange(0, BLOCK_L, layout=gl.SliceLayout(1, mma_s))
         for i in range(steps):
             slot = i % BUFFERS
             kv = kv_ring.index(slot)
@@ -187,7 +204,7 @@ if gluon is not None:
             mbarrier.wait(bars.index(slot), (i // BUFFERS) & 1)
             if AHEAD > 0:
                 row = start + (i + AHEAD) * BLOCK_L
-                _ask_l2(latent_ptr, rope_ptr, row, gl.minimum(end - row, BLOCK_L), RANK, ROPE, BLOCK_L)
+                _ask_l2(latent_ptr, rope_ptr, row, gl.minimum(end - row, BLOCK_L), RANK, ROPE, BLOCK_L, WARPS)
             scores = warpgroup_mma(kv, q_smem.permute((1, 0)), zero_scores, use_acc=False, is_async=True)
             scores = warpgroup_mma(kr, qr_smem.permute((1, 0)), scores, is_async=True)
             scores = warpgroup_mma_wait(num_outstanding=0, deps=(scores,))
@@ -199,7 +216,8 @@ if gluon is not None:
             l_i = l_i * alpha + gl.sum(p, axis=0)
             p_smem.store(p.to(gl.bfloat16))
             fence_async_shared()
-            acc = warpgroup_mma(kv.permute((1, 0)), p_smem, acc * alpha[None, :], is_async=True)
+            rescale = gl.convert_layout(alpha, heads_of)[None, :]
+            acc = warpgroup_mma(kv.permute((1, 0)), p_smem, acc * rescale, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             m_i = m_new
             # the buffer is free again: the step BUFFERS later into it
@@ -211,8 +229,9 @@ if gluon is not None:
             out_rows = s * BLOCK_M + gl.arange(0, HEADS, layout=heads_of)
             rd = gl.arange(0, RANK, layout=gl.SliceLayout(1, mma))
             gl.store(part_ptr + out_rows[None, :] * RANK + rd[:, None], acc)
-            gl.store(ml_ptr + out_rows * 2, m_i)
-            gl.store(ml_ptr + out_rows * 2 + 1, l_i)
+            ml_rows = s * BLOCK_M + gl.arange(0, HEADS, layout=heads_s)
+            gl.store(ml_ptr + ml_rows * 2, m_i)
+            gl.store(ml_ptr + ml_rows * 2 + 1, l_i)
 
 
 def cache_descriptors(latent_cache: torch.Tensor, rope_cache: torch.Tensor, block_l: int) -> tuple:
@@ -243,6 +262,7 @@ def attend_ring(
     buffers: int,
     early: int,
     ahead: int,
+    warps: int,
     pdl: bool,
     launch_options: dict,
 ) -> object:
@@ -274,6 +294,7 @@ def attend_ring(
         EARLY=early,
         PDL=pdl,
         AHEAD=ahead,
-        num_warps=4,
+        WARPS=warps,
+        num_warps=warps,
         **launch_options,
     )
