@@ -241,6 +241,17 @@ def test_the_moe_kernels_keep_their_gate_up_tiles_in_a_window_only_on_the_cards_
 
 
 @pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])
+def test_one_token_mla_attention_is_the_gluon_ring_only_on_the_cards_measured(card):
+    """FusedMLA's one-token attention is the Gluon ring only on the cards of GLUON_RING_CARDS (measured there in the
+    whole decode step); the class's launches leave it off (set per card at construction), verification never."""
+    from solo.kernels.fused_mla import GLUON_RING_CARDS, FusedMLA, gluon_ring_for
+
+    assert gluon_ring_for(card) == (card == "NVIDIA H100 80GB HBM3")
+    assert gluon_ring_for(card) == (card in GLUON_RING_CARDS)
+    assert not FusedMLA.ONE_TOKEN.gluon and not FusedMLA.WINDOW.gluon
+
+
+@pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])
 def test_one_token_mla_asks_the_l2_for_old_rows_early_only_on_the_cards_measured(card):
     """FusedMLA's one-token launch asks for each split's first step of old cache rows before its wait only on the
     cards of EARLY_CHUNK_CARDS (measured there); verification's launch never (the plain attention's)."""

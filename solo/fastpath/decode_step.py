@@ -633,6 +633,12 @@ class FusedDecodeStep:
         mlas = [layer.attention.mla for layer in self.layers if isinstance(layer.attention, _MLAAttention)]
         return max((mla.ONE_TOKEN.early_chunks for mla in mlas), default=0)
 
+    def mla_gluon(self) -> bool:
+        """Whether one token's MLA attention is the Gluon ring (AttendLaunch.gluon: the product's on the cards of
+        solo.kernels.fused_mla.GLUON_RING_CARDS where Gluon can run), not the Triton kernel."""
+        mlas = [layer.attention.mla for layer in self.layers if isinstance(layer.attention, _MLAAttention)]
+        return any(mla.ONE_TOKEN.gluon for mla in mlas)
+
     def window_rings(self) -> int:
         """How many CUDA projections run verification's calls through a bulk ring (GemvLaunch.window: the
         product's on the cards of solo.kernels.cuda_step.WINDOW_RING_CARDS)."""
@@ -764,6 +770,7 @@ class FusedDecodeStep:
             "kda_l2_ahead": self.kda_l2_ahead,
             "l2_next": dict(self.l2_next),
             "mla_early_chunks": self.mla_early_chunks(),
+            "mla_gluon": self.mla_gluon(),
             "gate_up_window": self.gate_up_window(),
             **({"step_kernels_note": self.kernels_note} if self.kernels_note else {}),
         }

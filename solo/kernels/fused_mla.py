@@ -487,6 +487,19 @@ def early_chunks_for(card: str) -> int:
     return 1 if card in EARLY_CHUNK_CARDS else 0
 
 
+# The cards where one token's attention is the Gluon ring (solo.kernels.gluon_mla; with early_chunks its first two
+# steps of old rows are copied before the wait for the prep): measured in the whole decode step on the H100 at 32K,
+# -14.2 and -18.0 us against the Triton attention in one process, whose second capture gave +2.4
+# (docs/results/h100_ab_lab66.log; alone 22.9 us a layer against 25.9, h100_mla_probe_lab66.log). Not on the H200
+# until measured there.
+GLUON_RING_CARDS = ("NVIDIA H100 80GB HBM3",)
+
+
+def gluon_ring_for(card: str) -> bool:
+    """Whether one token's attention is the Gluon ring on this card (where Gluon can run)."""
+    return card in GLUON_RING_CARDS
+
+
 @dataclass(frozen=True)
 class AttendLaunch:
     """How one call's attention and combine are cut; `FusedMLA` keeps one for a token (decode, NEXTN
@@ -589,8 +602,13 @@ class FusedMLA:
             self.ONE_TOKEN = replace(self.ONE_TOKEN, bf16_dots=False)
             self.WINDOW = replace(self.WINDOW, bf16_dots=False)
         elif w_uk.is_cuda:
-            early = early_chunks_for(torch.cuda.get_device_name(w_uk.device))
-            self.ONE_TOKEN = replace(self.ONE_TOKEN, early_chunks=early)
+            card = torch.cuda.get_device_name(w_uk.device)
+            self.ONE_TOKEN = replace(self.ONE_TOKEN, early_chunks=early_chunks_for(card))
+            if (
+                gluon_ring_for(card)
+                and self._gluon_refusal(replace(self.ONE_TOKEN, gluon=True), 1, w_uk.device) is None
+            ):
+                self.ONE_TOKEN = replace(self.ONE_TOKEN, gluon=True)
         if self.rank % self.RANK_BLOCK or self.v_dim % 16:
             raise ValueError("the fused MLA kernels need kv_lora_rank a multiple of 128 and v_head_dim of 16")
         for c in (self.ONE_TOKEN, self.WINDOW):
@@ -622,6 +640,12 @@ class FusedMLA:
 
     def _check_gluon(self, config: AttendLaunch, tokens: int, device: torch.device) -> None:
         """Refuse, naming why, a launch of the Gluon attention (AttendLaunch.gluon) that cannot run."""
+        why = self._gluon_refusal(config, tokens, device)
+        if why is not None:
+            raise ValueError(f"{config}: the Gluon MLA attention cannot run: {why}; leave AttendLaunch.gluon off")
+
+    def _gluon_refusal(self, config: AttendLaunch, tokens: int, device: torch.device) -> str | None:
+        """Why the Gluon attention cannot run `config` for `tokens` tokens on `device`, or None when it can."""
         from solo.kernels.gluon_mla import gluon_unavailable
 
         why = gluon_unavailable(device)
@@ -636,8 +660,7 @@ class FusedMLA:
             why = f"it runs on one or two warpgroups (4 or 8 warps), not {config.warps} warps"
         elif not 1 <= config.ring_buffers <= 2:
             why = f"its ring holds 1 or 2 steps of 64 positions in shared memory, not {config.ring_buffers}"
-        if why is not None:
-            raise ValueError(f"{config}: the Gluon MLA attention cannot run: {why}; leave AttendLaunch.gluon off")
+        return why
 
     def config(self, tokens: int) -> AttendLaunch:
         return self.ONE_TOKEN if tokens == 1 else self.WINDOW

@@ -352,6 +352,8 @@ def check_decode_step(engine: Engine, requested: str) -> Check:
         evidence["l2_next"] = dict(step.l2_next)
     if early := step.mla_early_chunks():  # the MLA's early asks for old rows (this card's choice)
         evidence["mla_early_chunks"] = early
+    if step.mla_gluon():  # one token's MLA attention as the Gluon ring (this card's choice)
+        evidence["mla_gluon"] = True
     if window := step.gate_up_window():  # the MoE kernels' gate_up tiles in a window (this card's choice)
         evidence["gate_up_window"] = window
     idle = [family for family in expected if ran.get(family, 0) == 0]
