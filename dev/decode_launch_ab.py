@@ -224,6 +224,13 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MLA one token: Gluon ring, 8 warps, again": {"mla_one": {"gluon": True, "warps": 8}},
     "MLA one token: Gluon ring, 8 warps, no early copies": {"mla_one": {"gluon": True, "warps": 8, "early_chunks": 0}},
     "MLA one token: Gluon ring, 8 warps, 4 early": {"mla_one": {"gluon": True, "warps": 8, "early_chunks": 4}},
+    # (the product's on GLUON_RING_CARDS since h100_ab_lab66.log) undone, and with the lazy rescale (Nsight Compute,
+    # h100_ncu_ring4_lab66.txt: one warp a scheduler issuing every 7.3 cycles, the step's chain of about 900
+    # instructions a warp is the bound now, 128 of them the output's rescale)
+    "MLA one token: Triton attention": {"mla_one": {"gluon": False}},
+    "MLA one token: Triton attention, again": {"mla_one": {"gluon": False}},
+    "MLA one token: Gluon ring, lazy rescale": {"mla_one": {"gluon": True, "lazy_rescale": True}},
+    "MLA one token: Gluon ring, lazy rescale, again": {"mla_one": {"gluon": True, "lazy_rescale": True}},
     # half the splits (8 steps of 64 positions each at 32K): half the partials the combine merges
     "MLA one token: Gluon ring, 4 early, 64 splits": {"mla_one": {"gluon": True, "early_chunks": 4, "splits": 64}},
     # verification's attention transposed (4 warps for both lost 540 us of verification on the H100)

@@ -546,6 +546,9 @@ class AttendLaunch:
     # ring's first steps of old rows copied before the wait for the prep)
     gluon: bool = False
     ring_buffers: int = 2
+    # (gluon) the running maxima moved, and the output rescaled, only when one grows by more than 8 (e^8 bounds the
+    # probabilities): most steps skip the 128 multiplies a thread of the rescale
+    lazy_rescale: bool = False
 
 
 class FusedMLA:
@@ -837,6 +840,7 @@ class FusedMLA:
             early=config.early_chunks and max(config.early_chunks, config.ring_buffers),
             ahead=config.ahead_steps,
             warps=config.warps,
+            lazy=config.lazy_rescale,
             pdl=launch.pdl,
             launch_options=launch.options,
         )
