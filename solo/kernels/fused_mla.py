@@ -786,6 +786,8 @@ class FusedMLA:
             **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
             **launch.options,
         )
+        if config.lazy_rescale and not config.gluon:
+            raise ValueError(f"{config}: the lazy rescale is the Gluon attention's; set AttendLaunch.gluon or drop it")
         if config.gluon:
             compiled = self._attend_ring(config, q, positions, latent_cache, rope_cache, part, ml, launch)
         elif config.transposed:
