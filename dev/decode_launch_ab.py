@@ -225,7 +225,7 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MLA one token: Gluon ring, 8 warps, no early copies": {"mla_one": {"gluon": True, "warps": 8, "early_chunks": 0}},
     "MLA one token: Gluon ring, 8 warps, 4 early": {"mla_one": {"gluon": True, "warps": 8, "early_chunks": 4}},
     # (the product's on GLUON_RING_CARDS since h100_ab_lab66.log) undone, and with the lazy rescale (Nsight Compute,
-    # h100_ncu_ring4_lab66.txt: one warp a scheduler issuing every 7.3 cycles, the step's chain of about 900
+    # h100_ncu_ring4_lab66.txt: one warp a scheduler issuing every 7.3 cycles, the step's chain of about 1,000
     # instructions a warp is the bound now, 128 of them the output's rescale)
     "MLA one token: Triton attention": {"mla_one": {"gluon": False}},
     "MLA one token: Triton attention, again": {"mla_one": {"gluon": False}},
