@@ -634,7 +634,7 @@ class FusedMLA:
         self.launch = launch
         self._scratch: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
         self._combine_scratch: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._descriptors: dict[tuple[int, int, int], tuple] = {}  # the Gluon attention's TMA descriptors per cache
+        self._descriptors: dict[tuple[int, int, int, int], tuple] = {}  # the Gluon attention's TMA descriptors
 
     def _check_rank_parts(self, c: AttendLaunch) -> None:
         parts = c.combine_rank_parts
@@ -822,8 +822,8 @@ class FusedMLA:
         from solo.kernels import gluon_mla
 
         self._check_gluon(config, q.shape[0], q.device)
-        key = (latent_cache.data_ptr(), rope_cache.data_ptr(), config.block_l)
-        if key not in self._descriptors:  # (per cache: graphs point at them)
+        key = (latent_cache.data_ptr(), rope_cache.data_ptr(), latent_cache.shape[0], config.block_l)
+        if key not in self._descriptors:  # (per cache and length: graphs point at them)
             self._descriptors[key] = gluon_mla.cache_descriptors(latent_cache, rope_cache, config.block_l)
         return gluon_mla.attend_ring(
             q,
