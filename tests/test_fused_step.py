@@ -359,15 +359,8 @@ def test_the_router_inside_the_moe_kernel_is_refused_where_it_cannot_run_naming_
     assert separate.decode_step.describe()["routers_in_experts"] == 0
 
 
-@pytest.mark.parametrize("splits", [96, 8])
-def test_an_attention_cut_the_kernels_cannot_run_is_refused_naming_it(splits):
-    """The combine ranges over the splits (a power of two, at least 16): a configuration that breaks
-    this is refused when the layer is built, not as a compiler error at the first call."""
-    from dataclasses import replace
-
-    from solo.kernels.fused_mla import FusedMLA
-
-    heads, nope, rank, v, rope = 2, 16, 128, 16, 8
+def small_mla_args(heads: int, rope: int, nope: int = 16, rank: int = 128, v: int = 16) -> tuple[tuple, dict]:
+    """FusedMLA's positional arguments (fresh random weights) and its q|kv_a|g offsets for a tiny layer."""
     args = (
         torch.randn(heads, nope, rank).bfloat16(),
         torch.randn(heads, v, rank).bfloat16(),
@@ -379,12 +372,24 @@ def test_an_attention_cut_the_kernels_cannot_run_is_refused_naming_it(splits):
         rope,
         torch.zeros(3, dtype=torch.int32),
     )
+    return args, dict(kv_offset=heads * (nope + rope), gate_offset=heads * (nope + rope) + rank + rope)
+
+
+@pytest.mark.parametrize("splits", [96, 8])
+def test_an_attention_cut_the_kernels_cannot_run_is_refused_naming_it(splits):
+    """The combine ranges over the splits (a power of two, at least 16): a configuration that breaks
+    this is refused when the layer is built, not as a compiler error at the first call."""
+    from dataclasses import replace
+
+    from solo.kernels.fused_mla import FusedMLA
+
+    args, offsets = small_mla_args(heads=2, rope=8)
     bad = type("Bad", (FusedMLA,), {"WINDOW": replace(FusedMLA.WINDOW, splits=splits)})
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "0")  # the interpreter replaces the splits with its own
         with pytest.raises(ValueError, match="splits must be a power of two"):
-            bad(*args, kv_offset=heads * (nope + rope), gate_offset=heads * (nope + rope) + rank + rope)
-    FusedMLA(*args, kv_offset=heads * (nope + rope), gate_offset=heads * (nope + rope) + rank + rope)
+            bad(*args, **offsets)
+    FusedMLA(*args, **offsets)
 
 
 def test_the_gluon_attention_is_refused_where_it_cannot_run_naming_why():
@@ -395,19 +400,8 @@ def test_the_gluon_attention_is_refused_where_it_cannot_run_naming_why():
 
     from solo.kernels.fused_mla import FusedMLA
 
-    heads, nope, rank, v, rope = 8, 16, 128, 16, 64
-    args = (
-        torch.randn(heads, nope, rank).bfloat16(),
-        torch.randn(heads, v, rank).bfloat16(),
-        torch.ones(rank).bfloat16(),
-        torch.rand(rope // 2),
-        1.0,
-        0.1,
-        1e-6,
-        rope,
-        torch.zeros(3, dtype=torch.int32),
-    )
-    offsets = dict(kv_offset=heads * (nope + rope), gate_offset=heads * (nope + rope) + rank + rope)
+    heads, rank, rope = 8, 128, 64
+    args, offsets = small_mla_args(heads, rope, rank=rank)
     one = type("One", (FusedMLA,), {"ONE_TOKEN": replace(FusedMLA.ONE_TOKEN, gluon=True)})
     with pytest.raises(ValueError, match="the Gluon MLA attention cannot run: .*leave AttendLaunch.gluon off"):
         one(*args, **offsets)

@@ -607,11 +607,9 @@ class FusedMLA:
         elif w_uk.is_cuda:
             card = torch.cuda.get_device_name(w_uk.device)
             self.ONE_TOKEN = replace(self.ONE_TOKEN, early_chunks=early_chunks_for(card))
-            if (
-                gluon_ring_for(card)
-                and self._gluon_refusal(replace(self.ONE_TOKEN, gluon=True), 1, w_uk.device) is None
-            ):
-                self.ONE_TOKEN = replace(self.ONE_TOKEN, gluon=True)
+            ring = replace(self.ONE_TOKEN, gluon=True)
+            if gluon_ring_for(card) and self._gluon_refusal(ring, 1, w_uk.device) is None:
+                self.ONE_TOKEN = ring  # (where Gluon cannot run: the Triton attention, as describe() reports)
         if self.rank % self.RANK_BLOCK or self.v_dim % 16:
             raise ValueError("the fused MLA kernels need kv_lora_rank a multiple of 128 and v_head_dim of 16")
         for c in (self.ONE_TOKEN, self.WINDOW):
@@ -634,7 +632,8 @@ class FusedMLA:
         self.launch = launch
         self._scratch: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
         self._combine_scratch: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._descriptors: dict[tuple[int, int, int, int], tuple] = {}  # the Gluon attention's TMA descriptors
+        # the Gluon attention's TMA descriptors per cache, its length and the launch (checked once each)
+        self._descriptors: dict[tuple[int, int, int, AttendLaunch], tuple] = {}
 
     def _check_rank_parts(self, c: AttendLaunch) -> None:
         parts = c.combine_rank_parts
@@ -821,9 +820,11 @@ class FusedMLA:
         it cannot run."""
         from solo.kernels import gluon_mla
 
-        self._check_gluon(config, q.shape[0], q.device)
-        key = (latent_cache.data_ptr(), rope_cache.data_ptr(), latent_cache.shape[0], config.block_l)
-        if key not in self._descriptors:  # (per cache and length: graphs point at them)
+        if q.shape[0] != 1:  # (the only refusal that depends on the call, not on the launch)
+            self._check_gluon(config, q.shape[0], q.device)
+        key = (latent_cache.data_ptr(), rope_cache.data_ptr(), latent_cache.shape[0], config)
+        if key not in self._descriptors:  # (graphs point at them; a launch is checked before its first use)
+            self._check_gluon(config, 1, q.device)
             self._descriptors[key] = gluon_mla.cache_descriptors(latent_cache, rope_cache, config.block_l)
         return gluon_mla.attend_ring(
             q,
