@@ -349,6 +349,7 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # are the product's): through bulk rings of 2 blocks of 10 warps (WINDOW_RING, the product's on the cards
     # of WINDOW_RING_CARDS), or on the register path (the product's elsewhere)
     "window ring: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"window": WINDOW_RING}}},
+    "window ring: qkvfgb, q|kv_a|g, MLP, again": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"window": WINDOW_RING}}},
     "window ring, 2 blocks of 8 warps: qkvfgb, q|kv_a|g, MLP": {
         "for": {("qkvfgb", "q|kv_a|g", "MLP"): {"window": dataclasses.replace(WINDOW_RING, warps=8)}}
     },
@@ -378,6 +379,7 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "L2 next: shared + 4 MB, after the copies": {"l2_next": {"megabytes": 4, "at": 1}},
     "L2 next: shared + 12 MB, after the copies": {"l2_next": {"megabytes": 12, "at": 1}},
     "L2 next: shared + 16 MB, after the copies": {"l2_next": {"megabytes": 16, "at": 1}},
+    "L2 next: shared + 16 MB, after the copies, again": {"l2_next": {"megabytes": 16, "at": 1}},
     "L2 next: shared + 24 MB, after the copies": {"l2_next": {"megabytes": 24, "at": 1}},
     "L2 next: shared + 24 MB, after the copies, again": {"l2_next": {"megabytes": 24, "at": 1}},
     "L2 next: 8 MB, after the copies": {"l2_next": {"megabytes": 8, "shared": False, "at": 1}},

@@ -235,18 +235,18 @@ def test_the_moe_kernels_keep_their_gate_up_tiles_in_a_window_only_on_the_cards_
     from solo.fastpath.decode_step import GATE_UP_WINDOW, GATE_UP_WINDOW_CARDS, gate_up_window_for
     from solo.kernels.cuda_moe_plan import DecodeKernelConfig
 
-    assert gate_up_window_for(card) == (3 if card == "NVIDIA H100 80GB HBM3" else 0)
+    assert gate_up_window_for(card) == (3 if card in ("NVIDIA H100 80GB HBM3", "NVIDIA H200") else 0)
     assert (gate_up_window_for(card) > 0) == (card in GATE_UP_WINDOW_CARDS) and GATE_UP_WINDOW == 3
     assert DecodeKernelConfig().gate_up_window == 0
 
 
-@pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])
+@pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA H100 PCIe", ""])
 def test_one_token_mla_attention_is_the_gluon_ring_only_on_the_cards_measured(card):
     """FusedMLA's one-token attention is the Gluon ring only on the cards of GLUON_RING_CARDS (measured there in the
     whole decode step); the class's launches leave it off (set per card at construction), verification never."""
     from solo.kernels.fused_mla import GLUON_RING_CARDS, FusedMLA, gluon_ring_for
 
-    assert gluon_ring_for(card) == (card == "NVIDIA H100 80GB HBM3")
+    assert gluon_ring_for(card) == (card in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"))
     assert gluon_ring_for(card) == (card in GLUON_RING_CARDS)
     assert not FusedMLA.ONE_TOKEN.gluon and not FusedMLA.WINDOW.gluon
 

@@ -128,9 +128,9 @@ L2_NEXT_MEGABYTES = 16.0  # (the KDA projections' first wave of tasks: 792 block
 # about 0.5 us a tile, then work through five or six in a row). Measured in the whole decode step at full shape, 32K,
 # on the H100 (dev/decode_launch_ab.py, three device calls: -10.9, -7.9, -8.8 us; windows of 2 and 4: +16.5, -1.4; the
 # window over the down copies too: +21.5 to +22.9 us; docs/results/h100_ab_lab40.log, _lab41; as the product, the tiles
-# all at once again +15.4 us at 32K, +16.2 / +16.6 at 4K: h100_ab_lab42.log, h100_ab4k_lab45.log). Not on the H200
-# until measured there.
-GATE_UP_WINDOW_CARDS = ("NVIDIA H100 80GB HBM3",)
+# all at once again +15.4 us at 32K, +16.2 / +16.6 at 4K: h100_ab_lab42.log, h100_ab4k_lab45.log). On the H200
+# (twenty-seventh session, two device calls): -14.5, -14.8 us at 32K (h200_ab_lab70.log, h200_ab_lab71.log).
+GATE_UP_WINDOW_CARDS = ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
 GATE_UP_WINDOW = 3
 
 

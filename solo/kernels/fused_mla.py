@@ -490,9 +490,10 @@ def early_chunks_for(card: str) -> int:
 # The cards where one token's attention is the Gluon ring (solo.kernels.gluon_mla; with early_chunks its first two
 # steps of old rows are copied before the wait for the prep): measured in the whole decode step on the H100 at 32K,
 # -14.2 and -18.0 us against the Triton attention in one process, whose second capture gave +2.4
-# (docs/results/h100_ab_lab66.log; alone 22.9 us a layer against 25.9, h100_mla_probe_lab66.log). Not on the H200
-# until measured there.
-GLUON_RING_CARDS = ("NVIDIA H100 80GB HBM3",)
+# (docs/results/h100_ab_lab66.log; alone 22.9 us a layer against 25.9, h100_mla_probe_lab66.log). On the H200
+# (twenty-seventh session, two device calls): -23.2, then -21.5 and -26.5 us at 32K (h200_ab_lab70.log,
+# h200_ab_lab71.log; alone 29.6 against 34.2 us a layer at 32K, 18.0 against 19.7 at 4K, h200_mla_probe_lab71.log).
+GLUON_RING_CARDS = ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
 
 
 def gluon_ring_for(card: str) -> bool:
