@@ -231,15 +231,9 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MLA one token: Triton attention, again": {"mla_one": {"gluon": False}},
     "MLA one token: Gluon ring, lazy rescale": {"mla_one": {"gluon": True, "lazy_rescale": True}},
     "MLA one token: Gluon ring, lazy rescale, again": {"mla_one": {"gluon": True, "lazy_rescale": True}},
-    # (twenty-seventh session) the combine inside the Gluon ring's launch (AttendLaunch.merge): its programs wait for
-    # one another at a grid-wide count, then each merges a slice of one head; no combine kernel, whose boundary and
-    # ramp were about 7.8 us of the critical path a layer at 32K (h100_bench_lab58.json's timeline)
-    "MLA one token: Gluon ring, combine inside": {"mla_one": {"gluon": True, "merge": True}},
-    "MLA one token: Gluon ring, combine inside, again": {"mla_one": {"gluon": True, "merge": True}},
-    "MLA one token: Gluon ring, 8 warps, combine inside": {"mla_one": {"gluon": True, "warps": 8, "merge": True}},
-    "MLA one token: Gluon ring, lazy rescale, combine inside": {
-        "mla_one": {"gluon": True, "lazy_rescale": True, "merge": True}
-    },
+    # (twenty-seventh session; taken out after f2f0ca6) the combine inside the Gluon ring's launch (AttendLaunch.merge:
+    # a grid-wide count, then each program merged one head's slice): on the H200 +16 to +23 us against the ring alone
+    # at 32K (h200_ab_lab70.log, h200_ab_lab71.log), alone 32.9 against 29.6 us a layer (h200_mla_probe_lab71.log)
     # half the splits (8 steps of 64 positions each at 32K): half the partials the combine merges
     "MLA one token: Gluon ring, 4 early, 64 splits": {"mla_one": {"gluon": True, "early_chunks": 4, "splits": 64}},
     # verification's attention transposed (4 warps for both lost 540 us of verification on the H100)

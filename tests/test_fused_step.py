@@ -394,8 +394,8 @@ def test_an_attention_cut_the_kernels_cannot_run_is_refused_naming_it(splits):
 
 def test_the_gluon_attention_is_refused_where_it_cannot_run_naming_why():
     """AttendLaunch.gluon (one token's attention on Hopper's TMA and warpgroup MMA) is refused when the layer is
-    built, naming why and the fix: here on the CPU, and for several tokens anywhere; its lazy rescale and its
-    combine inside (AttendLaunch.merge) asked of the Triton attention are refused."""
+    built, naming why and the fix: here on the CPU, and for several tokens anywhere; its lazy rescale asked of the
+    Triton attention is refused at the call."""
     from dataclasses import replace
 
     from solo.kernels.fused_mla import FusedMLA
@@ -414,16 +414,6 @@ def test_the_gluon_attention_is_refused_where_it_cannot_run_naming_why():
     scratch = torch.empty(16, 16, rank), torch.empty(16, 16, 2)
     with pytest.raises(ValueError, match="the lazy rescale is the Gluon attention's; set AttendLaunch.gluon"):
         mla.attend(replace(mla.ONE_TOKEN, lazy_rescale=True), q, torch.tensor([5]), *caches, *scratch)
-    # the combine inside the attention's launch: the Gluon attention's, refused without it (when built and at the
-    # call) and where the Gluon attention cannot run
-    merged = type("Merged", (FusedMLA,), {"ONE_TOKEN": replace(FusedMLA.ONE_TOKEN, merge=True)})
-    with pytest.raises(ValueError, match=r"cannot run: the combine inside the attention \(AttendLaunch.merge\) is"):
-        merged(*args, **offsets)
-    both = type("Both", (FusedMLA,), {"ONE_TOKEN": replace(FusedMLA.ONE_TOKEN, merge=True, gluon=True)})
-    with pytest.raises(ValueError, match="the Gluon MLA attention cannot run: .*(CPU|GPU)"):
-        both(*args, **offsets)
-    with pytest.raises(ValueError, match="the combine inside the attention is the Gluon attention's"):
-        mla.attend(replace(mla.ONE_TOKEN, merge=True), q, torch.tensor([5]), *caches, *scratch)
 
 
 def test_the_shared_expert_inside_the_moe_kernel_is_refused_where_it_cannot_run_naming_the_fix(models):

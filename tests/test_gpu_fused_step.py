@@ -504,35 +504,6 @@ def test_the_gluon_ring_attention_matches_the_reference(setup, buffers, early, a
             assert worst < LONG_CONTEXT_BOUND
 
 
-@pytest.mark.parametrize("warps", [4, 8])
-def test_the_combine_inside_the_gluon_attention_matches_the_reference(setup, warps):
-    """The combine inside the Gluon attention's launch (AttendLaunch.merge: the programs wait for one another at a
-    grid-wide count, then each merges a slice of one head): long and short contexts, three calls each, so that the
-    count grows across launches and the heads' arrival counters are left at zero; the combine's launches counted."""
-    from solo.kernels.gluon_mla import gluon_unavailable
-    from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference
-
-    _, _, fused = setup
-    why = gluon_unavailable("cuda")
-    if why:
-        pytest.skip(why)
-    combines = fused.decode_step.counter("mla_combine")
-    with mla_launches(fused, one_token=dict(gluon=True, merge=True, warps=warps)) as mlas:
-        before = int(combines[0])
-        calls = 0
-        for context in (int(torch.randint(12000, 20000, ())), int(torch.randint(2, 200, ()))):
-            for _ in range(3):
-                worst = mla_layers_against_reference(fused, context=context, tokens=1)
-                calls += 1
-                print(f"\nMLA (Gluon ring, combine inside, {warps} warps) at {context} positions: worst {worst:.1e}")
-                assert worst < LONG_CONTEXT_BOUND
-        for mla in mlas:
-            _, arrived, sync = mla._merge_scratch[mla.ONE_TOKEN]
-            assert int(arrived.abs().sum()) == 0
-            assert int(sync) % mla.ONE_TOKEN.splits == 0 and int(sync) >= calls * mla.ONE_TOKEN.splits
-        assert int(combines[0]) > before
-
-
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_the_combine_cut_by_latent_columns_matches_the_reference(setup, tokens):
     """The MLA combine cut by latent columns (AttendLaunch.combine_rank_parts, the product's) at full width: the

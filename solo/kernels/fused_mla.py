@@ -550,10 +550,6 @@ class AttendLaunch:
     # (gluon) the running maxima moved, and the output rescaled, only when one grows by more than 8 (e^8 bounds the
     # probabilities): most steps skip the 128 multiplies a thread of the rescale
     lazy_rescale: bool = False
-    # (gluon) the combine inside the attention's launch (gluon_mla._merge_heads): once every program has stored its
-    # partials (a grid-wide count; the programs are all resident, one an SM), program s merges head s // (splits /
-    # heads)'s slice s % (splits / heads) of the latent columns, as _mla_combine_ranks's programs do: no combine kernel
-    merge: bool = False
 
 
 class FusedMLA:
@@ -621,9 +617,9 @@ class FusedMLA:
             if c.splits < 16 or c.splits & (c.splits - 1) or c.splits % min(c.combine_chunk, c.splits):
                 raise ValueError(f"{c}: splits must be a power of two, at least 16, and a multiple of combine_chunk")
             self._check_rank_parts(c)
-        if self.ONE_TOKEN.gluon or self.ONE_TOKEN.merge:
+        if self.ONE_TOKEN.gluon:
             self._check_gluon(self.ONE_TOKEN, 1, w_uk.device)
-        if self.WINDOW.gluon or self.WINDOW.merge:
+        if self.WINDOW.gluon:
             self._check_gluon(self.WINDOW, 2, w_uk.device)
         self.w_uk = w_uk.contiguous()
         self.w_uv = w_uv.contiguous()
@@ -637,7 +633,6 @@ class FusedMLA:
         self.launch = launch
         self._scratch: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
         self._combine_scratch: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._merge_scratch: dict[AttendLaunch, tuple[torch.Tensor, ...]] = {}
         # the Gluon attention's TMA descriptors per cache, its length and the launch (checked once each)
         self._descriptors: dict[tuple[int, int, int, AttendLaunch], tuple] = {}
 
@@ -668,27 +663,7 @@ class FusedMLA:
             why = f"it runs on one or two warpgroups (4 or 8 warps), not {config.warps} warps"
         elif not 1 <= config.ring_buffers <= 2:
             why = f"its ring holds 1 or 2 steps of 64 positions in shared memory, not {config.ring_buffers}"
-        elif config.merge and not config.gluon:
-            why = "the combine inside the attention (AttendLaunch.merge) is the Gluon attention's; set gluon too"
-        elif config.merge:
-            why = why or self._merge_refusal(config, device)
         return why
-
-    def _merge_refusal(self, config: AttendLaunch, device: torch.device) -> str | None:
-        """Why the combine cannot run inside the Gluon attention (AttendLaunch.merge), or None when it can."""
-        parts = config.splits // self.heads
-        if config.splits % self.heads or parts & (parts - 1) or self.rank % parts or (self.rank // parts) % 64:
-            return (
-                f"each of its {config.splits} programs merges a slice of one head's latent columns: the splits must "
-                f"be a power-of-two multiple of the {self.heads} heads cutting the rank {self.rank} into slices of "
-                f"64 columns or more"
-            )
-        if self.v_dim > 32 * config.warps:
-            return f"a program takes its head's {self.v_dim} value rows a thread each: at most {32 * config.warps}"
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        if sms < config.splits:  # (the programs wait for one another: every one must be resident, one an SM)
-            return f"its {config.splits} programs wait for one another, one an SM, and this GPU has {sms} SMs"
-        return None
 
     def config(self, tokens: int) -> AttendLaunch:
         return self.ONE_TOKEN if tokens == 1 else self.WINDOW
@@ -722,9 +697,6 @@ class FusedMLA:
         config = self.config(t)
         q, part, ml = self._buffers(t, config, proj.device)
         self.prep(proj, positions, latent_cache, rope_cache, q, handoff)
-        if config.merge:  # (the combine inside the attention's launch)
-            self.attend(config, q, positions, latent_cache, rope_cache, part, ml, merge_into=(proj, out))
-            return out
         self.attend(config, q, positions, latent_cache, rope_cache, part, ml)
         return self.combine(config, proj, positions, part, ml, out)
 
@@ -782,11 +754,9 @@ class FusedMLA:
         rope_cache: torch.Tensor,
         part: torch.Tensor,
         ml: torch.Tensor,
-        merge_into: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         """Each split's partial output (latent space), running max and sum into part [splits, block_m,
-        rank] and ml [splits, block_m, 2] (rows token x head); splits past the ones in use are not written.
-        `merge_into` = (proj, out): with AttendLaunch.merge, the combine's output too (out [1, heads * v])."""
+        rank] and ml [splits, block_m, 2] (rows token x head); splits past the ones in use are not written."""
         t = q.shape[0]
         block_m = part.shape[1]
         launch = self.launch.at(t)
@@ -818,15 +788,8 @@ class FusedMLA:
         )
         if config.lazy_rescale and not config.gluon:
             raise ValueError(f"{config}: the lazy rescale is the Gluon attention's; set AttendLaunch.gluon or drop it")
-        if config.merge and (merge_into is None or not config.gluon):
-            raise ValueError(
-                f"{config}: the combine inside the attention is the Gluon attention's (set AttendLaunch.gluon) and "
-                "needs the projection and the output (FusedMLA.__call__ passes them)"
-            )
         if config.gluon:
-            compiled = self._attend_ring(config, q, positions, latent_cache, rope_cache, part, ml, launch, merge_into)
-            if merge_into is not None:
-                launch.record("mla_combine", compiled)
+            compiled = self._attend_ring(config, q, positions, latent_cache, rope_cache, part, ml, launch)
         elif config.transposed:
             if d_parts != 1:
                 raise ValueError(f"{config}: the transposed attention computes every value column of its rows")
@@ -853,10 +816,9 @@ class FusedMLA:
         part: torch.Tensor,
         ml: torch.Tensor,
         launch: LaunchPolicy,
-        merge_into: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> object:
-        """One token's attention as solo.kernels.gluon_mla's ring (AttendLaunch.gluon), with merge_into (and
-        AttendLaunch.merge) its combine too; refused, naming why, where it cannot run."""
+        """One token's attention as solo.kernels.gluon_mla's ring (AttendLaunch.gluon); refused, naming why, where
+        it cannot run."""
         from solo.kernels import gluon_mla
 
         if q.shape[0] != 1:  # (the only refusal that depends on the call, not on the launch)
@@ -865,19 +827,6 @@ class FusedMLA:
         if key not in self._descriptors:  # (graphs point at them; a launch is checked before its first use)
             self._check_gluon(config, 1, q.device)
             self._descriptors[key] = gluon_mla.cache_descriptors(latent_cache, rope_cache, config.block_l)
-        merge = None
-        if merge_into is not None:
-            proj, out = merge_into
-            if config not in self._merge_scratch:  # (per launch: graphs point at them)
-                parts, v_block = config.splits // self.heads, triton.next_power_of_2(self.v_dim)
-                self._merge_scratch[config] = (
-                    torch.empty((self.heads, parts, v_block), dtype=torch.float32, device=q.device),
-                    torch.zeros(self.heads, dtype=torch.int32, device=q.device),  # zero between launches
-                    torch.zeros(1, dtype=torch.int64, device=q.device),  # the launches' count: only grows
-                )
-            opart, arrived, sync = self._merge_scratch[config]
-            gate = proj[0, self.gate_offset : self.gate_offset + self.heads]
-            merge = gluon_mla.MergeArgs(self.w_uv, gate, out, opart, arrived, sync, self.counter[2:3])
         return gluon_mla.attend_ring(
             q,
             positions,
@@ -898,7 +847,6 @@ class FusedMLA:
             lazy=config.lazy_rescale,
             pdl=launch.pdl,
             launch_options=launch.options,
-            merge=merge,
         )
 
     def combine(

@@ -14,8 +14,6 @@ the heads on N; bf16 operands, fp32 sums in another order): the combine reads it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 
@@ -102,88 +100,6 @@ if gluon is not None:
         _ask_rows(rope_ptr, row, rows, ROPE, BLOCK_L, WARPS)
 
     @gluon.jit
-    def _ask_weights(wuv_ptr, h, part, V: gl.constexpr, RANK: gl.constexpr, R_PER: gl.constexpr, WARPS: gl.constexpr):
-        """Ask the L2 for the w_uv block the merge of (head h, latent slice `part`) multiplies: V rows of R_PER
-        bf16, a bulk prefetch per row (a hint)."""
-        lanes: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-        v = gl.arange(0, 32 * WARPS, layout=lanes)
-        base = (wuv_ptr + (h * V + v).to(gl.int64) * RANK + part * R_PER).to(gl.int64, bitcast=True)
-        size = gl.where(v < V, R_PER * 2, 0)
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r",
-            [base, size],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-    @gluon.jit
-    def _merge_heads(
-        part_ptr,
-        ml_ptr,
-        wuv_ptr,
-        gate_ptr,
-        o_ptr,
-        opart_ptr,
-        arrived_ptr,
-        sync_ptr,
-        s,
-        used,
-        HEADS: gl.constexpr,
-        RANK: gl.constexpr,
-        V: gl.constexpr,
-        SPLITS: gl.constexpr,
-        BLOCK_M: gl.constexpr,
-        WARPS: gl.constexpr,
-    ):
-        """The combine inside the attention (AttendLaunch.merge): every program, once all SPLITS programs of the
-        launch have stored their partials (a grid-wide count: they are all resident, one an SM), merges the
-        splits' partials of one head's slice of the latent columns and multiplies them by its block of w_uv; the
-        head's last slice to arrive sums the slices' outputs in order, gates and stores them. The arithmetic of
-        fused_mla._mla_combine_ranks (its sums in another order)."""
-        PARTS: gl.constexpr = SPLITS // HEADS
-        R_PER: gl.constexpr = RANK // PARTS
-        V_BLOCK: gl.constexpr = triton.next_power_of_2(V)
-        h = s // PARTS
-        part = s % PARTS
-        # the launch's arrivals: the count only grows, each launch by SPLITS (every program arrives once)
-        gl.thread_barrier()  # (every thread's partials stored before the release)
-        ticket = gl.atomic_add(sync_ptr, 1, sem="acq_rel", scope="gpu")
-        target = (ticket // SPLITS + 1) * SPLITS
-        seen = ticket + 1
-        while seen < target:
-            seen = gl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
-        tile: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [WARPS, 1], [1, 0])
-        rs = gl.arange(0, SPLITS, layout=gl.SliceLayout(1, tile))
-        rr = part * R_PER + gl.arange(0, R_PER, layout=gl.SliceLayout(0, tile))
-        ok = rs < used
-        # (L2 reads: other SMs wrote them, and this SM's L1 may hold an earlier launch's)
-        m = gl.load(ml_ptr + (rs * BLOCK_M + h) * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        lsum = gl.load(ml_ptr + (rs * BLOCK_M + h) * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
-        rows = (rs * BLOCK_M + h)[:, None] * RANK
-        acc = gl.load(part_ptr + rows + rr[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg")
-        top = gl.max(m, axis=0)
-        weight = gl.where(m == float("-inf"), 0.0, gl.exp(m - top))
-        latent = gl.sum(acc * weight[:, None], axis=0) / gl.sum(lsum * weight, axis=0)
-        latent = latent.to(gl.bfloat16).to(gl.float32)
-        rv = gl.arange(0, V_BLOCK, layout=gl.SliceLayout(1, tile))
-        w = gl.load(wuv_ptr + (h * V + rv)[:, None] * RANK + rr[None, :], mask=(rv < V)[:, None], other=0.0)
-        partial = gl.sum(w.to(gl.float32) * latent[None, :], axis=1)  # [V_BLOCK]: this slice's share of each row
-        gl.store(opart_ptr + (h * PARTS + part) * V_BLOCK + rv, partial)
-        gl.thread_barrier()  # (every thread's share stored before the release)
-        arrived = gl.atomic_add(arrived_ptr + h, 1, sem="acq_rel", scope="gpu")
-        if arrived == PARTS - 1:  # the head's last slice: the others' shares are visible (L2 reads)
-            total = gl.zeros([V_BLOCK], gl.float32, layout=gl.SliceLayout(1, tile))
-            for q in gl.static_range(PARTS):
-                total += gl.load(opart_ptr + (h * PARTS + q) * V_BLOCK + rv, cache_modifier=".cg")
-            g = gl.load(gate_ptr + h).to(gl.float32)
-            gate = (1.0 / (1.0 + gl.exp(-g))).to(gl.bfloat16).to(gl.float32)
-            out = total.to(gl.bfloat16).to(gl.float32) * gate
-            gl.store(o_ptr + h * V + rv, out.to(gl.bfloat16), mask=rv < V)
-            gl.atomic_xchg(arrived_ptr + h, 0, sem="relaxed", scope="gpu")
-
-    @gluon.jit
     def _mla_attend_ring(
         q_ptr,
         pos_ptr,
@@ -195,13 +111,6 @@ if gluon is not None:
         ml_ptr,
         count_ptr,
         scale,
-        wuv_ptr,
-        gate_ptr,
-        o_ptr,
-        opart_ptr,
-        arrived_ptr,
-        sync_ptr,
-        combine_count_ptr,
         HEADS: gl.constexpr,
         RANK: gl.constexpr,
         ROPE: gl.constexpr,
@@ -216,15 +125,11 @@ if gluon is not None:
         WARPS: gl.constexpr = 4,
         LAZY: gl.constexpr = False,
         LAZY_MARGIN: gl.constexpr = 8.0,
-        MERGE: gl.constexpr = False,
-        V: gl.constexpr = 128,
     ):
         """Split s of one token's filled positions: scores^T = keys . q^T [BLOCK_L, HEADS] and out^T += values^T .
         p^T [RANK, HEADS] per step of BLOCK_L positions, an online softmax between; the partial output, running max
-        and sum into part / ml as _mla_attend_t writes them; with MERGE the combine follows in the same launch
-        (_merge_heads: o [heads * V] from w_uv and the gates, no combine kernel). A box past the split's end reads
-        rows that later positions left (finite: the caches start zeroed) or zeros past the cache: the mask drops
-        them."""
+        and sum into part / ml as _mla_attend_t writes them. A box past the split's end reads rows that later
+        positions left (finite: the caches start zeroed) or zeros past the cache: the mask drops them."""
         s = gl.program_id(0)
         pos = gl.load(pos_ptr).to(gl.int32)  # the token's position (final two kernels back: read before the wait)
         length = pos + 1
@@ -238,9 +143,6 @@ if gluon is not None:
         kv_ring = gl.allocate_shared_memory(gl.bfloat16, [BUFFERS, BLOCK_L, RANK], latent_desc.layout)
         kr_ring = gl.allocate_shared_memory(gl.bfloat16, [BUFFERS, BLOCK_L, ROPE], rope_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
-        if MERGE:  # (weights: asked for before the wait)
-            PARTS: gl.constexpr = SPLITS // HEADS
-            _ask_weights(wuv_ptr, s // PARTS, s % PARTS, V, RANK, RANK // PARTS, WARPS)
         for b in gl.static_range(BUFFERS):
             mbarrier.init(bars.index(b), count=1)
         # the ring's first steps: those holding only rows earlier steps wrote before the wait for the prep (which
@@ -348,43 +250,6 @@ if gluon is not None:
             ml_rows = s * BLOCK_M + gl.arange(0, HEADS, layout=heads_s)
             gl.store(ml_ptr + ml_rows * 2, m_i)
             gl.store(ml_ptr + ml_rows * 2 + 1, l_i)
-        if MERGE:
-            if s == 0:
-                gl.atomic_add(combine_count_ptr, 1)
-            _merge_heads(
-                part_ptr,
-                ml_ptr,
-                wuv_ptr,
-                gate_ptr,
-                o_ptr,
-                opart_ptr,
-                arrived_ptr,
-                sync_ptr,
-                s,
-                used,
-                HEADS,
-                RANK,
-                V,
-                SPLITS,
-                BLOCK_M,
-                WARPS,
-            )
-
-
-@dataclass(frozen=True)
-class MergeArgs:
-    """What the combine inside the attention reads and writes (AttendLaunch.merge): w_uv [heads, v, rank]; the
-    token's gate logits [heads] (a view into the projection's row); out [heads * v]; opart [heads, parts, v_block]
-    fp32 and arrived [heads] int32 (zero between launches), the slices' outputs and their arrivals; sync [1] int64,
-    the launches' grid-wide count (zero once, then only grown); combine_counter, the combine's launch count."""
-
-    w_uv: torch.Tensor
-    gate: torch.Tensor
-    out: torch.Tensor
-    opart: torch.Tensor
-    arrived: torch.Tensor
-    sync: torch.Tensor
-    combine_counter: torch.Tensor
 
 
 def cache_descriptors(latent_cache: torch.Tensor, rope_cache: torch.Tensor, block_l: int) -> tuple:
@@ -419,16 +284,13 @@ def attend_ring(
     lazy: bool,
     pdl: bool,
     launch_options: dict,
-    merge: MergeArgs | None = None,
 ) -> object:
     """Launch _mla_attend_ring for one token's q [1, heads, rank + rope]: `early` > 0, the split's first steps of old
     rows requested before the wait for the previous kernel (the ring's copied, up to `early` asked of the L2);
-    `ahead` > 0, each step asks the L2 for the step that many later; `merge`, the combine in the same launch.
-    Returns what Triton's launch returned."""
+    `ahead` > 0, each step asks the L2 for the step that many later. Returns what Triton's launch returned."""
     _, heads, width = q.shape
     latent_desc, rope_desc = descriptors
     rank = latent_desc.block_shape[1]
-    m = merge or MergeArgs(part, part, part, part, counter, counter, counter)  # (unread without MERGE)
     return _mla_attend_ring[(splits,)](
         q,
         positions,
@@ -440,13 +302,6 @@ def attend_ring(
         ml,
         counter,
         scale,
-        m.w_uv,
-        m.gate,
-        m.out,
-        m.opart,
-        m.arrived,
-        m.sync,
-        m.combine_counter,
         HEADS=heads,
         RANK=rank,
         ROPE=width - rank,
@@ -460,8 +315,6 @@ def attend_ring(
         AHEAD=ahead,
         WARPS=warps,
         LAZY=lazy,
-        MERGE=merge is not None,
-        V=m.w_uv.shape[1] if merge is not None else 128,
         num_warps=warps,
         **launch_options,
     )
