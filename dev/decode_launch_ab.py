@@ -229,8 +229,9 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # instructions a warp is the bound now, 128 of them the output's rescale)
     "MLA one token: Triton attention": {"mla_one": {"gluon": False}},
     "MLA one token: Triton attention, again": {"mla_one": {"gluon": False}},
-    "MLA one token: Gluon ring, lazy rescale": {"mla_one": {"gluon": True, "lazy_rescale": True}},
-    "MLA one token: Gluon ring, lazy rescale, again": {"mla_one": {"gluon": True, "lazy_rescale": True}},
+    # (taken out after e91cd39) the lazy rescale (the maxima moved only when one grows by more than 8): on the H200
+    # -21.6 us against the Triton attention where the ring alone gave -21.5 / -26.5 (h200_ab_lab71.log), alone 29.9
+    # against 29.6 us a layer at 32K (h200_mla_probe_lab71.log)
     # (twenty-seventh session; taken out after f2f0ca6) the combine inside the Gluon ring's launch (AttendLaunch.merge:
     # a grid-wide count, then each program merged one head's slice): on the H200 +16 to +23 us against the ring alone
     # at 32K (h200_ab_lab70.log, h200_ab_lab71.log), alone 32.9 against 29.6 us a layer (h200_mla_probe_lab71.log)

@@ -394,8 +394,7 @@ def test_an_attention_cut_the_kernels_cannot_run_is_refused_naming_it(splits):
 
 def test_the_gluon_attention_is_refused_where_it_cannot_run_naming_why():
     """AttendLaunch.gluon (one token's attention on Hopper's TMA and warpgroup MMA) is refused when the layer is
-    built, naming why and the fix: here on the CPU, and for several tokens anywhere; its lazy rescale asked of the
-    Triton attention is refused at the call."""
+    built, naming why and the fix: here on the CPU, and for several tokens anywhere."""
     from dataclasses import replace
 
     from solo.kernels.fused_mla import FusedMLA
@@ -408,12 +407,6 @@ def test_the_gluon_attention_is_refused_where_it_cannot_run_naming_why():
     several = type("Several", (FusedMLA,), {"WINDOW": replace(FusedMLA.WINDOW, gluon=True)})
     with pytest.raises(ValueError, match="cannot run: (it attends for one token, not 2|.*CPU|.*GPU)"):
         several(*args, **offsets)
-    mla = FusedMLA(*args, **offsets)  # the lazy rescale without the Gluon attention: refused at the call
-    q = torch.randn(1, heads, rank + rope).bfloat16()
-    caches = torch.randn(64, rank).bfloat16(), torch.randn(64, rope).bfloat16()
-    scratch = torch.empty(16, 16, rank), torch.empty(16, 16, 2)
-    with pytest.raises(ValueError, match="the lazy rescale is the Gluon attention's; set AttendLaunch.gluon"):
-        mla.attend(replace(mla.ONE_TOKEN, lazy_rescale=True), q, torch.tensor([5]), *caches, *scratch)
 
 
 def test_the_shared_expert_inside_the_moe_kernel_is_refused_where_it_cannot_run_naming_the_fix(models):

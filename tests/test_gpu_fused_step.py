@@ -478,16 +478,13 @@ def test_mla_splits_of_several_steps_match_the_reference(setup, tokens, transpos
             assert worst < LONG_CONTEXT_BOUND
 
 
-@pytest.mark.parametrize(
-    "buffers,early,ahead,warps,lazy",
-    [(2, 1, 0, 4, False), (2, 0, 0, 4, False), (1, 1, 0, 4, False), (2, 4, 2, 8, False), (2, 1, 0, 4, True)],
-)
-def test_the_gluon_ring_attention_matches_the_reference(setup, buffers, early, ahead, warps, lazy):
+@pytest.mark.parametrize("buffers,early,ahead,warps", [(2, 1, 0, 4), (2, 0, 0, 4), (1, 1, 0, 4), (2, 4, 2, 8)])
+def test_the_gluon_ring_attention_matches_the_reference(setup, buffers, early, ahead, warps):
     """One token's attention in Gluon (AttendLaunch.gluon: TMA copies into a ring of shared-memory buffers, the
     warpgroup MMA) over long contexts (several steps a split, the online softmax rescaling) and short ones (this
     call's row in the only split's first step, copied after the wait for the prep), its old rows copied before
-    that wait or not, later steps asked of the L2 (hints) or not, on one warpgroup or two, rescaling lazily or at
-    every step; skipped, naming why, where Gluon cannot run."""
+    that wait or not, later steps asked of the L2 (hints) or not, on one warpgroup or two; skipped, naming why,
+    where Gluon cannot run."""
     from solo.kernels.gluon_mla import gluon_unavailable
     from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference
 
@@ -496,7 +493,6 @@ def test_the_gluon_ring_attention_matches_the_reference(setup, buffers, early, a
     if why:
         pytest.skip(why)
     changes = dict(gluon=True, ring_buffers=buffers, early_chunks=early, ahead_steps=ahead, warps=warps)
-    changes["lazy_rescale"] = lazy
     with mla_launches(fused, one_token=changes):
         for context in (int(torch.randint(12000, 20000, ())), int(torch.randint(2, 200, ()))):
             worst = mla_layers_against_reference(fused, context=context, tokens=1)

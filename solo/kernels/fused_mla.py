@@ -547,9 +547,6 @@ class AttendLaunch:
     # ring's first steps of old rows copied before the wait for the prep)
     gluon: bool = False
     ring_buffers: int = 2
-    # (gluon) the running maxima moved, and the output rescaled, only when one grows by more than 8 (e^8 bounds the
-    # probabilities): most steps skip the 128 multiplies a thread of the rescale
-    lazy_rescale: bool = False
 
 
 class FusedMLA:
@@ -786,8 +783,6 @@ class FusedMLA:
             **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
             **launch.options,
         )
-        if config.lazy_rescale and not config.gluon:
-            raise ValueError(f"{config}: the lazy rescale is the Gluon attention's; set AttendLaunch.gluon or drop it")
         if config.gluon:
             compiled = self._attend_ring(config, q, positions, latent_cache, rope_cache, part, ml, launch)
         elif config.transposed:
@@ -844,7 +839,6 @@ class FusedMLA:
             early=config.early_chunks and max(config.early_chunks, config.ring_buffers),
             ahead=config.ahead_steps,
             warps=config.warps,
-            lazy=config.lazy_rescale,
             pdl=launch.pdl,
             launch_options=launch.options,
         )

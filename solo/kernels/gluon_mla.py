@@ -123,8 +123,6 @@ if gluon is not None:
         PDL: gl.constexpr,
         AHEAD: gl.constexpr = 0,
         WARPS: gl.constexpr = 4,
-        LAZY: gl.constexpr = False,
-        LAZY_MARGIN: gl.constexpr = 8.0,
     ):
         """Split s of one token's filled positions: scores^T = keys . q^T [BLOCK_L, HEADS] and out^T += values^T .
         p^T [RANK, HEADS] per step of BLOCK_L positions, an online softmax between; the partial output, running max
@@ -213,30 +211,15 @@ if gluon is not None:
             visible = (start + i * BLOCK_L + offsets) < end
             scores = gl.where(visible[:, None], scores * scale, float("-inf"))
             m_tile = gl.max(scores, axis=0)  # (every step has a visible position: finite)
-            if LAZY:
-                # the running maxima move (and the output and sums are rescaled) only when one grows by more than
-                # LAZY_MARGIN: the probabilities then stay below e^LAZY_MARGIN, and most steps skip the rescale
-                # (no new names inside the branch: Triton yields only the variables both sides know)
-                grow = gl.max(m_tile - m_i, axis=0)
-                if grow > LAZY_MARGIN:
-                    acc = acc * gl.convert_layout(gl.exp(m_i - gl.maximum(m_i, m_tile)), heads_of)[None, :]
-                    l_i = l_i * gl.exp(m_i - gl.maximum(m_i, m_tile))
-                    m_i = gl.maximum(m_i, m_tile)
-                p = gl.exp(scores - m_i[None, :])
-                l_i = l_i + gl.sum(p, axis=0)
-                p_smem.store(p.to(gl.bfloat16))
-                fence_async_shared()
-                acc = warpgroup_mma(kv.permute((1, 0)), p_smem, acc, is_async=True)
-            else:
-                m_new = gl.maximum(m_i, m_tile)
-                p = gl.exp(scores - m_new[None, :])
-                alpha = gl.exp(m_i - m_new)
-                l_i = l_i * alpha + gl.sum(p, axis=0)
-                p_smem.store(p.to(gl.bfloat16))
-                fence_async_shared()
-                rescale = gl.convert_layout(alpha, heads_of)[None, :]
-                acc = warpgroup_mma(kv.permute((1, 0)), p_smem, acc * rescale, is_async=True)
-                m_i = m_new
+            m_new = gl.maximum(m_i, m_tile)
+            p = gl.exp(scores - m_new[None, :])
+            alpha = gl.exp(m_i - m_new)
+            l_i = l_i * alpha + gl.sum(p, axis=0)
+            p_smem.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            rescale = gl.convert_layout(alpha, heads_of)[None, :]
+            acc = warpgroup_mma(kv.permute((1, 0)), p_smem, acc * rescale, is_async=True)
+            m_i = m_new
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             # the buffer is free again: the step BUFFERS later into it
             later = i + BUFFERS
@@ -281,7 +264,6 @@ def attend_ring(
     early: int,
     ahead: int,
     warps: int,
-    lazy: bool,
     pdl: bool,
     launch_options: dict,
 ) -> object:
@@ -314,7 +296,6 @@ def attend_ring(
         PDL=pdl,
         AHEAD=ahead,
         WARPS=warps,
-        LAZY=lazy,
         num_warps=warps,
         **launch_options,
     )
