@@ -34,7 +34,10 @@ from solo.testing.parallel import collectives_probe, free_port, greedy_runs, run
 from solo.testing.routing import clear_of_ties
 
 BUNDLED = str(bundled_model())
-TOL = 1e-5
+# the floor of the logit bound: fp32 rounding alone puts the one-process run 4e-6 to 2.0e-5 from float64 (8 runs of
+# these tests, 2026-12-06), and the ranks up to 2.4 times that; at 1e-5 the bundled model's case failed 1 run in 8
+# (ranks 1.67e-5 against one process 6.9e-6). The bound is there to catch a split that computes something else.
+TOL = 4e-5
 GREEDY_GAP = 1e-4  # the one-process run's top-2 logits closer than this: a tie the split may break otherwise
 
 
@@ -77,7 +80,7 @@ SHM = pytest.param("shm", marks=pytest.mark.skipif(not X86, reason="shared-memor
     [("a", "width", "gloo"), pytest.param("a", "expert", "shm", marks=SHM.marks), ("c", "auto", "auto")],
 )
 def test_two_ranks_match_one_process_on_random_checkpoints(tiny_checkpoints, fresh_ids, preset, split, transport):
-    """Fresh prompts; every logit's error against a float64 run within twice the single process's (1e-5
+    """Fresh prompts; every logit's error against a float64 run within twice the single process's (TOL
     at least)."""
     path = str(tiny_checkpoints[preset][0])
     prompt, single = clear_of_ties(lambda: fresh_ids(9).tolist(), lambda p: greedy_runs(path, p, 10), logits=GREEDY_GAP)
