@@ -87,6 +87,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "L2: first 4 tasks": {"l2_ahead": 4, "l2_loop": False},
     "L2 fetch 256 B": {"l2_fetch": 256},
     "L2 fetch 128 B": {"l2_fetch": 128},
+    # (twenty-seventh session) on the H200 the 256-byte fetch streamed every projection faster alone (q|k|v|f|g|b 17.4
+    # against 18.1 us, 94% of the copy bandwidth at 4x its rows: h200_steady_lab70.log) but cost +19.4 us a decode step
+    # on all of them (h200_ab_lab70.log): on the big projections only
+    "L2 fetch 256 B: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"l2_fetch": 256}}},
     "L2 ahead 1": {"l2_ahead": 1},
     "L2 ahead 2": {"l2_ahead": 2},
     "L2 ahead 2: qkvfgb, q|kv_a|g, MLP": {"for": {("qkvfgb", "q|kv_a|g", "MLP"): {"l2_ahead": 2}}},
