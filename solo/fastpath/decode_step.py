@@ -630,14 +630,16 @@ class FusedDecodeStep:
         solo.kernels.fused_mla.EARLY_CHUNK_CARDS); 0 where none does."""
         if not self.launch.pdl:
             return 0
-        mlas = [layer.attention.mla for layer in self.layers if isinstance(layer.attention, _MLAAttention)]
-        return max((mla.ONE_TOKEN.early_chunks for mla in mlas), default=0)
+        return max((mla.ONE_TOKEN.early_chunks for mla in self._mlas()), default=0)
 
     def mla_gluon(self) -> bool:
         """Whether one token's MLA attention is the Gluon ring (AttendLaunch.gluon: the product's on the cards of
         solo.kernels.fused_mla.GLUON_RING_CARDS where Gluon can run), not the Triton kernel."""
-        mlas = [layer.attention.mla for layer in self.layers if isinstance(layer.attention, _MLAAttention)]
-        return any(mla.ONE_TOKEN.gluon for mla in mlas)
+        return any(mla.ONE_TOKEN.gluon for mla in self._mlas())
+
+    def _mlas(self) -> list[FusedMLA]:
+        """The MLA layers' kernels (solo.kernels.fused_mla.FusedMLA)."""
+        return [layer.attention.mla for layer in self.layers if isinstance(layer.attention, _MLAAttention)]
 
     def window_rings(self) -> int:
         """How many CUDA projections run verification's calls through a bulk ring (GemvLaunch.window: the

@@ -757,6 +757,10 @@ class FusedMLA:
         t = q.shape[0]
         block_m = part.shape[1]
         launch = self.launch.at(t)
+        if config.gluon:  # (its launch is built in _attend_ring: none of the Triton kernels' arguments below)
+            compiled = self._attend_ring(config, q, positions, latent_cache, rope_cache, part, ml, launch)
+            launch.record("mla_attend", compiled)
+            return
         # the accumulator at most ROWS_PER_PROGRAM x 512 floats: several tokens split their rows (token x
         # head) over programs, each computing its rows' scores once (splitting the value columns instead
         # made every program recompute all rows' scores: 2.2 ms for 7 layers at 4 tokens and 32K on the H200)
@@ -783,9 +787,7 @@ class FusedMLA:
             **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
             **launch.options,
         )
-        if config.gluon:
-            compiled = self._attend_ring(config, q, positions, latent_cache, rope_cache, part, ml, launch)
-        elif config.transposed:
+        if config.transposed:
             if d_parts != 1:
                 raise ValueError(f"{config}: the transposed attention computes every value column of its rows")
             early = dict(EARLY=config.early_chunks, AHEAD=config.ahead_steps, THREADS=32 * config.warps)
