@@ -18,4 +18,5 @@ w="window ring: qkvfgb, q|kv_a|g, MLP"
 e="MLA one token: L2 asks for the first step early"  # (on the ring, the product's now: its first two steps copied early)
 w8="window ring, 2 blocks of 8 warps: qkvfgb, q|kv_a|g, MLP"
 f="L2 fetch 256 B: qkvfgb, q|kv_a|g, MLP"
-ab ab "product;$t;MoE gate_up tiles all at once;$w;product again;$e;$f;$w, again;$w8" --deadline "$(($(left) - 60))"
+l="L2 next: shared + 16 MB, after the copies"  # (-6.8 us once, lab70)
+ab ab "product;$t;MoE gate_up tiles all at once;$w;product again;$e;$f;$l;$w, again;$w8" --deadline "$(($(left) - 60))"
