@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# Twenty-eighth session: how much naming a MoE layer's experts early could give (any Hopper card; after
-# lab_session72.sh on an H200, on the same warm machine). Two measurements, about 200 s:
-# 1. dev/routing_prediction_probe.py at full shape (42 layers, random weights as the bench): the fraction of each
-#    layer's chosen experts that its router names from the layer's input (before the attention) and from the
-#    previous token's choice;
-# 2. dev/moe_router_ab.py with one token replayed (--calls 1: its experts in the L2 from the replay before) against
-#    16 tokens (most experts not in the L2): what the MoE kernel gains when its experts are in the L2, with the
-#    per-block trace (first and last gate_up tile, slot pairs). The upper bound of an L2 prefetch of the layer's
-#    experts, before any cost of predicting them.
-# Results under $OUT: routing_prediction.log, moe_warm.log, moe_cold.log. timeout_s LAB_SECONDS + 30.
-LAB_DEFAULT_SECONDS=240
+# Twenty-eighth session: what naming a MoE layer's experts before its routing could give (any Hopper card).
+# 1. the GPU test of FusedDecodeStep.ask_experts_ahead (gemv_decode.cu EXPERT_ASK: each layer's output projection
+#    asks the L2 for its MoE kernel's experts before its wait), results bit for bit;
+# 2. the A/B at 32K: the output projections asking for the experts the layer's MoE kernel chose at the replay before
+#    (one token at one position: nearly the replay's own experts, so an upper bound of any prediction; on random
+#    weights the layer's input names 0.84 of them, docs/results/cpu_routing_prediction.log), gate_up with and without
+#    its scales, and with the down weights;
+# 3. as time allows, the MoE kernel alone with one token replayed (its experts in the L2) against 16
+#    (dev/moe_router_ab.py --calls 1 / 16).
+# Results under $OUT: gpu_tests.log, ab.{log,json}, moe_warm.log, moe_cold.log. timeout_s LAB_SECONDS + 30.
+LAB_DEFAULT_SECONDS=420
 source dev/lab_prelude.sh
-timeout $(($(left) - 100)) python3 dev/routing_prediction_probe.py --tokens 32 --prompt 16 \
-    > "$OUT/routing_prediction.log" 2>&1
-echo "[routing prediction rc=$? at ${SECONDS}s]"; grep -v Warning "$OUT/routing_prediction.log" | tail -4
+gpu_tests 150 tests/test_gpu_fused_step.py -k "experts or l2" -rfE
+x="experts ahead: the last step's gate_up"
+ab ab "product;$x;product again;$x and down;$x, again;$x words" --deadline "$(($(left) - 150))"
 for side in warm:1 cold:16; do
+    [ "$(left)" -lt 40 ] && break
     timeout $((($(left) - 5) / 2)) python3 dev/moe_router_ab.py --rounds 3 --calls "${side#*:}" \
         > "$OUT/moe_${side%:*}.log" 2>&1
     echo "[moe ${side%:*} rc=$? at ${SECONDS}s]"
-    grep -E "^  |^checks" "$OUT/moe_${side%:*}.log" | grep -v Warning | head -40
+    grep -E "^  [a-z]|^checks" "$OUT/moe_${side%:*}.log" | head -30
 done

@@ -196,6 +196,7 @@ class _KDAAttention:
         )
         self.dense = _gemv(attn.dense, step, f"layer {index} o_proj")
         self.handoff_rows = (4 * self.dim, 5 * self.dim)  # (the output gate's rows, computed last with a hand-off)
+        self.expert_ask: Any = None  # FusedDecodeStep.ask_experts_ahead's solo.kernels.cuda_step.ExpertAsk
         self.attn = attn
         self.counter = step.counter("kda")
         self.sync = step.kda_sync
@@ -235,7 +236,8 @@ class _KDAAttention:
             _weight(self.dense) if self.step.kda_l2_ahead and x.shape[0] == 1 else None,
         )
         gate = proj[:, 4 * self.dim : 5 * self.dim]
-        self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps)
+        ask = {"expert_ask": self.expert_ask} if self.expert_ask is not None and x.shape[0] == 1 else {}
+        self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps, **ask)
 
 
 class _MLAAttention:
@@ -268,6 +270,7 @@ class _MLAAttention:
         )
         self.out_dim = attn.num_heads * attn.v_dim
         self.handoff_rows = (offsets[2], weight.shape[0])  # (the output gate's rows, computed last with a hand-off)
+        self.expert_ask: Any = None  # FusedDecodeStep.ask_experts_ahead's solo.kernels.cuda_step.ExpertAsk
         self.step = step
 
     def __call__(self, x, positions, cache: HybridCache, history) -> None:
@@ -275,7 +278,8 @@ class _MLAAttention:
         o = torch.empty((x.shape[0], self.out_dim), dtype=torch.bfloat16, device=x.device)
         layer_cache = cache.mla[self.index]
         self.mla(proj, positions, layer_cache.latent, layer_cache.rope, o, handoff)
-        self.dense(o, out=x, residual=x)
+        ask = {"expert_ask": self.expert_ask} if self.expert_ask is not None and x.shape[0] == 1 else {}
+        self.dense(o, out=x, residual=x, **ask)
 
 
 class _MoE:
@@ -304,6 +308,8 @@ class _MoE:
         # ... and the shared expert (no shared gate_up and down launches; the kernel updates x itself)
         self.shared_in_experts: Any = None  # solo.kernels.cuda_moe.SharedExpert
         self.moe_router_counter = step.counter("moe_router", 2)  # moe_router, moe_shared
+        # where one token's kernel writes its experts' ids (FusedDecodeStep.ask_experts_ahead; None: a buffer per call)
+        self.ids_out: torch.Tensor | None = None
         self.launch = step.launch
         self.norm, self.eps = norm, eps
         self.step = step
@@ -311,12 +317,18 @@ class _MoE:
     def __call__(self, x: torch.Tensor) -> None:
         if self.shared_in_experts is not None and x.shape[0] == 1:
             self.experts.routed_forward(
-                x, self.routed_in_experts, self.moe_router_counter, self.launch, shared=self.shared_in_experts, out=x
+                x,
+                self.routed_in_experts,
+                self.moe_router_counter,
+                self.launch,
+                shared=self.shared_in_experts,
+                out=x,
+                ids_out=self.ids_out,
             )
             return
         if self.routed_in_experts is not None and x.shape[0] == 1:
             routed, xn, _, _ = self.experts.routed_forward(
-                x, self.routed_in_experts, self.moe_router_counter, self.launch
+                x, self.routed_in_experts, self.moe_router_counter, self.launch, ids_out=self.ids_out
             )
         else:
             xn, ids, weights = self.router(x)
@@ -477,6 +489,7 @@ class FusedDecodeStep:
         self.moe_shared = moe_shared
         self._shared_into_experts()
         self.l2_next: dict[str, Any] = {"megabytes": 0.0, "shared": False, "at": 0, "layers": 0}
+        self.experts_ahead: dict[str, Any] = {"source": "", "regions": 0, "layers": 0}
         if self.routers_in_experts():  # (the persistent MoE kernels: this card's choices)
             card = torch.cuda.get_device_name(model.device)
             if ahead := l2_next_for(card):
@@ -607,6 +620,37 @@ class FusedDecodeStep:
                 experts.set_kernel_config(dataclasses.replace(experts.kernel_config, l2_next_at=when))
             count += bool(regions) and when > 0
         self.l2_next = {"megabytes": megabytes, "shared": shared, "at": at, "layers": count}
+        return count
+
+    def ask_experts_ahead(self, source: str = "last", regions: int = 2) -> int:
+        """A lab switch: each layer's one-token output projection asks the L2 for the experts of the MoE kernel
+        after it, before its wait (gemv_decode.cu EXPERT_ASK), while the attention's last kernel runs; the MoE kernel
+        then routes for about 6 us with the DRAM nearly idle. `source` "last": the experts the layer's MoE kernel chose
+        at the step before (each MoE kernel writes its ids into a buffer of its own). In dev/decode_launch_ab.py's
+        replays of one token at one position those are nearly the step's own, so this measures what naming the experts
+        early could give at best, not a prediction (across different tokens they rarely repeat on random weights:
+        dev/routing_prediction_probe.py). "": off. `regions`: 1 the gate_up weights, 2 and their scales, 4 and the
+        down weights and scales. A hint: every result stays the same. Returns how many layers ask."""
+        from solo.kernels.cuda_step import CudaGemv, ExpertAsk
+
+        if source not in ("", "last") or regions not in (1, 2, 4):
+            raise ValueError(f"ask_experts_ahead: source '' or 'last' and regions 1, 2 or 4, not {source!r}, {regions}")
+        count = 0
+        for layer in self.layers:
+            moe, attention = layer.mlp, layer.attention
+            if not isinstance(moe, _MoE) or moe.routed_in_experts is None or not isinstance(attention.dense, CudaGemv):
+                continue
+            if not source:
+                attention.expert_ask = None
+                continue
+            if moe.ids_out is None:  # (made once: graphs captured with it keep reading it)
+                top_k, device = moe.routed_in_experts.top_k, moe.experts.device
+                moe.ids_out = torch.full((top_k,), -1, dtype=torch.int32, device=device)
+            e = moe.experts
+            kinds = [e.gate_up_words, e.gate_up_scale, e.down_words, e.down_scale][:regions]
+            attention.expert_ask = ExpertAsk(moe.ids_out, [(t, None) for t in kinds])
+            count += 1
+        self.experts_ahead = {"source": source, "regions": regions, "layers": count}
         return count
 
     def set_gate_up_window(self, tiles: int) -> int:
@@ -771,6 +815,7 @@ class FusedDecodeStep:
             "shared_late_wait": self.shared_late_wait,
             "kda_l2_ahead": self.kda_l2_ahead,
             "l2_next": dict(self.l2_next),
+            "experts_ahead": dict(self.experts_ahead),
             "mla_early_chunks": self.mla_early_chunks(),
             "mla_gluon": self.mla_gluon(),
             "gate_up_window": self.gate_up_window(),

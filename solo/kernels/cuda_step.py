@@ -200,6 +200,32 @@ def _row_major(t: torch.Tensor, tokens: int, width: int) -> bool:
     return t.ndim == 2 and tuple(t.shape) == (tokens, width) and t.stride(1) == 1 and t.dtype == torch.bfloat16
 
 
+class ExpertAsk:
+    """What a CUDA GEMV asks the L2 for before its wait (gemv_decode.cu EXPERT_ASK): `regions` (1..4) regions of each of
+    the experts named by `ids` (int32 [slots], written two or more kernels before the GEMV). Each region is a tensor
+    whose first dimension is the expert ([E, ...], contiguous) and the bytes of an expert's slice to ask (None: all);
+    ids outside 0..E-1 ask nothing. The ids buffer and the table are made once, so graphs keep reading them."""
+
+    def __init__(self, ids: torch.Tensor, regions: list[tuple[torch.Tensor, int | None]]) -> None:
+        if ids.dtype != torch.int32 or ids.ndim != 1 or not 1 <= ids.numel() <= 32 or not ids.is_contiguous():
+            raise ValueError("the experts' ids must be a contiguous int32 vector of 1..32 slots")
+        if not 1 <= len(regions) <= 4 or ids.numel() * len(regions) > 32:
+            raise ValueError(f"1..4 regions and at most 32 (expert, region) pairs, not {ids.numel()} x {len(regions)}")
+        experts = regions[0][0].shape[0]
+        row = [ids.data_ptr(), experts]
+        for tensor, nbytes in regions:
+            stride = tensor[0].numel() * tensor.element_size()
+            if tensor.shape[0] != experts or not tensor.is_contiguous() or tensor.device != ids.device:
+                raise ValueError(f"an expert region must be a contiguous [{experts}, ...] tensor on {ids.device}")
+            asked = stride if nbytes is None else min(nbytes, stride)
+            if tensor.data_ptr() % 16 or stride % 16 or asked % 16:
+                raise ValueError("the experts' regions are asked in whole 16-byte pieces: align them")
+            row += [tensor.data_ptr(), stride, asked]
+        self.ids, self.slots, self.regions = ids, ids.numel(), len(regions)
+        self.tensors = [t for t, _ in regions]  # (kept alive with the table)
+        self.table = torch.tensor(row, dtype=torch.int64, device=ids.device)
+
+
 class CudaGemv:
     """The calls of `fused` (a FusedGemv with FP8 weights) of up to `max_tokens` tokens on gemv_decode.cu."""
 
@@ -265,8 +291,9 @@ class CudaGemv:
         group: int,
         order: tuple[int, int] = (0, 0),
         late_wait: bool = False,
+        ask: tuple[int, int] = (0, 0),
     ):
-        key = (tokens, norm, epi, add, write_xn, out_f32, group, order, late_wait)
+        key = (tokens, norm, epi, add, write_xn, out_f32, group, order, late_wait, ask)
         if key not in self._kernels:
             f, cfg = self.fused, self.launch_config
             if tokens > 1 and cfg.window is not None:
@@ -324,6 +351,8 @@ class CudaGemv:
                 if cfg.l2_fetch not in (128, 256):
                     raise ValueError(f"{self.name}: GemvLaunch.l2_fetch is 0, 128 or 256 bytes, not {cfg.l2_fetch}")
                 extras["L2_FETCH"] = cfg.l2_fetch
+            if ask[0]:
+                extras.update(EXPERT_ASK=ask[0], ASK_REGIONS=ask[1])
             plain = dict(defines)
             defines.update(extras)
             threads = 32 * warps
@@ -377,11 +406,13 @@ class CudaGemv:
         out_dtype: torch.dtype = torch.bfloat16,
         handoff: Handoff | None = None,
         late_wait: bool = False,
+        expert_ask: ExpertAsk | None = None,
     ) -> torch.Tensor:
         """As FusedGemv.__call__; up to `max_tokens` tokens run here, more on the Triton kernel (which
         hands nothing over: `last_signals` is then 0, and a consumer must wait for the kernel's end).
         `late_wait`: x (and the gate) were written two or more kernels back, so the blocks compute at
-        once and wait for the previous kernel only at their end (gemv_decode.cu LATE_WAIT)."""
+        once and wait for the previous kernel only at their end (gemv_decode.cu LATE_WAIT). `expert_ask`:
+        before the wait the blocks also ask the L2 for those experts' weights (gemv_decode.cu EXPERT_ASK)."""
         tokens = x.shape[0]
         self.last_signals = 0
         if not 1 <= tokens <= self.max_tokens:
@@ -422,8 +453,11 @@ class CudaGemv:
         if out_f32 and epi != EPI_STORE or out.dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"{self.name}: the CUDA GEMV writes bf16 (fp32 only for plain outputs), not {out.dtype}")
         order = self._order(handoff)
+        if expert_ask is not None and expert_ask.table.device != self.device:
+            raise ValueError(f"{self.name}: the experts' table must be on {self.device}")
+        ask = (expert_ask.slots, expert_ask.regions) if expert_ask is not None else (0, 0)
         kernel, grid, threads, _ = self._kernel(
-            tokens, norm, epi, addend is not None, xn_out is not None, out_f32, group, order, late_wait
+            tokens, norm, epi, addend is not None, xn_out is not None, out_f32, group, order, late_wait, ask
         )
         launch = self.launch.at(tokens)
         kernel.launch(
@@ -450,6 +484,7 @@ class CudaGemv:
                 xn_out.stride(0) if xn_out is not None else 0,
                 handoff.counter if handoff is not None else None,
                 self.dynamic_counters,
+                expert_ask.table if expert_ask is not None else None,
             ],
             dependent=launch.pdl,
         )

@@ -60,6 +60,13 @@
 // task L2_AHEAD positions later (in the loop's head the ask made the build spill). A hint only:
 // every product and result is the register path's.
 //
+// EXPERT_ASK (a lab variant, CudaGemv's `expert_ask`): before griddepcontrol.wait, the block also asks the L2 for its
+// share of ASK_REGIONS regions of each of EXPERT_ASK experts, the experts named by int32 ids written two or more
+// kernels back (final when this kernel may start): the weights of the MoE kernel that follows, asked while the
+// attention's last kernels run and the MoE kernel routes, when the DRAM has little else to do. `ask` is an int64
+// table: [the ids' address, the experts E, then per region: its base address, bytes per expert, bytes asked]
+// (bases, strides and bytes multiples of 16). An id outside 0..E-1 asks nothing. A hint: no result changes.
+//
 // Defines: NTOK (tokens, 1..8; row strides of x, gate, out, residual, addend and xn_out are arguments),
 // K (input width, multiple of 64), ROWS (output rows; SwiGLU: the gate rows, W holds
 // [gate; up]), NORM (0 none, 1 RMSNorm over K, 2 gated per-group RMSNorm of GROUP <= 256), SCALE
@@ -97,6 +104,15 @@
 #endif
 #ifndef L2_LOOP
 #define L2_LOOP 1
+#endif
+#ifndef EXPERT_ASK
+#define EXPERT_ASK 0
+#endif
+#ifndef ASK_REGIONS
+#define ASK_REGIONS 2
+#endif
+#if EXPERT_ASK && (EXPERT_ASK * ASK_REGIONS > 32 || ASK_REGIONS < 1 || ASK_REGIONS > 4)
+#error "EXPERT_ASK: at most 32 (expert, region) pairs, 1..4 regions"
 #endif
 #if L2_AHEAD && (BULK || DYNAMIC)
 #error "L2_AHEAD runs on the register path with the fixed tasks"
@@ -254,6 +270,25 @@ __device__ __forceinline__ void ask_l2(const unsigned char *__restrict__ w, int 
 }
 #endif
 
+#if EXPERT_ASK
+// EXPERT_ASK: lane j * ASK_REGIONS + r of the block's last warp asks the L2 for this block's share of region r of
+// expert slot j (whole 16-byte pieces; one bulk prefetch of at most 32 KB at a time)
+__device__ __forceinline__ void ask_experts(const long long *__restrict__ ask, int lane) {
+    if (lane >= EXPERT_ASK * ASK_REGIONS) return;
+    const int j = lane / ASK_REGIONS, r = lane % ASK_REGIONS;
+    const int id = __ldcg(reinterpret_cast<const int *>(ask[0]) + j);
+    if (id < 0 || id >= (int)ask[1]) return;
+    const long long base = ask[2 + 3 * r] + (long long)id * ask[3 + 3 * r], bytes = ask[4 + 3 * r];
+    const long long share = ((bytes + gridDim.x - 1) / gridDim.x + 15) / 16 * 16;
+    const long long end = min(bytes, ((long long)blockIdx.x + 1) * share);
+#pragma unroll 1
+    for (long long at = (long long)blockIdx.x * share; at < end; at += 32768) {
+        const u32 n = (u32)min(32768ll, end - at);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + at), "r"(n) : "memory");
+    }
+}
+#endif
+
 #if BULK
 __device__ __forceinline__ u32 shared_address(const void *p) { return (u32)__cvta_generic_to_shared(p); }
 
@@ -324,7 +359,8 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
             float eps, float limit, int x_stride, int gate_stride, int out_stride, int residual_stride,
             int addend_stride, int xn_stride,
             int *__restrict__ signal,             // SIGNAL: the hand-off counter
-            int *__restrict__ dyn) {              // DYNAMIC: [next task, blocks ended], zeros between launches
+            int *__restrict__ dyn,                // DYNAMIC: [next task, blocks ended], zeros between launches
+            const long long *__restrict__ ask) {  // EXPERT_ASK: the experts' table
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared &sm = *reinterpret_cast<Shared *>(smem_raw);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -352,6 +388,11 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
 #if L2_AHEAD
     if (threadIdx.x == 0)
         for (int j = 0; j < L2_AHEAD; ++j) ask_l2(w, seq + j * (int)gridDim.x);
+#endif
+#if EXPERT_ASK
+    if (warp == WARPS - 1) ask_experts(ask, lane);
+#else
+    (void)ask;
 #endif
     // the weights do not depend on the previous kernel; everything below does (LATE_WAIT: not on it)
 #if !LATE_WAIT
