@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Twenty-eighth session: what naming a MoE layer's experts before its routing could give (any Hopper card).
-# 1. the GPU test of FusedDecodeStep.ask_experts_ahead (gemv_decode.cu EXPERT_ASK: each layer's output projection
-#    asks the L2 for its MoE kernel's experts before its wait), results bit for bit;
-# 2. the A/B at 32K: the output projections asking for the experts the layer's MoE kernel chose at the replay before
+# 1. the A/B at 32K: the output projections asking for the experts the layer's MoE kernel chose at the replay before
 #    (one token at one position: nearly the replay's own experts, so an upper bound of any prediction; on random
 #    weights the layer's input names 0.84 of them, docs/results/cpu_routing_prediction.log), gate_up with and without
 #    its scales, and with the down weights;
+# 2. the GPU test of FusedDecodeStep.ask_experts_ahead (gemv_decode.cu EXPERT_ASK: each layer's output projection
+#    asks the L2 for its MoE kernel's experts before its wait), results bit for bit;
 # 3. as time allows, the MoE kernel alone with one token replayed (its experts in the L2) against 16
 #    (dev/moe_router_ab.py --calls 1 / 16).
 # Results under $OUT: gpu_tests.log, ab.{log,json}, moe_warm.log, moe_cold.log. timeout_s LAB_SECONDS + 30.
 LAB_DEFAULT_SECONDS=420
 source dev/lab_prelude.sh
-gpu_tests 150 tests/test_gpu_fused_step.py -k "experts or l2" -rfE
 x="experts ahead: the last step's gate_up"
-ab ab "product;$x;product again;$x and down;$x, again;$x words" --deadline "$(($(left) - 150))"
+ab ab "product;$x;product again;$x and down;$x, again;$x words" --deadline "$(($(left) - 200))"
+gpu_tests $(($(left) - 5)) tests/test_gpu_fused_step.py -k "experts or l2" -rfE
 for side in warm:1 cold:16; do
     [ "$(left)" -lt 40 ] && break
     timeout $((($(left) - 5) / 2)) python3 dev/moe_router_ab.py --rounds 3 --calls "${side#*:}" \
