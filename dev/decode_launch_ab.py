@@ -367,6 +367,11 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "experts ahead: the last step's gate_up, again": {"experts_ahead": {"source": "last", "regions": 2}},
     "experts ahead: the last step's gate_up and down": {"experts_ahead": {"source": "last", "regions": 4}},
     "experts ahead: the last step's gate_up words": {"experts_ahead": {"source": "last", "regions": 1}},
+    # ... the experts the output projection chooses itself from the router's logits on the layer's input (512 more
+    # rows in the input projection): the prediction, with its costs
+    "experts ahead: predicted gate_up": {"experts_ahead": {"source": "predicted", "regions": 2}},
+    "experts ahead: predicted gate_up, again": {"experts_ahead": {"source": "predicted", "regions": 2}},
+    "experts ahead: predicted gate_up and down": {"experts_ahead": {"source": "predicted", "regions": 4}},
     "L2 next off": {"l2_next": {"megabytes": 0, "shared": False, "at": 0}},  # (the product's on L2_NEXT_CARDS)
     "L2 next off, again": {"l2_next": {"megabytes": 0, "shared": False, "at": 0}},
     "L2 next: shared + 32 MB, after the copies": {"l2_next": {"megabytes": 32, "at": 1}},

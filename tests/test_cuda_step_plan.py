@@ -269,7 +269,7 @@ def test_an_expert_ask_table_names_each_experts_region_in_whole_16_byte_pieces()
     refused with the reason."""
     from solo.kernels.cuda_step import ExpertAsk
 
-    experts = random.choice([16, 64, 512])
+    experts = random.choice([64, 256, 512])
     ids = torch.randint(0, experts, (8,), dtype=torch.int32)
     words = torch.empty((experts, 96, 40), dtype=torch.int32)
     scales = torch.empty((experts, 96, 80), dtype=torch.uint8)
@@ -292,3 +292,21 @@ def test_an_expert_ask_table_names_each_experts_region_in_whole_16_byte_pieces()
         ExpertAsk(torch.zeros(16, dtype=torch.int32), [(words, None)] * 3)
     with pytest.raises(ValueError, match="int32"):
         ExpertAsk(ids.long(), [(words, None)])
+    # choosing them itself (PREDICT): the logits' address first, the biases' and the choice's last
+    logits = torch.empty(experts + 64, dtype=torch.bfloat16)[64:]
+    bias = torch.randn(experts)
+    chosen = ExpertAsk(ids, [(words, None)], logits=logits, bias=bias, groups=8, keep=4)
+    assert chosen.predict == (experts, 8, 4)
+    assert chosen.table.tolist() == [
+        logits.data_ptr(),
+        experts,
+        words.data_ptr(),
+        96 * 40 * 4,
+        96 * 40 * 4,
+        bias.data_ptr(),
+        ids.data_ptr(),
+    ]
+    with pytest.raises(ValueError, match="groups"):
+        ExpertAsk(ids, [(words, None)], logits=logits, bias=bias, groups=experts, keep=4)
+    with pytest.raises(ValueError, match="biases"):
+        ExpertAsk(ids, [(words, None)], logits=logits, bias=bias.double(), groups=8, keep=4)

@@ -404,22 +404,43 @@ def test_the_moe_kernels_asking_the_l2_for_later_weights_change_no_result(setup)
             assert torch.equal(a, b), setting
 
 
+def grouped_choice(logits: torch.Tensor, bias: torch.Tensor, groups: int, keep: int, k: int) -> set[int] | None:
+    """The router's choice (sigmoid + bias; groups by the sum of their two best, `keep` kept; the top k) of bf16
+    logits, or None where a margin it decides on is within fp32 rounding of the GPU's __expf."""
+    scores = torch.sigmoid(logits.float()) + bias.float()
+    by_group = scores.view(groups, -1)
+    group_scores = by_group.topk(2, dim=-1).values.sum(-1)
+    ranked = group_scores.sort(descending=True).values
+    if groups > keep and ranked[keep - 1] - ranked[keep] < 1e-5:
+        return None
+    kept = group_scores.topk(keep).indices
+    mask = torch.zeros(groups, dtype=torch.bool, device=scores.device)
+    mask[kept] = True
+    masked = by_group.masked_fill(~mask[:, None], float("-inf")).flatten()
+    top = masked.sort(descending=True).values
+    if top[k - 1] - top[k] < 1e-5:
+        return None
+    return set(masked.topk(k).indices.tolist())
+
+
 def test_the_output_projections_asking_the_l2_for_the_experts_change_no_result(setup):
     """FusedDecodeStep.ask_experts_ahead (gemv_decode.cu EXPERT_ASK: each layer's one-token output projection asks the
-    L2 for the experts its MoE kernel chose at the step before, a hint): two decode steps in a row from the same fresh
-    cache state give the same hidden states and caches bit for bit with 1, 2 and 4 regions as without; the output
-    projections were built to ask, and each MoE kernel left its top-k distinct experts in its ids buffer."""
+    L2 for the experts its MoE kernel chose at the step before, or for those it chooses itself from the router's
+    logits on the layer's input, a hint): two decode steps in a row from the same fresh cache state give the same
+    hidden states and caches bit for bit with 1, 2 and 4 regions as without; the output projections were built to
+    ask; each MoE kernel left its top-k distinct experts in its ids buffer; the output projection's own choice is the
+    router's ranking of the logits the input projection wrote; off again, the plain input projections are back."""
     config, _, fused = setup
     step = fused.decode_step
     moes = step.routers_in_experts()
     trunk = [layer for layer in step.layers if layer.mlp in moes]
     if not trunk:
         pytest.skip("the MoE kernel runs its router inside with the CUDA step kernels (Hopper)")
-    settings = (("", 2), ("last", 1), ("last", 2), ("last", 4))
+    settings = (("", 2), ("last", 1), ("last", 2), ("last", 4), ("predicted", 2), ("predicted", 4))
     caches = caches_from_one_random_state(config, len(settings))
     ids = torch.randint(0, VOCAB, (2,), device="cuda")
     first = int(torch.randint(8, 60, ()))
-    outputs = []
+    outputs, predicted = [], 0
     try:
         for (source, regions), cache in zip(settings, caches, strict=True):
             assert step.ask_experts_ahead(source, regions) == (len(trunk) if source else 0)
@@ -437,9 +458,18 @@ def test_the_output_projections_asking_the_l2_for_the_experts_change_no_result(s
                     (d.get("EXPERT_ASK"), d.get("ASK_REGIONS")) for *_, d in layer.attention.dense._kernels.values()
                 ]
                 assert (chosen.numel(), regions) in built, (source, regions, built)
+                if source == "predicted":  # the output projection's own choice from the logits the input one made
+                    ask, at = layer.attention.expert_ask, layer.attention.logits_at
+                    router = layer.mlp.routed_in_experts
+                    logits = layer.attention.proj_out[0, at : at + router.num_experts]
+                    want = grouped_choice(logits, router.bias, router.n_group, router.topk_group, router.top_k)
+                    if want is not None:  # (None: a near tie, where __expf and torch may rank apart)
+                        assert set(ask.ids.tolist()) == want, (ask.ids.tolist(), sorted(want))
+                    predicted += 1
     finally:
         step.ask_experts_ahead("")
     assert step.describe()["experts_ahead"]["layers"] == 0
+    assert predicted == 2 * len(trunk) and all(layer.attention.proj_plain is None for layer in trunk)
     for setting, result in zip(settings[1:], outputs[1:], strict=True):
         for a, b in zip(result, outputs[0], strict=True):
             assert torch.equal(a, b), setting

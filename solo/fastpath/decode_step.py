@@ -165,15 +165,22 @@ def _weight(kernel: Any) -> torch.Tensor:
 
 
 def _project_handing_over(
-    step: FusedDecodeStep, gemv: Any, x: torch.Tensor, norm: torch.Tensor, eps: float, gate_start: int, gate_end: int
+    step: FusedDecodeStep,
+    gemv: Any,
+    x: torch.Tensor,
+    norm: torch.Tensor,
+    eps: float,
+    gate_start: int,
+    gate_end: int,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, int] | None]:
-    """An attention's input projection, and the hand-off its next kernel waits for where the CUDA GEMV
-    made it with one (FusedDecodeStep.handoff): the output gate's rows [gate_start, gate_end), which
+    """An attention's input projection (into `out` where given), and the hand-off its next kernel waits for where
+    the CUDA GEMV made it with one (FusedDecodeStep.handoff): the output gate's rows [gate_start, gate_end), which
     only a later kernel reads, computed last; None where it ran without (the next kernel waits for its end)."""
     if not (step.handoff and isinstance(gemv, CudaGemv)):
-        return gemv(x, norm_weight=norm, eps=eps), None
+        return gemv(x, out, norm_weight=norm, eps=eps), None
     counters = step.handoff_counters
-    proj = gemv(x, norm_weight=norm, eps=eps, handoff=Handoff(counters, gate_start, gate_end))
+    proj = gemv(x, out, norm_weight=norm, eps=eps, handoff=Handoff(counters, gate_start, gate_end))
     signals = gemv.last_signals  # (0 where the call went to the Triton kernel)
     return proj, (counters, signals) if signals else None
 
@@ -197,6 +204,9 @@ class _KDAAttention:
         self.dense = _gemv(attn.dense, step, f"layer {index} o_proj")
         self.handoff_rows = (4 * self.dim, 5 * self.dim)  # (the output gate's rows, computed last with a hand-off)
         self.expert_ask: Any = None  # FusedDecodeStep.ask_experts_ahead's solo.kernels.cuda_step.ExpertAsk
+        self.proj_out: torch.Tensor | None = None  # ... "predicted": one token's projection, the router's logits in it
+        self.proj_plain: Any = None  # ... "predicted": the projection without the router's rows (put back when off)
+        self.logits_at = 0  # ... "predicted": the first of the router's rows in it
         self.attn = attn
         self.counter = step.counter("kda")
         self.sync = step.kda_sync
@@ -206,7 +216,8 @@ class _KDAAttention:
     def __call__(self, x, positions, cache: HybridCache, history: dict[int, KDAHistory] | None) -> None:
         a = self.attn
         # (g, which only the output projection reads, may come last: _project_handing_over)
-        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.handoff_rows)
+        out = self.proj_out if self.proj_out is not None and x.shape[0] == 1 else None
+        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.handoff_rows, out)
         state = cache.kda[self.index]
         past = history[self.index] if history is not None else None
         # a cache with its own verification history may hold the states there (lazy rollback); a pass
@@ -271,10 +282,14 @@ class _MLAAttention:
         self.out_dim = attn.num_heads * attn.v_dim
         self.handoff_rows = (offsets[2], weight.shape[0])  # (the output gate's rows, computed last with a hand-off)
         self.expert_ask: Any = None  # FusedDecodeStep.ask_experts_ahead's solo.kernels.cuda_step.ExpertAsk
+        self.proj_out: torch.Tensor | None = None  # ... "predicted": one token's projection, the router's logits in it
+        self.proj_plain: Any = None  # ... "predicted": the projection without the router's rows (put back when off)
+        self.logits_at = 0  # ... "predicted": the first of the router's rows in it
         self.step = step
 
     def __call__(self, x, positions, cache: HybridCache, history) -> None:
-        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.handoff_rows)
+        out = self.proj_out if self.proj_out is not None and x.shape[0] == 1 else None
+        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.handoff_rows, out)
         o = torch.empty((x.shape[0], self.out_dim), dtype=torch.bfloat16, device=x.device)
         layer_cache = cache.mla[self.index]
         self.mla(proj, positions, layer_cache.latent, layer_cache.rope, o, handoff)
@@ -625,33 +640,78 @@ class FusedDecodeStep:
     def ask_experts_ahead(self, source: str = "last", regions: int = 2) -> int:
         """A lab switch: each layer's one-token output projection asks the L2 for the experts of the MoE kernel
         after it, before its wait (gemv_decode.cu EXPERT_ASK), while the attention's last kernel runs; the MoE kernel
-        then routes for about 6 us with the DRAM nearly idle. `source` "last": the experts the layer's MoE kernel chose
-        at the step before (each MoE kernel writes its ids into a buffer of its own). In dev/decode_launch_ab.py's
-        replays of one token at one position those are nearly the step's own, so this measures what naming the experts
-        early could give at best, not a prediction (across different tokens they rarely repeat on random weights:
-        dev/routing_prediction_probe.py). "": off. `regions`: 1 the gate_up weights, 2 and their scales, 4 and the
-        down weights and scales. A hint: every result stays the same. Returns how many layers ask."""
+        then routes for about 6 us with the DRAM nearly idle. The experts named:
+        - "last": those the layer's MoE kernel chose at the step before (each MoE kernel writes its ids into a buffer
+          of its own). In dev/decode_launch_ab.py's replays of one token at one position those are nearly the step's
+          own, so this measures what naming the experts early could give at best, not a prediction (across tokens
+          they rarely repeat on random weights: dev/routing_prediction_probe.py);
+        - "predicted": the output projection's own choice from the router's logits on the layer's input, which the
+          input projection computes in 512 more rows (solo.fastpath.experts_ahead; 84% of the experts named on
+          random weights); the input projections are rebuilt with those rows, and put back when off;
+        - "": off.
+        `regions`: 1 the gate_up weights, 2 and their scales, 4 and the down weights and scales. A hint: every result
+        stays the same. Returns how many layers ask."""
         from solo.kernels.cuda_step import CudaGemv, ExpertAsk
 
-        if source not in ("", "last") or regions not in (1, 2, 4):
-            raise ValueError(f"ask_experts_ahead: source '' or 'last' and regions 1, 2 or 4, not {source!r}, {regions}")
-        count = 0
+        if source not in ("", "last", "predicted") or regions not in (1, 2, 4):
+            raise ValueError(
+                f"ask_experts_ahead: source '', 'last' or 'predicted' and regions 1, 2 or 4, not {source!r}, {regions}"
+            )
+        count, rebuilt = 0, False
         for layer in self.layers:
             moe, attention = layer.mlp, layer.attention
             if not isinstance(moe, _MoE) or moe.routed_in_experts is None or not isinstance(attention.dense, CudaGemv):
                 continue
+            if source != "predicted" and attention.proj_plain is not None:  # (the router's rows out again)
+                attention.proj, attention.proj_plain, attention.proj_out = attention.proj_plain, None, None
+                rebuilt = True
             if not source:
                 attention.expert_ask = None
                 continue
-            if moe.ids_out is None:  # (made once: graphs captured with it keep reading it)
-                top_k, device = moe.routed_in_experts.top_k, moe.experts.device
-                moe.ids_out = torch.full((top_k,), -1, dtype=torch.int32, device=device)
-            e = moe.experts
+            router, e = moe.routed_in_experts, moe.experts
             kinds = [e.gate_up_words, e.gate_up_scale, e.down_words, e.down_scale][:regions]
-            attention.expert_ask = ExpertAsk(moe.ids_out, [(t, None) for t in kinds])
+            if moe.ids_out is None:  # (made once: graphs captured with it keep reading it)
+                moe.ids_out = torch.full((router.top_k,), -1, dtype=torch.int32, device=e.device)
+            if source == "last":
+                attention.expert_ask = ExpertAsk(moe.ids_out, [(t, None) for t in kinds])
+            else:
+                if attention.proj_plain is None:
+                    self._add_router_rows(attention, moe)
+                    rebuilt = True
+                logits = attention.proj_out[0, attention.logits_at : attention.logits_at + router.num_experts]
+                chosen = torch.full((router.top_k,), -1, dtype=torch.int32, device=e.device)
+                attention.expert_ask = ExpertAsk(
+                    chosen,
+                    [(t, None) for t in kinds],
+                    logits=logits,
+                    bias=router.bias,
+                    groups=router.n_group,
+                    keep=router.topk_group,
+                )
             count += 1
+        if rebuilt:  # (the MoE kernels' L2 asks name the next input projection's bytes: those of the one now used)
+            self.prefetch_next_weights(**{k: self.l2_next[k] for k in ("megabytes", "shared", "at")})
         self.experts_ahead = {"source": source, "regions": regions, "layers": count}
         return count
+
+    def _add_router_rows(self, attention: Any, moe: _MoE) -> None:
+        """Rebuild `attention`'s input projection with the router's rows after its own (solo.fastpath.experts_ahead),
+        keeping the plain one to put back, and give it a one-token output buffer of its own (the logits' address
+        must not move between captures)."""
+        from solo.fastpath.experts_ahead import extend_with_rows, router_rows
+        from solo.kernels.cuda_step import CudaGemv
+
+        plain = attention.proj
+        fused = plain.fused
+        rows = router_rows(moe.routed_in_experts.weight, attention.norm, moe.norm)
+        weight, scales, start = extend_with_rows(fused.weight, fused.scale, rows)
+        wider = FusedGemv(
+            weight, scales, "block", counter=self.counter("gemv"), name=f"{fused.name} + router", launch=self.launch
+        )
+        attention.proj = CudaGemv(wider, plain.counter, plain.launch_config, plain.max_tokens)
+        attention.proj_plain = plain
+        attention.logits_at = start
+        attention.proj_out = torch.empty((1, weight.shape[0]), dtype=torch.bfloat16, device=weight.device)
 
     def set_gate_up_window(self, tiles: int) -> int:
         """Each MoE layer's one-token kernel (router inside) keeps at most `tiles` of its gate_up tiles in flight
