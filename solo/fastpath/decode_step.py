@@ -207,6 +207,8 @@ class _KDAAttention:
         self.proj_out: torch.Tensor | None = None  # ... "predicted": one token's projection, the router's logits in it
         self.proj_plain: Any = None  # ... "predicted": the projection without the router's rows (put back when off)
         self.logits_at = 0  # ... "predicted": the first of the router's rows in it
+        self.proj_wide: Any = None  # ... "predicted": the projection with the router's rows (kept once made)
+        self.wide_out: torch.Tensor | None = None  # ... and its one-token output
         self.attn = attn
         self.counter = step.counter("kda")
         self.sync = step.kda_sync
@@ -285,6 +287,8 @@ class _MLAAttention:
         self.proj_out: torch.Tensor | None = None  # ... "predicted": one token's projection, the router's logits in it
         self.proj_plain: Any = None  # ... "predicted": the projection without the router's rows (put back when off)
         self.logits_at = 0  # ... "predicted": the first of the router's rows in it
+        self.proj_wide: Any = None  # ... "predicted": the projection with the router's rows (kept once made)
+        self.wide_out: torch.Tensor | None = None  # ... and its one-token output
         self.step = step
 
     def __call__(self, x, positions, cache: HybridCache, history) -> None:
@@ -505,6 +509,7 @@ class FusedDecodeStep:
         self._shared_into_experts()
         self.l2_next: dict[str, Any] = {"megabytes": 0.0, "shared": False, "at": 0, "layers": 0}
         self.experts_ahead: dict[str, Any] = {"source": "", "regions": 0, "layers": 0}
+        self._asks_retired: list[Any] = []  # ask_experts_ahead's earlier ExpertAsks (captured graphs read them)
         if self.routers_in_experts():  # (the persistent MoE kernels: this card's choices)
             card = torch.cuda.get_device_name(model.device)
             if ahead := l2_next_for(card):
@@ -665,6 +670,8 @@ class FusedDecodeStep:
             if source != "predicted" and attention.proj_plain is not None:  # (the router's rows out again)
                 attention.proj, attention.proj_plain, attention.proj_out = attention.proj_plain, None, None
                 rebuilt = True
+            if attention.expert_ask is not None:  # (graphs captured with it still read its table and buffers)
+                self._asks_retired.append(attention.expert_ask)
             if not source:
                 attention.expert_ask = None
                 continue
@@ -676,7 +683,10 @@ class FusedDecodeStep:
                 attention.expert_ask = ExpertAsk(moe.ids_out, [(t, None) for t in kinds])
             else:
                 if attention.proj_plain is None:
-                    self._add_router_rows(attention, moe)
+                    if attention.proj_wide is None:
+                        self._add_router_rows(attention, moe)
+                    attention.proj_plain, attention.proj = attention.proj, attention.proj_wide
+                    attention.proj_out = attention.wide_out
                     rebuilt = True
                 logits = attention.proj_out[0, attention.logits_at : attention.logits_at + router.num_experts]
                 chosen = torch.full((router.top_k,), -1, dtype=torch.int32, device=e.device)
@@ -695,9 +705,9 @@ class FusedDecodeStep:
         return count
 
     def _add_router_rows(self, attention: Any, moe: _MoE) -> None:
-        """Rebuild `attention`'s input projection with the router's rows after its own (solo.fastpath.experts_ahead),
-        keeping the plain one to put back, and give it a one-token output buffer of its own (the logits' address
-        must not move between captures)."""
+        """Make `attention.proj_wide`: its input projection with the router's rows after its own
+        (solo.fastpath.experts_ahead), and its one-token output buffer `wide_out` (the logits' address must not move
+        between captures). Made once and kept, as graphs captured with it read it."""
         from solo.fastpath.experts_ahead import extend_with_rows, router_rows
         from solo.kernels.cuda_step import CudaGemv
 
@@ -708,10 +718,9 @@ class FusedDecodeStep:
         wider = FusedGemv(
             weight, scales, "block", counter=self.counter("gemv"), name=f"{fused.name} + router", launch=self.launch
         )
-        attention.proj = CudaGemv(wider, plain.counter, plain.launch_config, plain.max_tokens)
-        attention.proj_plain = plain
+        attention.proj_wide = CudaGemv(wider, plain.counter, plain.launch_config, plain.max_tokens)
+        attention.wide_out = torch.empty((1, weight.shape[0]), dtype=torch.bfloat16, device=weight.device)
         attention.logits_at = start
-        attention.proj_out = torch.empty((1, weight.shape[0]), dtype=torch.bfloat16, device=weight.device)
 
     def set_gate_up_window(self, tiles: int) -> int:
         """Each MoE layer's one-token kernel (router inside) keeps at most `tiles` of its gate_up tiles in flight
