@@ -13,7 +13,9 @@ import contextlib
 import pytest
 import torch
 
+from solo.model.moe import grouped_top_k
 from solo.testing.attention import rel
+from solo.testing.routing import ROUTING_MARGIN, selection_margin
 
 pytestmark = [
     pytest.mark.gpu,
@@ -404,25 +406,6 @@ def test_the_moe_kernels_asking_the_l2_for_later_weights_change_no_result(setup)
             assert torch.equal(a, b), setting
 
 
-def grouped_choice(logits: torch.Tensor, bias: torch.Tensor, groups: int, keep: int, k: int) -> set[int] | None:
-    """The router's choice (sigmoid + bias; groups by the sum of their two best, `keep` kept; the top k) of bf16
-    logits, or None where a margin it decides on is within fp32 rounding of the GPU's __expf."""
-    scores = torch.sigmoid(logits.float()) + bias.float()
-    by_group = scores.view(groups, -1)
-    group_scores = by_group.topk(2, dim=-1).values.sum(-1)
-    ranked = group_scores.sort(descending=True).values
-    if groups > keep and ranked[keep - 1] - ranked[keep] < 1e-5:
-        return None
-    kept = group_scores.topk(keep).indices
-    mask = torch.zeros(groups, dtype=torch.bool, device=scores.device)
-    mask[kept] = True
-    masked = by_group.masked_fill(~mask[:, None], float("-inf")).flatten()
-    top = masked.sort(descending=True).values
-    if top[k - 1] - top[k] < 1e-5:
-        return None
-    return set(masked.topk(k).indices.tolist())
-
-
 def test_the_output_projections_asking_the_l2_for_the_experts_change_no_result(setup):
     """FusedDecodeStep.ask_experts_ahead (gemv_decode.cu EXPERT_ASK: each layer's one-token output projection asks the
     L2 for the experts its MoE kernel chose at the step before, or for those it chooses itself from the router's
@@ -459,11 +442,12 @@ def test_the_output_projections_asking_the_l2_for_the_experts_change_no_result(s
                 ]
                 assert (chosen.numel(), regions) in built, (source, regions, built)
                 if source == "predicted":  # the output projection's own choice from the logits the input one made
-                    ask, at = layer.attention.expert_ask, layer.attention.logits_at
-                    router = layer.mlp.routed_in_experts
-                    logits = layer.attention.proj_out[0, at : at + router.num_experts]
-                    want = grouped_choice(logits, router.bias, router.n_group, router.topk_group, router.top_k)
-                    if want is not None:  # (None: a near tie, where __expf and torch may rank apart)
+                    ask, router = layer.attention.expert_ask, layer.mlp.routed_in_experts
+                    logits = layer.attention.wide.logits(router.num_experts)
+                    biased = (torch.sigmoid(logits.float()) + router.bias)[None]
+                    choice = (biased, router.n_group, router.topk_group, router.top_k)
+                    if selection_margin(*choice) > ROUTING_MARGIN:  # (else __expf and torch may rank apart)
+                        want = set(grouped_top_k(*choice)[0].tolist())
                         assert set(ask.ids.tolist()) == want, (ask.ids.tolist(), sorted(want))
                     predicted += 1
     finally:

@@ -35,7 +35,8 @@ from solo.fastpath.availability import (
     StepKernelsUnavailable,
     fused_step_unavailable,
 )
-from solo.kernels.cuda_step import BIG_PROJECTION_ROWS, CudaGemv, Handoff, task_order
+from solo.fastpath.experts_ahead import WideProjection, extend_with_rows, router_rows
+from solo.kernels.cuda_step import BIG_PROJECTION_ROWS, CudaGemv, ExpertAsk, Handoff, task_order
 from solo.kernels.fused_gemv import FusedGemv
 from solo.kernels.fused_kda import kda_decode
 from solo.kernels.fused_mla import FusedMLA
@@ -185,7 +186,31 @@ def _project_handing_over(
     return proj, (counters, signals) if signals else None
 
 
-class _KDAAttention:
+class _Attention:
+    """What the KDA and MLA attentions share: the input projection's call, and the state FusedDecodeStep's lab switch
+    ask_experts_ahead sets on them (read at each call)."""
+
+    proj: Any  # the input projection (the subclass sets it)
+    dense: Any  # the output projection
+    step: FusedDecodeStep
+    norm: torch.Tensor
+    eps: float
+    handoff_rows: tuple[int, int]
+    expert_ask: Any = None  # a solo.kernels.cuda_step.ExpertAsk: the output projection's, one token
+    proj_plain: Any = None  # "predicted": the projection without the router's rows, while `wide` is in use
+    wide: WideProjection | None = None  # "predicted": the projection with them (kept once made)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, int] | None]:
+        """The input projection (_project_handing_over); one token's into the wide projection's own buffer."""
+        out = self.wide.out if self.proj_plain is not None and x.shape[0] == 1 else None
+        return _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.handoff_rows, out)
+
+    def asks(self, x: torch.Tensor) -> dict[str, Any]:
+        """The output projection's keyword for the experts it asks the L2 for (one token, where set)."""
+        return {"expert_ask": self.expert_ask} if self.expert_ask is not None and x.shape[0] == 1 else {}
+
+
+class _KDAAttention(_Attention):
     def __init__(
         self, attn: KimiDeltaAttention, norm: torch.Tensor, eps: float, index: int, step: FusedDecodeStep
     ) -> None:
@@ -203,12 +228,6 @@ class _KDAAttention:
         )
         self.dense = _gemv(attn.dense, step, f"layer {index} o_proj")
         self.handoff_rows = (4 * self.dim, 5 * self.dim)  # (the output gate's rows, computed last with a hand-off)
-        self.expert_ask: Any = None  # FusedDecodeStep.ask_experts_ahead's solo.kernels.cuda_step.ExpertAsk
-        self.proj_out: torch.Tensor | None = None  # ... "predicted": one token's projection, the router's logits in it
-        self.proj_plain: Any = None  # ... "predicted": the projection without the router's rows (put back when off)
-        self.logits_at = 0  # ... "predicted": the first of the router's rows in it
-        self.proj_wide: Any = None  # ... "predicted": the projection with the router's rows (kept once made)
-        self.wide_out: torch.Tensor | None = None  # ... and its one-token output
         self.attn = attn
         self.counter = step.counter("kda")
         self.sync = step.kda_sync
@@ -218,8 +237,7 @@ class _KDAAttention:
     def __call__(self, x, positions, cache: HybridCache, history: dict[int, KDAHistory] | None) -> None:
         a = self.attn
         # (g, which only the output projection reads, may come last: _project_handing_over)
-        out = self.proj_out if self.proj_out is not None and x.shape[0] == 1 else None
-        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.handoff_rows, out)
+        proj, handoff = self.project(x)
         state = cache.kda[self.index]
         past = history[self.index] if history is not None else None
         # a cache with its own verification history may hold the states there (lazy rollback); a pass
@@ -249,11 +267,10 @@ class _KDAAttention:
             _weight(self.dense) if self.step.kda_l2_ahead and x.shape[0] == 1 else None,
         )
         gate = proj[:, 4 * self.dim : 5 * self.dim]
-        ask = {"expert_ask": self.expert_ask} if self.expert_ask is not None and x.shape[0] == 1 else {}
-        self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps, **ask)
+        self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps, **self.asks(x))
 
 
-class _MLAAttention:
+class _MLAAttention(_Attention):
     def __init__(
         self, attn: MultiLatentAttention, norm: torch.Tensor, eps: float, index: int, step: FusedDecodeStep
     ) -> None:
@@ -283,22 +300,14 @@ class _MLAAttention:
         )
         self.out_dim = attn.num_heads * attn.v_dim
         self.handoff_rows = (offsets[2], weight.shape[0])  # (the output gate's rows, computed last with a hand-off)
-        self.expert_ask: Any = None  # FusedDecodeStep.ask_experts_ahead's solo.kernels.cuda_step.ExpertAsk
-        self.proj_out: torch.Tensor | None = None  # ... "predicted": one token's projection, the router's logits in it
-        self.proj_plain: Any = None  # ... "predicted": the projection without the router's rows (put back when off)
-        self.logits_at = 0  # ... "predicted": the first of the router's rows in it
-        self.proj_wide: Any = None  # ... "predicted": the projection with the router's rows (kept once made)
-        self.wide_out: torch.Tensor | None = None  # ... and its one-token output
         self.step = step
 
     def __call__(self, x, positions, cache: HybridCache, history) -> None:
-        out = self.proj_out if self.proj_out is not None and x.shape[0] == 1 else None
-        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.handoff_rows, out)
+        proj, handoff = self.project(x)
         o = torch.empty((x.shape[0], self.out_dim), dtype=torch.bfloat16, device=x.device)
         layer_cache = cache.mla[self.index]
         self.mla(proj, positions, layer_cache.latent, layer_cache.rope, o, handoff)
-        ask = {"expert_ask": self.expert_ask} if self.expert_ask is not None and x.shape[0] == 1 else {}
-        self.dense(o, out=x, residual=x, **ask)
+        self.dense(o, out=x, residual=x, **self.asks(x))
 
 
 class _MoE:
@@ -656,8 +665,6 @@ class FusedDecodeStep:
         - "": off.
         `regions`: 1 the gate_up weights, 2 and their scales, 4 and the down weights and scales. A hint: every result
         stays the same. Returns how many layers ask."""
-        from solo.kernels.cuda_step import CudaGemv, ExpertAsk
-
         if source not in ("", "last", "predicted") or regions not in (1, 2, 4):
             raise ValueError(
                 f"ask_experts_ahead: source '', 'last' or 'predicted' and regions 1, 2 or 4, not {source!r}, {regions}"
@@ -668,7 +675,7 @@ class FusedDecodeStep:
             if not isinstance(moe, _MoE) or moe.routed_in_experts is None or not isinstance(attention.dense, CudaGemv):
                 continue
             if source != "predicted" and attention.proj_plain is not None:  # (the router's rows out again)
-                attention.proj, attention.proj_plain, attention.proj_out = attention.proj_plain, None, None
+                attention.proj, attention.proj_plain = attention.proj_plain, None
                 rebuilt = True
             if attention.expert_ask is not None:  # (graphs captured with it still read its table and buffers)
                 self._asks_retired.append(attention.expert_ask)
@@ -682,13 +689,12 @@ class FusedDecodeStep:
             if source == "last":
                 attention.expert_ask = ExpertAsk(moe.ids_out, [(t, None) for t in kinds])
             else:
+                if attention.wide is None:
+                    attention.wide = self._with_router_rows(attention.proj, attention.norm, moe)
                 if attention.proj_plain is None:
-                    if attention.proj_wide is None:
-                        self._add_router_rows(attention, moe)
-                    attention.proj_plain, attention.proj = attention.proj, attention.proj_wide
-                    attention.proj_out = attention.wide_out
+                    attention.proj_plain, attention.proj = attention.proj, attention.wide.gemv
                     rebuilt = True
-                logits = attention.proj_out[0, attention.logits_at : attention.logits_at + router.num_experts]
+                logits = attention.wide.logits(router.num_experts)
                 chosen = torch.full((router.top_k,), -1, dtype=torch.int32, device=e.device)
                 attention.expert_ask = ExpertAsk(
                     chosen,
@@ -704,23 +710,18 @@ class FusedDecodeStep:
         self.experts_ahead = {"source": source, "regions": regions, "layers": count}
         return count
 
-    def _add_router_rows(self, attention: Any, moe: _MoE) -> None:
-        """Make `attention.proj_wide`: its input projection with the router's rows after its own
-        (solo.fastpath.experts_ahead), and its one-token output buffer `wide_out` (the logits' address must not move
-        between captures). Made once and kept, as graphs captured with it read it."""
-        from solo.fastpath.experts_ahead import extend_with_rows, router_rows
-        from solo.kernels.cuda_step import CudaGemv
-
-        plain = attention.proj
+    def _with_router_rows(self, plain: Any, input_norm: torch.Tensor, moe: _MoE) -> WideProjection:
+        """An attention's input projection (`plain`, a CudaGemv) with `moe`'s router rows after its own
+        (solo.fastpath.experts_ahead) and its one-token output buffer (the logits' address must not move between
+        captures). Made once and kept, as graphs captured with it read it."""
         fused = plain.fused
-        rows = router_rows(moe.routed_in_experts.weight, attention.norm, moe.norm)
+        rows = router_rows(moe.routed_in_experts.weight, input_norm, moe.norm)
         weight, scales, start = extend_with_rows(fused.weight, fused.scale, rows)
         wider = FusedGemv(
             weight, scales, "block", counter=self.counter("gemv"), name=f"{fused.name} + router", launch=self.launch
         )
-        attention.proj_wide = CudaGemv(wider, plain.counter, plain.launch_config, plain.max_tokens)
-        attention.wide_out = torch.empty((1, weight.shape[0]), dtype=torch.bfloat16, device=weight.device)
-        attention.logits_at = start
+        out = torch.empty((1, weight.shape[0]), dtype=torch.bfloat16, device=weight.device)
+        return WideProjection(CudaGemv(wider, plain.counter, plain.launch_config, plain.max_tokens), out, start)
 
     def set_gate_up_window(self, tiles: int) -> int:
         """Each MoE layer's one-token kernel (router inside) keeps at most `tiles` of its gate_up tiles in flight

@@ -12,6 +12,9 @@ prediction, so their rounding only moves which experts are named, never a result
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from solo.quantization.formats import quantize_fp8_block
@@ -47,3 +50,17 @@ def extend_with_rows(
     out_scales[: scales.shape[0]] = scales
     out_scales[start // 128 :] = s
     return out, out_scales, start
+
+
+@dataclass
+class WideProjection:
+    """An input projection with the router's rows: its GEMV (a solo.kernels.cuda_step.CudaGemv), its one-token
+    output (a buffer of its own, so the logits' address stays put) and the first of the router's rows in it."""
+
+    gemv: Any
+    out: torch.Tensor
+    logits_at: int
+
+    def logits(self, experts: int) -> torch.Tensor:
+        """The router's logits in the one-token output, bf16 [experts]."""
+        return self.out[0, self.logits_at : self.logits_at + experts]
