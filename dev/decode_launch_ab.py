@@ -361,17 +361,6 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # its activation exchange is done (2) or at its end (3): HBM idles in the MoE kernel's tail and in the
     # shared expert's two short kernels. (The fourteenth session's ask for 16-32 MB while it routed collided
     # with the experts' copies.)
-    # the output projections asking the L2 for the experts the layer's MoE kernel chose at the replay before
-    # (FusedDecodeStep.ask_experts_ahead; here one token at one position: nearly the replay's own, an upper bound)
-    "experts ahead: the last step's gate_up": {"experts_ahead": {"source": "last", "regions": 2}},
-    "experts ahead: the last step's gate_up, again": {"experts_ahead": {"source": "last", "regions": 2}},
-    "experts ahead: the last step's gate_up and down": {"experts_ahead": {"source": "last", "regions": 4}},
-    "experts ahead: the last step's gate_up words": {"experts_ahead": {"source": "last", "regions": 1}},
-    # ... the experts the output projection chooses itself from the router's logits on the layer's input (512 more
-    # rows in the input projection): the prediction, with its costs
-    "experts ahead: predicted gate_up": {"experts_ahead": {"source": "predicted", "regions": 2}},
-    "experts ahead: predicted gate_up, again": {"experts_ahead": {"source": "predicted", "regions": 2}},
-    "experts ahead: predicted gate_up and down": {"experts_ahead": {"source": "predicted", "regions": 4}},
     "L2 next off": {"l2_next": {"megabytes": 0, "shared": False, "at": 0}},  # (the product's on L2_NEXT_CARDS)
     "L2 next off, again": {"l2_next": {"megabytes": 0, "shared": False, "at": 0}},
     "L2 next: shared + 32 MB, after the copies": {"l2_next": {"megabytes": 32, "at": 1}},
@@ -460,7 +449,6 @@ NOT_LAUNCH = (
     "shared_late_wait",
     "moe",
     "l2_next",
-    "experts_ahead",
     "kda_l2_ahead",
     "moe_free_sms",
 )
@@ -604,7 +592,6 @@ def main() -> int:
         ahead = VARIANTS[name].get("l2_next", product_ahead)  # (after set_kernel_config: it sets l2_next_at)
         step.prefetch_next_weights(**ahead)
         step.shared_late_wait = VARIANTS[name].get("shared_late_wait", False)
-        step.ask_experts_ahead(**VARIANTS[name].get("experts_ahead", {"source": ""}))
         step.kda_l2_ahead = VARIANTS[name].get("kda_l2_ahead", False)
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])

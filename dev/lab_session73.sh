@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Run in the twenty-ninth session on an H100; the experts-ahead switch lost and was taken out after it, so its variants
+# and GPU test named here no longer exist: docs/kernels-history.md, twenty-ninth session.)
 # Twenty-eighth session: what naming a MoE layer's experts before its routing could give (any Hopper card).
 # 1. the A/B at 32K: the output projections asking for the experts the layer's MoE kernel chose at the replay before
 #    (one token at one position: nearly the replay's own experts, so an upper bound of any prediction; on random

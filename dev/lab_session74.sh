@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Run in the twenty-ninth session on an H100; the experts-ahead switch lost and was taken out after it, so its variants
+# and GPU test named here no longer exist: docs/kernels-history.md, twenty-ninth session.)
 # Twenty-ninth session's first call, on whatever Hopper card comes. On an H200: the product's bench at 4K and 32K
 # (lab_session72's, not yet measured: the Gluon ring and the gate_up window), then one A/B at 32K of the output
 # projections asking the L2 for the MoE experts ahead (lab_session73's two sources, and lab70's L2 next). On an

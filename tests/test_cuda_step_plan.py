@@ -8,7 +8,6 @@ import itertools
 import random
 
 import pytest
-import torch
 
 # solo.kernels.cuda_step imports Triton: imported inside the tests, not at collection, where it would
 # come before the modules that turn on Triton's CPU interpreter (they do so only if Triton is not loaded)
@@ -261,52 +260,3 @@ def test_one_token_mla_asks_the_l2_for_old_rows_early_only_on_the_cards_measured
     assert early_chunks_for(card) == (1 if card == "NVIDIA H100 80GB HBM3" else 0)
     assert (early_chunks_for(card) > 0) == (card in EARLY_CHUNK_CARDS)
     assert FusedMLA.ONE_TOKEN.early_chunks == 0 and FusedMLA.WINDOW.early_chunks == 0  # (set per card at construction)
-
-
-def test_an_expert_ask_table_names_each_experts_region_in_whole_16_byte_pieces():
-    """ExpertAsk (gemv_decode.cu EXPERT_ASK's table): [ids' address, E, then per region base, bytes per expert, bytes
-    asked]; a region asked in part keeps its first bytes; unaligned sizes and too many (expert, region) pairs are
-    refused with the reason."""
-    from solo.kernels.cuda_step import ExpertAsk
-
-    experts = random.choice([64, 256, 512])
-    ids = torch.randint(0, experts, (8,), dtype=torch.int32)
-    words = torch.empty((experts, 96, 40), dtype=torch.int32)
-    scales = torch.empty((experts, 96, 80), dtype=torch.uint8)
-    ask = ExpertAsk(ids, [(words, None), (scales, 4096)])
-    row = ask.table.tolist()
-    assert (ask.slots, ask.regions) == (8, 2)
-    assert row == [
-        ids.data_ptr(),
-        experts,
-        words.data_ptr(),
-        96 * 40 * 4,
-        96 * 40 * 4,
-        scales.data_ptr(),
-        96 * 80,
-        4096,
-    ]
-    with pytest.raises(ValueError, match="16-byte"):
-        ExpertAsk(ids, [(scales, 100)])
-    with pytest.raises(ValueError, match="32"):
-        ExpertAsk(torch.zeros(16, dtype=torch.int32), [(words, None)] * 3)
-    with pytest.raises(ValueError, match="int32"):
-        ExpertAsk(ids.long(), [(words, None)])
-    # choosing them itself (PREDICT): the logits' address first, the biases' and the choice's last
-    logits = torch.empty(experts + 64, dtype=torch.bfloat16)[64:]
-    bias = torch.randn(experts)
-    chosen = ExpertAsk(ids, [(words, None)], logits=logits, bias=bias, groups=8, keep=4)
-    assert chosen.predict == (experts, 8, 4)
-    assert chosen.table.tolist() == [
-        logits.data_ptr(),
-        experts,
-        words.data_ptr(),
-        96 * 40 * 4,
-        96 * 40 * 4,
-        bias.data_ptr(),
-        ids.data_ptr(),
-    ]
-    with pytest.raises(ValueError, match="groups"):
-        ExpertAsk(ids, [(words, None)], logits=logits, bias=bias, groups=experts, keep=4)
-    with pytest.raises(ValueError, match="biases"):
-        ExpertAsk(ids, [(words, None)], logits=logits, bias=bias.double(), groups=8, keep=4)

@@ -13,9 +13,7 @@ import contextlib
 import pytest
 import torch
 
-from solo.model.moe import grouped_top_k
 from solo.testing.attention import rel
-from solo.testing.routing import ROUTING_MARGIN, selection_margin
 
 pytestmark = [
     pytest.mark.gpu,
@@ -401,59 +399,6 @@ def test_the_moe_kernels_asking_the_l2_for_later_weights_change_no_result(setup)
     finally:
         step.prefetch_next_weights(**product)
         step.kda_l2_ahead = False
-    for setting, result in zip(settings[1:], outputs[1:], strict=True):
-        for a, b in zip(result, outputs[0], strict=True):
-            assert torch.equal(a, b), setting
-
-
-def test_the_output_projections_asking_the_l2_for_the_experts_change_no_result(setup):
-    """FusedDecodeStep.ask_experts_ahead (gemv_decode.cu EXPERT_ASK: each layer's one-token output projection asks the
-    L2 for the experts its MoE kernel chose at the step before, or for those it chooses itself from the router's
-    logits on the layer's input, a hint): two decode steps in a row from the same fresh cache state give the same
-    hidden states and caches bit for bit with 1, 2 and 4 regions as without; the output projections were built to
-    ask; each MoE kernel left its top-k distinct experts in its ids buffer; the output projection's own choice is the
-    router's ranking of the logits the input projection wrote; off again, the plain input projections are back."""
-    config, _, fused = setup
-    step = fused.decode_step
-    moes = step.routers_in_experts()
-    trunk = [layer for layer in step.layers if layer.mlp in moes]
-    if not trunk:
-        pytest.skip("the MoE kernel runs its router inside with the CUDA step kernels (Hopper)")
-    settings = (("", 2), ("last", 1), ("last", 2), ("last", 4), ("predicted", 2), ("predicted", 4))
-    caches = caches_from_one_random_state(config, len(settings))
-    ids = torch.randint(0, VOCAB, (2,), device="cuda")
-    first = int(torch.randint(8, 60, ()))
-    outputs, predicted = [], 0
-    try:
-        for (source, regions), cache in zip(settings, caches, strict=True):
-            assert step.ask_experts_ahead(source, regions) == (len(trunk) if source else 0)
-            with torch.inference_mode():
-                hidden = [
-                    step.forward(ids[t : t + 1], torch.tensor([first + t], device="cuda"), cache).clone()
-                    for t in range(2)
-                ]
-            outputs.append([*hidden, *cache_tensors(cache)])
-            for layer in trunk if source else []:  # (off, before any: no ids buffer yet)
-                chosen = layer.mlp.ids_out
-                assert chosen is not None and chosen.unique().numel() == chosen.numel() == config.num_experts_per_tok
-                assert int(chosen.min()) >= 0 and int(chosen.max()) < config.num_experts
-                built = [
-                    (d.get("EXPERT_ASK"), d.get("ASK_REGIONS")) for *_, d in layer.attention.dense._kernels.values()
-                ]
-                assert (chosen.numel(), regions) in built, (source, regions, built)
-                if source == "predicted":  # the output projection's own choice from the logits the input one made
-                    ask, router = layer.attention.expert_ask, layer.mlp.routed_in_experts
-                    logits = layer.attention.wide.logits(router.num_experts)
-                    biased = (torch.sigmoid(logits.float()) + router.bias)[None]
-                    choice = (biased, router.n_group, router.topk_group, router.top_k)
-                    if selection_margin(*choice) > ROUTING_MARGIN:  # (else __expf and torch may rank apart)
-                        want = set(grouped_top_k(*choice)[0].tolist())
-                        assert set(ask.ids.tolist()) == want, (ask.ids.tolist(), sorted(want))
-                    predicted += 1
-    finally:
-        step.ask_experts_ahead("")
-    assert step.describe()["experts_ahead"]["layers"] == 0
-    assert predicted == 2 * len(trunk) and all(layer.attention.proj_plain is None for layer in trunk)
     for setting, result in zip(settings[1:], outputs[1:], strict=True):
         for a, b in zip(result, outputs[0], strict=True):
             assert torch.equal(a, b), setting

@@ -35,8 +35,7 @@ from solo.fastpath.availability import (
     StepKernelsUnavailable,
     fused_step_unavailable,
 )
-from solo.fastpath.experts_ahead import WideProjection, extend_with_rows, router_rows
-from solo.kernels.cuda_step import BIG_PROJECTION_ROWS, CudaGemv, ExpertAsk, Handoff, task_order
+from solo.kernels.cuda_step import BIG_PROJECTION_ROWS, CudaGemv, Handoff, task_order
 from solo.kernels.fused_gemv import FusedGemv
 from solo.kernels.fused_kda import kda_decode
 from solo.kernels.fused_mla import FusedMLA
@@ -166,51 +165,20 @@ def _weight(kernel: Any) -> torch.Tensor:
 
 
 def _project_handing_over(
-    step: FusedDecodeStep,
-    gemv: Any,
-    x: torch.Tensor,
-    norm: torch.Tensor,
-    eps: float,
-    gate_start: int,
-    gate_end: int,
-    out: torch.Tensor | None = None,
+    step: FusedDecodeStep, gemv: Any, x: torch.Tensor, norm: torch.Tensor, eps: float, gate_start: int, gate_end: int
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, int] | None]:
-    """An attention's input projection (into `out` where given), and the hand-off its next kernel waits for where
-    the CUDA GEMV made it with one (FusedDecodeStep.handoff): the output gate's rows [gate_start, gate_end), which
+    """An attention's input projection, and the hand-off its next kernel waits for where the CUDA GEMV
+    made it with one (FusedDecodeStep.handoff): the output gate's rows [gate_start, gate_end), which
     only a later kernel reads, computed last; None where it ran without (the next kernel waits for its end)."""
     if not (step.handoff and isinstance(gemv, CudaGemv)):
-        return gemv(x, out, norm_weight=norm, eps=eps), None
+        return gemv(x, norm_weight=norm, eps=eps), None
     counters = step.handoff_counters
-    proj = gemv(x, out, norm_weight=norm, eps=eps, handoff=Handoff(counters, gate_start, gate_end))
+    proj = gemv(x, norm_weight=norm, eps=eps, handoff=Handoff(counters, gate_start, gate_end))
     signals = gemv.last_signals  # (0 where the call went to the Triton kernel)
     return proj, (counters, signals) if signals else None
 
 
-class _Attention:
-    """What the KDA and MLA attentions share: the input projection's call, and the state FusedDecodeStep's lab switch
-    ask_experts_ahead sets on them (read at each call)."""
-
-    proj: Any  # the input projection (the subclass sets it)
-    dense: Any  # the output projection
-    step: FusedDecodeStep
-    norm: torch.Tensor
-    eps: float
-    handoff_rows: tuple[int, int]
-    expert_ask: Any = None  # a solo.kernels.cuda_step.ExpertAsk: the output projection's, one token
-    proj_plain: Any = None  # "predicted": the projection without the router's rows, while `wide` is in use
-    wide: WideProjection | None = None  # "predicted": the projection with them (kept once made)
-
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, int] | None]:
-        """The input projection (_project_handing_over); one token's into the wide projection's own buffer."""
-        out = self.wide.out if self.proj_plain is not None and x.shape[0] == 1 else None
-        return _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.handoff_rows, out)
-
-    def asks(self, x: torch.Tensor) -> dict[str, Any]:
-        """The output projection's keyword for the experts it asks the L2 for (one token, where set)."""
-        return {"expert_ask": self.expert_ask} if self.expert_ask is not None and x.shape[0] == 1 else {}
-
-
-class _KDAAttention(_Attention):
+class _KDAAttention:
     def __init__(
         self, attn: KimiDeltaAttention, norm: torch.Tensor, eps: float, index: int, step: FusedDecodeStep
     ) -> None:
@@ -237,7 +205,7 @@ class _KDAAttention(_Attention):
     def __call__(self, x, positions, cache: HybridCache, history: dict[int, KDAHistory] | None) -> None:
         a = self.attn
         # (g, which only the output projection reads, may come last: _project_handing_over)
-        proj, handoff = self.project(x)
+        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.handoff_rows)
         state = cache.kda[self.index]
         past = history[self.index] if history is not None else None
         # a cache with its own verification history may hold the states there (lazy rollback); a pass
@@ -267,10 +235,10 @@ class _KDAAttention(_Attention):
             _weight(self.dense) if self.step.kda_l2_ahead and x.shape[0] == 1 else None,
         )
         gate = proj[:, 4 * self.dim : 5 * self.dim]
-        self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps, **self.asks(x))
+        self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps)
 
 
-class _MLAAttention(_Attention):
+class _MLAAttention:
     def __init__(
         self, attn: MultiLatentAttention, norm: torch.Tensor, eps: float, index: int, step: FusedDecodeStep
     ) -> None:
@@ -303,11 +271,11 @@ class _MLAAttention(_Attention):
         self.step = step
 
     def __call__(self, x, positions, cache: HybridCache, history) -> None:
-        proj, handoff = self.project(x)
+        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.handoff_rows)
         o = torch.empty((x.shape[0], self.out_dim), dtype=torch.bfloat16, device=x.device)
         layer_cache = cache.mla[self.index]
         self.mla(proj, positions, layer_cache.latent, layer_cache.rope, o, handoff)
-        self.dense(o, out=x, residual=x, **self.asks(x))
+        self.dense(o, out=x, residual=x)
 
 
 class _MoE:
@@ -336,8 +304,6 @@ class _MoE:
         # ... and the shared expert (no shared gate_up and down launches; the kernel updates x itself)
         self.shared_in_experts: Any = None  # solo.kernels.cuda_moe.SharedExpert
         self.moe_router_counter = step.counter("moe_router", 2)  # moe_router, moe_shared
-        # where one token's kernel writes its experts' ids (FusedDecodeStep.ask_experts_ahead; None: a buffer per call)
-        self.ids_out: torch.Tensor | None = None
         self.launch = step.launch
         self.norm, self.eps = norm, eps
         self.step = step
@@ -345,18 +311,12 @@ class _MoE:
     def __call__(self, x: torch.Tensor) -> None:
         if self.shared_in_experts is not None and x.shape[0] == 1:
             self.experts.routed_forward(
-                x,
-                self.routed_in_experts,
-                self.moe_router_counter,
-                self.launch,
-                shared=self.shared_in_experts,
-                out=x,
-                ids_out=self.ids_out,
+                x, self.routed_in_experts, self.moe_router_counter, self.launch, shared=self.shared_in_experts, out=x
             )
             return
         if self.routed_in_experts is not None and x.shape[0] == 1:
             routed, xn, _, _ = self.experts.routed_forward(
-                x, self.routed_in_experts, self.moe_router_counter, self.launch, ids_out=self.ids_out
+                x, self.routed_in_experts, self.moe_router_counter, self.launch
             )
         else:
             xn, ids, weights = self.router(x)
@@ -517,8 +477,6 @@ class FusedDecodeStep:
         self.moe_shared = moe_shared
         self._shared_into_experts()
         self.l2_next: dict[str, Any] = {"megabytes": 0.0, "shared": False, "at": 0, "layers": 0}
-        self.experts_ahead: dict[str, Any] = {"source": "", "regions": 0, "layers": 0}
-        self._asks_retired: list[Any] = []  # ask_experts_ahead's earlier ExpertAsks (captured graphs read them)
         if self.routers_in_experts():  # (the persistent MoE kernels: this card's choices)
             card = torch.cuda.get_device_name(model.device)
             if ahead := l2_next_for(card):
@@ -650,78 +608,6 @@ class FusedDecodeStep:
             count += bool(regions) and when > 0
         self.l2_next = {"megabytes": megabytes, "shared": shared, "at": at, "layers": count}
         return count
-
-    def ask_experts_ahead(self, source: str = "last", regions: int = 2) -> int:
-        """A lab switch: each layer's one-token output projection asks the L2 for the experts of the MoE kernel
-        after it, before its wait (gemv_decode.cu EXPERT_ASK), while the attention's last kernel runs; the MoE kernel
-        then routes for about 6 us with the DRAM nearly idle. The experts named:
-        - "last": those the layer's MoE kernel chose at the step before (each MoE kernel writes its ids into a buffer
-          of its own). In dev/decode_launch_ab.py's replays of one token at one position those are nearly the step's
-          own, so this measures what naming the experts early could give at best, not a prediction (across tokens
-          they rarely repeat on random weights: dev/routing_prediction_probe.py);
-        - "predicted": the output projection's own choice from the router's logits on the layer's input, which the
-          input projection computes in 512 more rows (solo.fastpath.experts_ahead; 84% of the experts named on
-          random weights); the input projections are rebuilt with those rows, and put back when off;
-        - "": off.
-        `regions`: 1 the gate_up weights, 2 and their scales, 4 and the down weights and scales. A hint: every result
-        stays the same. Returns how many layers ask."""
-        if source not in ("", "last", "predicted") or regions not in (1, 2, 4):
-            raise ValueError(
-                f"ask_experts_ahead: source '', 'last' or 'predicted' and regions 1, 2 or 4, not {source!r}, {regions}"
-            )
-        count, rebuilt = 0, False
-        for layer in self.layers:
-            moe, attention = layer.mlp, layer.attention
-            if not isinstance(moe, _MoE) or moe.routed_in_experts is None or not isinstance(attention.dense, CudaGemv):
-                continue
-            if source != "predicted" and attention.proj_plain is not None:  # (the router's rows out again)
-                attention.proj, attention.proj_plain = attention.proj_plain, None
-                rebuilt = True
-            if attention.expert_ask is not None:  # (graphs captured with it still read its table and buffers)
-                self._asks_retired.append(attention.expert_ask)
-            if not source:
-                attention.expert_ask = None
-                continue
-            router, e = moe.routed_in_experts, moe.experts
-            kinds = [e.gate_up_words, e.gate_up_scale, e.down_words, e.down_scale][:regions]
-            if moe.ids_out is None:  # (made once: graphs captured with it keep reading it)
-                moe.ids_out = torch.full((router.top_k,), -1, dtype=torch.int32, device=e.device)
-            if source == "last":
-                attention.expert_ask = ExpertAsk(moe.ids_out, [(t, None) for t in kinds])
-            else:
-                if attention.wide is None:
-                    attention.wide = self._with_router_rows(attention.proj, attention.norm, moe)
-                if attention.proj_plain is None:
-                    attention.proj_plain, attention.proj = attention.proj, attention.wide.gemv
-                    rebuilt = True
-                logits = attention.wide.logits(router.num_experts)
-                chosen = torch.full((router.top_k,), -1, dtype=torch.int32, device=e.device)
-                attention.expert_ask = ExpertAsk(
-                    chosen,
-                    [(t, None) for t in kinds],
-                    logits=logits,
-                    bias=router.bias,
-                    groups=router.n_group,
-                    keep=router.topk_group,
-                )
-            count += 1
-        if rebuilt:  # (the MoE kernels' L2 asks name the next input projection's bytes: those of the one now used)
-            self.prefetch_next_weights(**{k: self.l2_next[k] for k in ("megabytes", "shared", "at")})
-        self.experts_ahead = {"source": source, "regions": regions, "layers": count}
-        return count
-
-    def _with_router_rows(self, plain: Any, input_norm: torch.Tensor, moe: _MoE) -> WideProjection:
-        """An attention's input projection (`plain`, a CudaGemv) with `moe`'s router rows after its own
-        (solo.fastpath.experts_ahead) and its one-token output buffer (the logits' address must not move between
-        captures). Made once and kept, as graphs captured with it read it."""
-        fused = plain.fused
-        rows = router_rows(moe.routed_in_experts.weight, input_norm, moe.norm)
-        weight, scales, start = extend_with_rows(fused.weight, fused.scale, rows)
-        wider = FusedGemv(
-            weight, scales, "block", counter=self.counter("gemv"), name=f"{fused.name} + router", launch=self.launch
-        )
-        out = torch.empty((1, weight.shape[0]), dtype=torch.bfloat16, device=weight.device)
-        return WideProjection(CudaGemv(wider, plain.counter, plain.launch_config, plain.max_tokens), out, start)
 
     def set_gate_up_window(self, tiles: int) -> int:
         """Each MoE layer's one-token kernel (router inside) keeps at most `tiles` of its gate_up tiles in flight
@@ -885,7 +771,6 @@ class FusedDecodeStep:
             "shared_late_wait": self.shared_late_wait,
             "kda_l2_ahead": self.kda_l2_ahead,
             "l2_next": dict(self.l2_next),
-            "experts_ahead": dict(self.experts_ahead),
             "mla_early_chunks": self.mla_early_chunks(),
             "mla_gluon": self.mla_gluon(),
             "gate_up_window": self.gate_up_window(),

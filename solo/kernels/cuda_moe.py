@@ -477,7 +477,6 @@ class PersistentDecodeMoE(TritonMoE):
         launch: Any = None,
         shared: SharedExpert | None = None,
         out: torch.Tensor | None = None,
-        ids_out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One token's router (post-attention RMSNorm, scores, grouped top-k: `router`, a FusedRouter)
         and routed experts in one launch. x: the residual stream [1, H] bf16. Returns (the routed
@@ -485,8 +484,7 @@ class PersistentDecodeMoE(TritonMoE):
         (int32) is bumped once per launch on the device (and its next element too with `shared`);
         `launch` (a solo.kernels.pdl.LaunchPolicy) records the launch as family "moe_router". With
         `shared` the launch also runs that shared expert and the first result is the layer's new
-        residual stream, x + shared + routed, written to `out` (which may be x itself). `ids_out`: where the
-        ids go (int32 [top_k] or [1, top_k]; a buffer of its own, which later kernels may read)."""
+        residual stream, x + shared + routed, written to `out` (which may be x itself)."""
         if x.shape != (1, self.hidden) or x.dtype != torch.bfloat16 or x.stride(1) != 1 or x.data_ptr() % 16:
             raise ValueError(f"the fused router takes one 16-byte aligned bf16 row [1, {self.hidden}]")
         top_k = router.top_k
@@ -498,12 +496,7 @@ class PersistentDecodeMoE(TritonMoE):
         elif out.shape != (1, self.hidden) or out.dtype != torch.bfloat16 or not out.is_contiguous():
             raise ValueError(f"out must be a contiguous bf16 [1, {self.hidden}]")
         xn = torch.empty_like(out)
-        if ids_out is None:
-            ids = torch.empty((1, top_k), dtype=torch.int32, device=self.device)
-        elif ids_out.dtype != torch.int32 or ids_out.numel() != top_k or not ids_out.is_contiguous():
-            raise ValueError(f"ids_out must be a contiguous int32 buffer of {top_k} ids")
-        else:
-            ids = ids_out.view(1, top_k)
+        ids = torch.empty((1, top_k), dtype=torch.int32, device=self.device)
         wts = torch.empty((1, top_k), dtype=torch.float32, device=self.device)
         self.path_calls["persistent"] += 1
         scratch = [router.norm_weight, router.weight, router.bias, self._scores, xn, ids, wts, count]

@@ -200,57 +200,6 @@ def _row_major(t: torch.Tensor, tokens: int, width: int) -> bool:
     return t.ndim == 2 and tuple(t.shape) == (tokens, width) and t.stride(1) == 1 and t.dtype == torch.bfloat16
 
 
-class ExpertAsk:
-    """What a CUDA GEMV asks the L2 for before its wait (gemv_decode.cu EXPERT_ASK): `regions` (1..4) regions of each of
-    the experts named by `ids` (int32 [slots], written two or more kernels before the GEMV). Each region is a tensor
-    whose first dimension is the expert ([E, ...], contiguous) and the bytes of an expert's slice to ask (None: all);
-    ids outside 0..E-1 ask nothing. With `logits` (bf16 [E], written two or more kernels before) and `bias` (fp32
-    [E]) the GEMV chooses the experts itself as the router does (PREDICT: sigmoid + bias, `groups` ranked by the sum of
-    their two best, the best `keep` kept, the top `slots`), and its block 0 writes its choice into `ids`. The buffers
-    and the table are made once, so graphs keep reading them."""
-
-    def __init__(
-        self,
-        ids: torch.Tensor,
-        regions: list[tuple[torch.Tensor, int | None]],
-        *,
-        logits: torch.Tensor | None = None,
-        bias: torch.Tensor | None = None,
-        groups: int = 1,
-        keep: int = 1,
-    ) -> None:
-        if ids.dtype != torch.int32 or ids.ndim != 1 or not 1 <= ids.numel() <= 32 or not ids.is_contiguous():
-            raise ValueError("the experts' ids must be a contiguous int32 vector of 1..32 slots")
-        if not 1 <= len(regions) <= 4 or ids.numel() * len(regions) > 32:
-            raise ValueError(f"1..4 regions and at most 32 (expert, region) pairs, not {ids.numel()} x {len(regions)}")
-        experts = regions[0][0].shape[0]
-        row = [ids.data_ptr() if logits is None else logits.data_ptr(), experts]
-        for tensor, nbytes in regions:
-            stride = tensor[0].numel() * tensor.element_size()
-            if tensor.shape[0] != experts or not tensor.is_contiguous() or tensor.device != ids.device:
-                raise ValueError(f"an expert region must be a contiguous [{experts}, ...] tensor on {ids.device}")
-            asked = stride if nbytes is None else min(nbytes, stride)
-            if tensor.data_ptr() % 16 or stride % 16 or asked % 16:
-                raise ValueError("the experts' regions are asked in whole 16-byte pieces: align them")
-            row += [tensor.data_ptr(), stride, asked]
-        self.predict: tuple[int, int, int] | None = None
-        if logits is not None:
-            if bias is None or bias.dtype != torch.float32 or bias.shape != (experts,) or not bias.is_contiguous():
-                raise ValueError(f"choosing the experts needs their fp32 biases [{experts}]")
-            if logits.dtype != torch.bfloat16 or logits.shape != (experts,) or logits.stride(0) != 1:
-                raise ValueError(f"choosing the experts needs {experts} contiguous bf16 logits")
-            if logits.data_ptr() % 16 or experts % 32 or experts > 1024:
-                raise ValueError("the experts' logits are read from a 16-byte boundary, E a multiple of 32 up to 1024")
-            lanes = experts // groups // (experts // 32) if groups and experts % groups == 0 else 0
-            if lanes < 1 or lanes & (lanes - 1) or not 1 <= keep <= groups or ids.numel() > keep * experts // groups:
-                raise ValueError(f"{groups} groups (keeping {keep}) do not split {experts} experts over whole lanes")
-            row += [bias.data_ptr(), ids.data_ptr()]
-            self.predict = (experts, groups, keep)
-        self.ids, self.slots, self.regions = ids, ids.numel(), len(regions)
-        self.tensors = [t for t, _ in regions] + [t for t in (logits, bias) if t is not None]  # (alive with the table)
-        self.table = torch.tensor(row, dtype=torch.int64, device=ids.device)
-
-
 class CudaGemv:
     """The calls of `fused` (a FusedGemv with FP8 weights) of up to `max_tokens` tokens on gemv_decode.cu."""
 
@@ -316,9 +265,8 @@ class CudaGemv:
         group: int,
         order: tuple[int, int] = (0, 0),
         late_wait: bool = False,
-        ask: tuple[int, ...] = (0, 0),
     ):
-        key = (tokens, norm, epi, add, write_xn, out_f32, group, order, late_wait, ask)
+        key = (tokens, norm, epi, add, write_xn, out_f32, group, order, late_wait)
         if key not in self._kernels:
             f, cfg = self.fused, self.launch_config
             if tokens > 1 and cfg.window is not None:
@@ -376,10 +324,6 @@ class CudaGemv:
                 if cfg.l2_fetch not in (128, 256):
                     raise ValueError(f"{self.name}: GemvLaunch.l2_fetch is 0, 128 or 256 bytes, not {cfg.l2_fetch}")
                 extras["L2_FETCH"] = cfg.l2_fetch
-            if ask[0]:
-                extras.update(EXPERT_ASK=ask[0], ASK_REGIONS=ask[1])
-                if len(ask) > 2:  # (PREDICT: E, groups, kept groups)
-                    extras.update(PREDICT=ask[2], PREDICT_GROUPS=ask[3], PREDICT_KEEP=ask[4])
             plain = dict(defines)
             defines.update(extras)
             threads = 32 * warps
@@ -433,13 +377,11 @@ class CudaGemv:
         out_dtype: torch.dtype = torch.bfloat16,
         handoff: Handoff | None = None,
         late_wait: bool = False,
-        expert_ask: ExpertAsk | None = None,
     ) -> torch.Tensor:
         """As FusedGemv.__call__; up to `max_tokens` tokens run here, more on the Triton kernel (which
         hands nothing over: `last_signals` is then 0, and a consumer must wait for the kernel's end).
         `late_wait`: x (and the gate) were written two or more kernels back, so the blocks compute at
-        once and wait for the previous kernel only at their end (gemv_decode.cu LATE_WAIT). `expert_ask`:
-        before the wait the blocks also ask the L2 for those experts' weights (gemv_decode.cu EXPERT_ASK)."""
+        once and wait for the previous kernel only at their end (gemv_decode.cu LATE_WAIT)."""
         tokens = x.shape[0]
         self.last_signals = 0
         if not 1 <= tokens <= self.max_tokens:
@@ -480,11 +422,8 @@ class CudaGemv:
         if out_f32 and epi != EPI_STORE or out.dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"{self.name}: the CUDA GEMV writes bf16 (fp32 only for plain outputs), not {out.dtype}")
         order = self._order(handoff)
-        if expert_ask is not None and expert_ask.table.device != self.device:
-            raise ValueError(f"{self.name}: the experts' table must be on {self.device}")
-        ask = (expert_ask.slots, expert_ask.regions, *(expert_ask.predict or ())) if expert_ask is not None else (0, 0)
         kernel, grid, threads, _ = self._kernel(
-            tokens, norm, epi, addend is not None, xn_out is not None, out_f32, group, order, late_wait, ask
+            tokens, norm, epi, addend is not None, xn_out is not None, out_f32, group, order, late_wait
         )
         launch = self.launch.at(tokens)
         kernel.launch(
@@ -511,7 +450,6 @@ class CudaGemv:
                 xn_out.stride(0) if xn_out is not None else 0,
                 handoff.counter if handoff is not None else None,
                 self.dynamic_counters,
-                expert_ask.table if expert_ask is not None else None,
             ],
             dependent=launch.pdl,
         )

@@ -60,18 +60,6 @@
 // task L2_AHEAD positions later (in the loop's head the ask made the build spill). A hint only:
 // every product and result is the register path's.
 //
-// EXPERT_ASK (a lab variant, CudaGemv's `expert_ask`): before griddepcontrol.wait, the block also asks the L2 for its
-// share of ASK_REGIONS regions of each of EXPERT_ASK experts, the experts named by int32 ids written two or more
-// kernels back (final when this kernel may start): the weights of the MoE kernel that follows, asked while the
-// attention's last kernels run and the MoE kernel routes, when the DRAM has little else to do. `ask` is an int64
-// table: [the ids' address, the experts E, then per region: its base address, bytes per expert, bytes asked]
-// (bases, strides and bytes multiples of 16). An id outside 0..E-1 asks nothing. A hint: no result changes.
-// With PREDICT the experts are this block's own choice instead: table[0] is the address of E bf16 router logits
-// (the layer's router applied to its input, rows of the input projection), the table's last entries the expert
-// biases' address (fp32 [E]) and where block 0 writes its choice (int32 [EXPERT_ASK], for the tests); the block's
-// last warp ranks them as the router does (sigmoid + bias; PREDICT_GROUPS groups by the sum of their two best, the
-// best PREDICT_KEEP kept; the top EXPERT_ASK of those; ties to the lower index), each lane E / 32 experts.
-//
 // Defines: NTOK (tokens, 1..8; row strides of x, gate, out, residual, addend and xn_out are arguments),
 // K (input width, multiple of 64), ROWS (output rows; SwiGLU: the gate rows, W holds
 // [gate; up]), NORM (0 none, 1 RMSNorm over K, 2 gated per-group RMSNorm of GROUP <= 256), SCALE
@@ -109,26 +97,6 @@
 #endif
 #ifndef L2_LOOP
 #define L2_LOOP 1
-#endif
-#ifndef EXPERT_ASK
-#define EXPERT_ASK 0
-#endif
-#ifndef ASK_REGIONS
-#define ASK_REGIONS 2
-#endif
-#if EXPERT_ASK && (EXPERT_ASK * ASK_REGIONS > 32 || ASK_REGIONS < 1 || ASK_REGIONS > 4)
-#error "EXPERT_ASK: at most 32 (expert, region) pairs, 1..4 regions"
-#endif
-#ifndef PREDICT
-#define PREDICT 0
-#endif
-#if PREDICT
-#define PRED_PER (PREDICT / 32)                             // experts a lane ranks (PREDICT: E)
-#define PRED_GLANES (PREDICT / PREDICT_GROUPS / PRED_PER)   // lanes a group spans
-#if PREDICT % 32 || PRED_PER > 32 || PRED_GLANES < 1 || PRED_GLANES * PRED_PER * PREDICT_GROUPS != PREDICT || \
-    (PRED_GLANES & (PRED_GLANES - 1)) || PREDICT_KEEP > PREDICT_GROUPS || !EXPERT_ASK
-#error "PREDICT: E a multiple of 32 up to 1024, groups of whole lanes (a power of two of them), KEEP <= GROUPS"
-#endif
 #endif
 #if L2_AHEAD && (BULK || DYNAMIC)
 #error "L2_AHEAD runs on the register path with the fixed tasks"
@@ -286,112 +254,6 @@ __device__ __forceinline__ void ask_l2(const unsigned char *__restrict__ w, int 
 }
 #endif
 
-#if PREDICT
-// PREDICT: the warp's grouped top-EXPERT_ASK of the logits at ask[0] (see EXPERT_ASK); returns the id of expert slot
-// lane / ASK_REGIONS to the lanes that ask (-1 to the others). Block 0's lane 0 writes the choice for the tests.
-__device__ __forceinline__ int predict_experts(const long long *__restrict__ ask, int lane) {
-    const u16 *logits = reinterpret_cast<const u16 *>(ask[0]);
-    const float *bias = reinterpret_cast<const float *>(ask[2 + 3 * ASK_REGIONS]);
-    const float NEG = __int_as_float(0xff800000);
-    float v[PRED_PER];
-#if PRED_PER % 8 == 0
-#pragma unroll
-    for (int q = 0; q < PRED_PER / 8; ++q) {  // 8 logits a 16-byte load
-        const uint4 w = ld_fresh(logits + lane * PRED_PER + 8 * q);
-#pragma unroll
-        for (int h = 0; h < 8; ++h) {
-            const int e = lane * PRED_PER + 8 * q + h;
-            const float z = bf16_to_float(h & 1 ? word(w, h >> 1) >> 16 : word(w, h >> 1) & 0xFFFFu);
-            v[8 * q + h] = 1.0f / (1.0f + __expf(-z)) + __ldg(bias + e);
-        }
-    }
-#else
-#pragma unroll
-    for (int i = 0; i < PRED_PER; ++i) {
-        const int e = lane * PRED_PER + i;
-        v[i] = 1.0f / (1.0f + __expf(-bf16_to_float(ld_fresh_u16(logits + e)))) + __ldg(bias + e);
-    }
-#endif
-    // the group's score: the sum of its two best, over the group's lanes
-    float a = NEG, b = NEG;
-#pragma unroll
-    for (int i = 0; i < PRED_PER; ++i) {
-        b = fmaxf(b, fminf(a, v[i]));
-        a = fmaxf(a, v[i]);
-    }
-#pragma unroll
-    for (int o = 1; o < PRED_GLANES; o <<= 1) {
-        const float pa = __shfl_xor_sync(0xFFFFFFFFu, a, o), pb = __shfl_xor_sync(0xFFFFFFFFu, b, o);
-        b = fmaxf(fmaxf(b, pb), fminf(a, pa));
-        a = fmaxf(a, pa);
-    }
-    const float mine = a + b;
-    const int group = lane / PRED_GLANES;
-    int better = 0;
-#pragma unroll
-    for (int g = 0; g < PREDICT_GROUPS; ++g) {
-        const float other = __shfl_sync(0xFFFFFFFFu, mine, g * PRED_GLANES);
-        better += other > mine || (other == mine && g < group);
-    }
-    if (better >= PREDICT_KEEP) {
-#pragma unroll
-        for (int i = 0; i < PRED_PER; ++i) v[i] = NEG;
-    }
-    int my_id = -1;
-#pragma unroll 1
-    for (int k = 0; k < EXPERT_ASK; ++k) {
-        float bv = NEG;
-        int bi = PREDICT;
-#pragma unroll
-        for (int i = 0; i < PRED_PER; ++i)
-            if (v[i] > bv) {
-                bv = v[i];
-                bi = lane * PRED_PER + i;
-            }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float pv = __shfl_xor_sync(0xFFFFFFFFu, bv, o);
-            const int pi = __shfl_xor_sync(0xFFFFFFFFu, bi, o);
-            if (pv > bv || (pv == bv && pi < bi)) {
-                bv = pv;
-                bi = pi;
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < PRED_PER; ++i)
-            if (lane * PRED_PER + i == bi) v[i] = NEG;
-        if (lane / ASK_REGIONS == k) my_id = bi;
-        if (blockIdx.x == 0 && lane == 0) reinterpret_cast<int *>(ask[3 + 3 * ASK_REGIONS])[k] = bi;
-    }
-    return my_id;
-}
-#endif
-
-#if EXPERT_ASK
-// EXPERT_ASK: lane j * ASK_REGIONS + r of the block's last warp asks the L2 for this block's share of region r of
-// expert slot j (whole 16-byte pieces; one bulk prefetch of at most 32 KB at a time)
-__device__ __forceinline__ void ask_experts(const long long *__restrict__ ask, int lane) {
-#if PREDICT
-    const int id = predict_experts(ask, lane);  // (every lane of the warp ranks)
-    if (lane >= EXPERT_ASK * ASK_REGIONS) return;
-    const int r = lane % ASK_REGIONS;
-#else
-    if (lane >= EXPERT_ASK * ASK_REGIONS) return;
-    const int j = lane / ASK_REGIONS, r = lane % ASK_REGIONS;
-    const int id = __ldcg(reinterpret_cast<const int *>(ask[0]) + j);
-#endif
-    if (id < 0 || id >= (int)ask[1]) return;
-    const long long base = ask[2 + 3 * r] + (long long)id * ask[3 + 3 * r], bytes = ask[4 + 3 * r];
-    const long long share = ((bytes + gridDim.x - 1) / gridDim.x + 15) / 16 * 16;
-    const long long end = min(bytes, ((long long)blockIdx.x + 1) * share);
-#pragma unroll 1
-    for (long long at = (long long)blockIdx.x * share; at < end; at += 32768) {
-        const u32 n = (u32)min(32768ll, end - at);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + at), "r"(n) : "memory");
-    }
-}
-#endif
-
 #if BULK
 __device__ __forceinline__ u32 shared_address(const void *p) { return (u32)__cvta_generic_to_shared(p); }
 
@@ -462,8 +324,7 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
             float eps, float limit, int x_stride, int gate_stride, int out_stride, int residual_stride,
             int addend_stride, int xn_stride,
             int *__restrict__ signal,             // SIGNAL: the hand-off counter
-            int *__restrict__ dyn,                // DYNAMIC: [next task, blocks ended], zeros between launches
-            const long long *__restrict__ ask) {  // EXPERT_ASK: the experts' table
+            int *__restrict__ dyn) {              // DYNAMIC: [next task, blocks ended], zeros between launches
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared &sm = *reinterpret_cast<Shared *>(smem_raw);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -491,11 +352,6 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
 #if L2_AHEAD
     if (threadIdx.x == 0)
         for (int j = 0; j < L2_AHEAD; ++j) ask_l2(w, seq + j * (int)gridDim.x);
-#endif
-#if EXPERT_ASK
-    if (warp == WARPS - 1) ask_experts(ask, lane);
-#else
-    (void)ask;
 #endif
     // the weights do not depend on the previous kernel; everything below does (LATE_WAIT: not on it)
 #if !LATE_WAIT
