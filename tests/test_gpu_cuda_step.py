@@ -448,8 +448,11 @@ def test_the_router_chooses_as_the_reference(shape, tokens, fast_select):
         want_w, want_ids = ref(xn_ref)
         # (its sum of squares adds in another order than the reference's: 1 / rms may differ in its last bits)
         assert_rmsnorm_rounding(xn.cpu(), x, norm.weight.data, 1e-6)
-        assert torch.equal(ids.cpu().long(), want_ids)
-        assert rows_rel(wts.cpu(), want_w) < 1e-5
+        # the same experts with the same weights; their order is their scores', and routing_margin guards only the
+        # line between chosen and dropped, so two chosen within rounding of each other may come in either order
+        got, want = ids.cpu().long().sort(-1), want_ids.sort(-1)
+        assert torch.equal(got.values, want.values)
+        assert rows_rel(wts.cpu().gather(1, got.indices), want_w.gather(1, want.indices)) < 1e-5
         again = router(x.to(DEVICE))  # the arrival counters reset themselves: same choice on a second launch
         assert torch.equal(again[1], ids) and torch.equal(again[2], wts)
         # (`full` and `per_lane` ran once more each)
