@@ -3,7 +3,8 @@
 The decode step's MoE kernel spends about 6 us a layer routing before its first expert copy and streams its
 gate_up at about half the copy bandwidth (docs/kernels.md, Open problems), while the DRAM idles through the
 routing and the KDA recurrence. If the layer's experts could be guessed a few kernels early, their weights could be
-asked of the L2 then. This probe measures the guesses against the real routing, token by token, on the reference
+asked of the L2 then (tried in the twenty-ninth session: it lost in the step even with the exact experts,
+docs/kernels-history.md). This probe measures the guesses against the real routing, token by token, on the reference
 model (greedy decode after a random prompt):
 
 - `layer input`: the layer's own router on post_attention_layernorm(the layer's input), i.e. the residual before
@@ -67,7 +68,7 @@ def main() -> int:
     measuring = [False]
 
     def keep_input(index: int):
-        def hook(module, args_, kwargs=None):
+        def hook(module, args_):
             inputs[index] = args_[0].detach()
 
         return hook

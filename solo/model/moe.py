@@ -26,18 +26,6 @@ class SwiGLUMLP(nn.Module):
         return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), self.swiglu_limit))
 
 
-def grouped_top_k(biased: torch.Tensor, n_group: int, topk_group: int, top_k: int) -> torch.Tensor:
-    """The router's choice from its biased scores [T, E]: groups ranked by the sum of their top-2, the best
-    `topk_group` kept (all where that is every group), and the top_k experts among them. Returns ids [T, top_k]."""
-    if n_group > 1 and topk_group < n_group:
-        grouped = biased.view(-1, n_group, biased.shape[-1] // n_group)
-        group_scores = grouped.topk(2, dim=-1).values.sum(-1)
-        kept = group_scores.topk(topk_group, dim=-1).indices
-        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
-        biased = grouped.masked_fill(~group_mask[..., None], float("-inf")).flatten(1)
-    return biased.topk(top_k, dim=-1).indices
-
-
 class Router(nn.Module):
     """fp32 sigmoid scores; `expert_bias` steers selection only. Groups are ranked by the sum of
     their top-2 biased scores, the best `topk_group` kept, and the top-k experts taken from them.
@@ -58,7 +46,14 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> (weights [T, k] fp32, expert ids [T, k] int64)."""
         scores = torch.sigmoid(F.linear(x.float(), self.weight.float()))
-        ids = grouped_top_k(scores + self.expert_bias.float(), self.n_group, self.topk_group, self.top_k)
+        biased = scores + self.expert_bias.float()
+        if self.n_group > 1 and self.topk_group < self.n_group:
+            grouped = biased.view(-1, self.n_group, self.num_experts // self.n_group)
+            group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+            kept = group_scores.topk(self.topk_group, dim=-1).indices
+            group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+            biased = grouped.masked_fill(~group_mask[..., None], float("-inf")).flatten(1)
+        ids = biased.topk(self.top_k, dim=-1).indices
         weights = scores.gather(1, ids)
         if self.renormalize:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)

@@ -26,23 +26,19 @@ def routing_margin(router: nn.Module, x: torch.Tensor) -> float:
     keeps and what it drops: groups ranked by their top-2 biased sum, then experts among the kept
     groups. Infinite when the router keeps everything."""
     scores = torch.sigmoid(F.linear(x.float(), router.weight.float()))
-    return selection_margin(scores + router.expert_bias.float(), router.n_group, router.topk_group, router.top_k)
-
-
-def selection_margin(biased: torch.Tensor, n_group: int, topk_group: int, top_k: int) -> float:
-    """routing_margin from the biased scores [T, E] themselves (solo.model.moe.grouped_top_k's input)."""
+    biased = scores + router.expert_bias.float()
     margins = []
-    if n_group > 1 and topk_group < n_group:
-        grouped = biased.view(-1, n_group, biased.shape[-1] // n_group)
+    if router.n_group > 1 and router.topk_group < router.n_group:
+        grouped = biased.view(-1, router.n_group, router.num_experts // router.n_group)
         group_scores = grouped.topk(2, dim=-1).values.sum(-1)
         ranked_groups = group_scores.sort(-1, descending=True).values
-        margins.append(ranked_groups[:, topk_group - 1] - ranked_groups[:, topk_group])
-        kept = group_scores.topk(topk_group, dim=-1).indices
-        mask = torch.zeros(grouped.shape[:2], dtype=torch.bool, device=biased.device).scatter_(1, kept, True)
+        margins.append(ranked_groups[:, router.topk_group - 1] - ranked_groups[:, router.topk_group])
+        kept = group_scores.topk(router.topk_group, dim=-1).indices
+        mask = torch.zeros(grouped.shape[:2], dtype=torch.bool, device=x.device).scatter_(1, kept, True)
         biased = grouped.masked_fill(~mask[..., None], float("-inf")).flatten(1)
-    if top_k < biased.shape[-1]:
+    if router.top_k < biased.shape[-1]:
         ranked = biased.sort(-1, descending=True).values
-        margins.append(ranked[:, top_k - 1] - ranked[:, top_k])
+        margins.append(ranked[:, router.top_k - 1] - ranked[:, router.top_k])
     return float(torch.cat(margins).min()) if margins else float("inf")
 
 
