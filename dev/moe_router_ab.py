@@ -11,7 +11,8 @@ alternate the sides. The choices are checked: the same experts, the same weights
 rounding, the same routed output (the fused kernel's own routing given to the plain kernel).
 `--configs` adds DecodeKernelConfig variants (fields=integers or names, e.g. balance=gate_up; ';' between
 variants) that move no result (copy timing, reads moved before the wait, the selection's shortcut): each
-checked bit for bit against the product's kernel (experts, weights, output), timed and traced.
+checked bit for bit against the product's kernel (experts, weights, output), timed and traced; a probe
+(`probe=copy_only` and the others of DecodeKernelConfig.probe) leaves out work, so it is timed and traced unchecked.
 `--fast-select` and `--bias-early` are
 shorthands for the product without those switches ('fast_select=0': the full ranking; 'bias_early=0').
 """
@@ -140,6 +141,10 @@ def main() -> int:
     for spec, fields in configs.items():  # none moves a result: the product's outputs bit for bit
         # (select_twice, a probe of the traced kernel, is checked and timed traced)
         config = DecodeKernelConfig(**{"score_poll_ns": polls[0], "trace": bool(fields.get("select_twice")), **fields})
+        if config.probe:  # (a probe leaves out work: wrong results by design, timed and traced only)
+            print(f"checks: {spec} is a probe (wrong results by design), timing only")
+            variants[f"router inside the MoE kernel [{spec}]"] = config
+            continue
         for x in xs:
             moe.set_kernel_config(DecodeKernelConfig(score_poll_ns=polls[0]))
             want = [t.clone() for t in inside(x)]
