@@ -130,6 +130,9 @@
 #if X_IN_TILES && PROBE == 1
 #error "X_IN_TILES needs the gate_up warps (the copies-only probe has none)"
 #endif
+#if ROUTER && PROBE == 1
+#error "the copies-only probe has no gate_up warps to route with: not with the router inside (it would wait forever)"
+#endif
 #define NUM_BARS (MAX_GU + PAIRS + 2 * SHARED + X_IN_TILES)
 #define X_FREE (MAX_GU + PAIRS)         // X_IN_TILES: the gate_up warps hold their x (GU_WARPS arrivals)
 #define SH_BAR (MAX_GU + PAIRS)         // SHARED: the shared expert's weights are in shared memory
