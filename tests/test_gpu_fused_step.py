@@ -21,6 +21,10 @@ pytestmark = [
 ]
 
 VOCAB = 16384
+# A layer's expert choice may differ from the reference's where the reference's came this close to a tie: the fused
+# layer's attention differs from the reference's by bf16 rounding (up to a few 1e-3 of its output), and the router's
+# sigmoid scores move with it
+LAYER_TIE_MARGIN = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -303,7 +307,13 @@ def test_verification_through_the_window_rings_matches_the_reference_layers(setu
     """GemvLaunch.window = WINDOW_RING (the product's on the cards of WINDOW_RING_CARDS, set here on any
     Hopper): verification's big projections stream through bulk rings of 2 blocks of 10 warps an SM, the
     decode step's one-token calls keep their launch. Layer by layer over 4 tokens, against the reference
-    modules and against the same step with the windows on the register path."""
+    modules and against the same step with the windows on the register path.
+
+    Against the reference a layer may route a token to another expert where the reference's own choice came
+    within LAYER_TIE_MARGIN of a tie (the fused layer's attention differs from the reference's by bf16
+    rounding, and its router's input with it): such a layer is drawn again, at most twice; one off the
+    reference with a clear margin fails at once. (On an H200, 2026-12-07, one draw was 0.17 off the reference
+    and 3.8e-3 off the register path: docs/results/h200_gpu_tests_lab77.log.)"""
     import dataclasses
 
     from solo.kernels.cuda_step import (
@@ -313,6 +323,7 @@ def test_verification_through_the_window_rings_matches_the_reference_layers(setu
         CudaGemv,
         cuda_step_unavailable,
     )
+    from solo.testing.routing import recorded_ties
 
     if cuda_step_unavailable("cuda") is not None:
         pytest.skip("the bulk ring is the CUDA GEMV's (Hopper)")
@@ -326,33 +337,43 @@ def test_verification_through_the_window_rings_matches_the_reference_layers(setu
     tokens = 4
     positions = torch.arange(30, 30 + tokens, device="cuda")
     cos_sin = fused.rotary.cos_sin(positions, torch.bfloat16)
-    layers = list(zip(fused.model.layers, step.layers, strict=False))
-    caches = [caches_from_one_random_state(config, 3) for _ in layers]  # reference, register path, rings
-    history = [[c.new_history(tokens) for c in three] for three in caches]
-    xs = [torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16) for _ in layers]
-    outs: list[list[torch.Tensor]] = [[], []]
+
+    def fused_layer(mine, x, cache, history, window) -> torch.Tensor:
+        for k, launch in zip(big, product, strict=True):
+            k.relaunch(dataclasses.replace(launch, window=window))
+        out = x.clone()
+        with torch.inference_mode():
+            mine(out, positions, cache, history)
+        return out
+
+    worst, apart, redrawn = 0.0, 0.0, []
     try:
-        for i, window in enumerate((None, WINDOW_RING)):
-            for k, launch in zip(big, product, strict=True):
-                k.relaunch(dataclasses.replace(launch, window=window))
-            for j, (_, mine) in enumerate(layers):
-                out = xs[j].clone()
-                with torch.inference_mode():
-                    mine(out, positions, caches[j][i + 1], history[j][i + 1])
-                outs[i].append(out)
+        for j, (layer, mine) in enumerate(zip(fused.model.layers, step.layers, strict=False)):
+            for _ in range(3):
+                caches = caches_from_one_random_state(config, 3)  # reference, register path, rings
+                history = [c.new_history(tokens) for c in caches]
+                x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
+                registers, rings = (
+                    fused_layer(mine, x, caches[i + 1], history[i + 1], window)
+                    for i, window in enumerate((None, WINDOW_RING))
+                )
+                with torch.inference_mode(), recorded_ties() as ties:
+                    want = layer(x, positions, cos_sin, caches[0], history[0])
+                off = rel(rings - x, want - x)
+                if off < 2e-2 or ties.routing >= LAYER_TIE_MARGIN:
+                    break
+                redrawn.append(f"layer {j}: {off:.1e} off, routing margin {ties.routing:.1e}")
+            worst = max(worst, off)
+            apart = max(apart, rel(rings - x, registers - x))
         ringed = [(key[0], v[3]) for k in big for key, v in k._kernels.items()]
         assert step.window_rings() == len(big)
     finally:
         for k, launch in zip(big, product, strict=True):
             k.relaunch(launch)
-    worst, apart = 0.0, 0.0
-    for j, (layer, _) in enumerate(layers):
-        x = xs[j]
-        with torch.inference_mode():
-            want = layer(x, positions, cos_sin, caches[j][0], history[j][0])
-        worst = max(worst, rel(outs[1][j] - x, want - x))
-        apart = max(apart, rel(outs[1][j] - x, outs[0][j] - x))
-    print(f"\nwindow rings: worst rel. err {worst:.1e} against the reference, {apart:.1e} against the register path")
+    print(
+        f"\nwindow rings: worst rel. err {worst:.1e} against the reference, {apart:.1e} against the register path"
+        f"; drawn again near a tie: {redrawn or 'none'}"
+    )
     assert worst < 2e-2 and apart < 2e-2
     # the trunk's windows streamed through the rings (the NEXTN layer's kernels were not run)
     assert ringed and all(d.get("BULK") == 1 and d["WARPS"] == 10 for n, d in ringed if n == tokens)
