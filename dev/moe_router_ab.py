@@ -12,7 +12,8 @@ rounding, the same routed output (the fused kernel's own routing given to the pl
 `--configs` adds DecodeKernelConfig variants (fields=integers or names, e.g. balance=gate_up; ';' between
 variants) that move no result (copy timing, reads moved before the wait, the selection's shortcut): each
 checked bit for bit against the product's kernel (experts, weights, output), timed and traced; a probe
-(`probe=copy_only` and the others of DecodeKernelConfig.probe) leaves out work, so it is timed and traced unchecked.
+(DecodeKernelConfig.probe) leaves out work, so it is timed and traced unchecked (not `copy_only`, which has no gate_up
+warps to route with: the kernel with the router inside refuses it).
 `--fast-select` and `--bias-early` are
 shorthands for the product without those switches ('fast_select=0': the full ranking; 'bias_early=0').
 """

@@ -545,6 +545,12 @@ def test_gpu_router_inside_the_kernel_refuses_what_it_cannot_run():
     assert "groups" in moe.routed_unsupported(wide)
     other = FusedRouter(weight[:32].contiguous(), bias[:32], norm, 1e-6, 8, 1, 1, True, 1.0, counter)
     assert "differ" in moe.routed_unsupported(other)
+    # the copies-only probe has no gate_up warps to route with: refused before it is built (it would never end)
+    grouped = FusedRouter(weight, bias, norm, 1e-6, 8, 8, 4, True, 1.0, counter)
+    assert moe.routed_unsupported(grouped) is None
+    moe.set_kernel_config(DecodeKernelConfig(probe="copy_only"))
+    with pytest.raises(ValueError, match="copy_only"):
+        moe.kernel_for(8, False, moe.router_spec(grouped))
 
 
 def test_the_router_inside_the_kernel_states_what_it_runs():

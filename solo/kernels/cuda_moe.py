@@ -344,6 +344,11 @@ class PersistentDecodeMoE(TritonMoE):
             reason = router_unsupported(self.hidden, top_k, router)
             if reason is not None or router.blocks != self.blocks or id64:
                 raise RuntimeError(reason or "the fused router's grid is the kernel's, with int32 expert ids")
+            if kc.probe == "copy_only":  # (moe_decode.cu refuses it too: its blocks would wait for a selection forever)
+                raise ValueError(
+                    "DecodeKernelConfig.probe 'copy_only' has no gate_up warps, which route with the router inside: "
+                    "time it with the router's own kernel (PersistentDecodeMoE.forward), or pick another probe"
+                )
             defines.update(router.defines())
         if shared is not None:
             if router is None:
