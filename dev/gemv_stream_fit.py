@@ -15,7 +15,9 @@ it streams, against the copy bandwidth measured in the same run (the JSON's roof
 near the copy bandwidth, only the fixed costs are left to win; if not, the stream itself is bound (bytes in
 flight, issue). The steady probe (`dev/step_kernels_probe.py --steady`) measures the same on a GPU.
 Where the MoE kernels ask the L2 for the next projection's first megabytes (`l2_next` in the JSON), those
-projections start with part of their bytes on chip and look faster than their stream.
+projections start with part of their bytes on chip and look faster than their stream. The persistent MoE kernels
+(`moe_decode`, the router inside) get a line too: their median critical-path time against the routed experts' and the
+router's bytes at the copy bandwidth.
 """
 
 from __future__ import annotations
@@ -107,6 +109,15 @@ def report(path: str, context: str, sizes: dict[str, int]) -> None:
         print(f"  ({unnamed} GEMVs not named: the step's order is not the one this script knows)")
     fixed, rate = fit(points)
     print(f"  fit: fixed {fixed:.2f} us a GEMV, stream {rate:.2f} TB/s ({rate / copy_tbs:.0%} of the copy bandwidth)")
+    moe = [us for n, us in named if n == "moe_decode"]
+    if moe:  # the persistent MoE kernel with its router inside: the routed experts' and the router's bytes
+        share = run["bytes_per_token"]
+        mb = (share["experts"] + share.get("routers", 0)) / len(moe) / 1e6
+        median = statistics.median(moe)
+        print(
+            f"  MoE kernel      x{len(moe):2d} {mb:5.1f} MB  median {median:6.2f} us, its bytes at the copy bandwidth "
+            f"{mb / copy_tbs:5.2f} us: {median - mb / copy_tbs:5.2f} us more"
+        )
 
 
 def main() -> int:
