@@ -51,6 +51,7 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # fields for the GEMVs whose names end with one of a tuple's suffixes
     "product": {},
     "product again": {},  # a second capture of the product: the output check's and the timing's own spread
+    "product, a third time": {},
     "at most 2 blocks/SM": {"blocks_per_sm": 2},
     "at most 1 block/SM": {"blocks_per_sm": 1},
     "8 warps": {"warps": 8},
@@ -303,6 +304,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE and router selection as before": {"moe": {"lean_select": False}, "router_lean": False},
     "MoE lean selection": {"moe": {"lean_select": True}},
     "MoE lean selection, again": {"moe": {"lean_select": True}},
+    # (thirty-first session) the producer copies from the ranking's own writes, before warp 0 sums and divides the
+    # weights (DecodeKernelConfig.early_ids): the traces put 0.58 us between every rank written and the selection done
+    "MoE experts before the weights": {"moe": {"early_ids": True}},
+    "MoE experts before the weights, again": {"moe": {"early_ids": True}},
     "MoE gate_up window 2": {"moe": {"gate_up_window": 2}},
     "MoE gate_up window 3": {"moe": {"gate_up_window": 3}},
     "MoE gate_up window 4": {"moe": {"gate_up_window": 4}},

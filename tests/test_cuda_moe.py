@@ -143,12 +143,14 @@ def test_kernel_config_defines_name_every_variant():
         "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
         "X_EARLY": 0, "L2_NEXT_AT": 3, "X_IN_TILES": 0, "GU_WINDOW": 0,
         "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0, "SELECT_TWICE": 0, "LEAN_SELECT": 0,
+        "EARLY_IDS": 0,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
         "X_EARLY": 1, "L2_NEXT_AT": 0, "X_IN_TILES": 0, "GU_WINDOW": 0,
         "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0, "SELECT_TWICE": 0, "LEAN_SELECT": 1,
+        "EARLY_IDS": 0,
     }  # fmt: skip
     assert DecodeKernelConfig(balance="gate_up", x_in_tiles=True).defines()["X_IN_TILES"] == 1
     assert DecodeKernelConfig(gate_up_window=3).defines()["GU_WINDOW"] == 3
@@ -171,6 +173,10 @@ def test_kernel_config_defines_name_every_variant():
     assert DecodeKernelConfig(trace=True, select_twice=True).defines()["SELECT_TWICE"] == 1
     with pytest.raises(ValueError, match="set trace too"):
         DecodeKernelConfig(select_twice=True).defines()
+    assert DecodeKernelConfig(early_ids=True).defines()["EARLY_IDS"] == 1
+    for clash in ({"l2_next_at": 5}, {"l2_next_at": 6}, {"trace": True, "select_twice": True}):
+        with pytest.raises(ValueError, match="early_ids takes"):
+            DecodeKernelConfig(early_ids=True, **clash).defines()
 
 
 def test_cuda_backend_on_cpu_is_a_clear_error():
@@ -430,20 +436,22 @@ def test_gpu_only_one_token_calls_take_the_persistent_kernel(experts):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
-    ("fast_select", "bias_early", "x_early", "score_stagger", "lean_select"),
+    ("fast_select", "bias_early", "x_early", "score_stagger", "lean_select", "early_ids"),
     [
-        (False, False, False, 0, False),
-        (True, False, True, 0, False),
-        (True, True, True, 0, False),
-        (True, True, True, 128, False),
-        (True, True, True, 0, True),
+        (False, False, False, 0, False, False),
+        (True, False, True, 0, False, False),
+        (True, True, True, 0, False, False),
+        (True, True, True, 128, False, False),
+        (True, True, True, 0, True, False),
+        pytest.param(True, True, True, 0, True, True, id="early_ids"),
+        pytest.param(False, True, True, 0, False, True, id="early_ids_full_ranking"),
     ],
 )
 @pytest.mark.parametrize(
     "num_experts,groups,keep", [(512, 8, 4), (64, 8, 4), (64, 1, 1), (256, 4, 2)]
 )  # Ling's router; groups inside a warp; no group limit; groups of two warps each
 def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
-    num_experts, groups, keep, fast_select, bias_early, x_early, score_stagger, lean_select
+    num_experts, groups, keep, fast_select, bias_early, x_early, score_stagger, lean_select, early_ids
 ):
     """One launch: RMSNorm of the residual stream, router scores, grouped top-k in every block, then the
     experts it chose. Against the model's Router in fp32 on the CPU (the same experts where the draw is
@@ -452,7 +460,8 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
     `fast_select` the selection ranks only the kept groups' warps (where groups are whole warps); with
     `bias_early` each selection lane reads its expert's bias before the kernel's wait; with `x_early` x is
     loaded before the inputs' barrier; with `score_stagger` each selection lane keeps four loads of its score in
-    flight; with `lean_select` the groups are ranked once."""
+    flight; with `lean_select` the groups are ranked once; with `early_ids` the producer starts its copies from
+    the ranking's own writes, before the weights are summed."""
     from solo.checkpoint.synthetic import synthetic_config
     from solo.kernels.cuda_moe import PersistentDecodeMoE
     from solo.kernels.fused_router import FusedRouter
@@ -470,6 +479,7 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
             x_early=x_early,
             score_stagger=score_stagger,
             lean_select=lean_select,
+            early_ids=early_ids,
         )
     )
     config = synthetic_config(num_layers=1, num_experts=num_experts)

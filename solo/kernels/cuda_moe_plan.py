@@ -91,6 +91,10 @@ class DecodeKernelConfig:
     # 18.05 us; the decode step at 32K on the H100 -0.1 / -8.1 us as a variant (docs/results/h100_ab_lab53.log), and
     # the selection as before +13.7 us against it as the product (docs/results/h100_ab_lab54.log)
     lean_select: bool = True
+    # with the router inside: the threads that rank the top-k write the chosen experts for the producer, which starts
+    # its copies after the ranking's barrier, not after warp 0 has also summed and divided the weights (moe_decode.cu
+    # EARLY_IDS; the same results). Not with l2_next_at 5 or 6 (named barrier 1) or select_twice
+    early_ids: bool = False
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property
@@ -115,6 +119,8 @@ class DecodeKernelConfig:
             raise ValueError(f"score_stagger is 0 (off) or ns between a lane's score loads, got {self.score_stagger}")
         if self.select_twice and not self.trace:
             raise ValueError("select_twice is a probe of the traced kernel: set trace too")
+        if self.early_ids and (self.l2_next_at in (5, 6) or self.select_twice):
+            raise ValueError("early_ids takes the named barrier of l2_next_at 5 and 6, and not with select_twice")
         return {
             "EVICT_FIRST": int(self.evict_first),
             "TRACE": int(self.trace),
@@ -136,6 +142,7 @@ class DecodeKernelConfig:
             "SCORE_STAGGER": self.score_stagger,
             "SELECT_TWICE": int(self.select_twice),
             "LEAN_SELECT": int(self.lean_select),
+            "EARLY_IDS": int(self.early_ids),
         }
 
 

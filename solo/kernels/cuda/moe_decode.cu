@@ -185,6 +185,16 @@
 #if SELECT_TWICE && !TRACE
 #error "SELECT_TWICE is a probe of TRACE builds"
 #endif
+// EARLY_IDS (a variant, DecodeKernelConfig.early_ids; with ROUTER): the threads that rank the top-k write the
+// chosen experts straight into sm.experts, and the producer passes the ranking's own barrier (BAR_IDS, the selection
+// warps arrive, warp 0 and the producer wait) instead of waiting for warp 0 to sum and divide the weights first;
+// the weights then reach the publisher alone (BAR_ROUTED of 64). The same results: only when the copies start.
+#ifndef EARLY_IDS
+#define EARLY_IDS 0
+#endif
+#if EARLY_IDS && SELECT_TWICE
+#error "EARLY_IDS: the selection's second run would write the experts the producer is copying"
+#endif
 // FAST_SELECT (a variant, DecodeKernelConfig.fast_select): where groups are whole warps, the warps of the
 // discarded groups (zero keys only) skip the in-warp ranking and the kept warps' best are the only
 // candidates (KEEP x warps-per-group x TOPK, 64 at Ling shapes, instead of 128), each ranked by 4 threads;
@@ -301,6 +311,11 @@
 #define L2_LINES (L2_NEXT_AT == 5 || L2_NEXT_AT == 6)  // the down warps ask, a line a thread at a time
 #define L2_ASKER (L2_NEXT_AT == 1 || L2_NEXT_AT == 4 ? PRODUCER * 32 : L2_LINES ? GU_WARPS * 32 : 0)  // copies the table
 #define BAR_L2_TABLE 1                  // L2_LINES: the table is in shared memory (the down warps)
+#define BAR_IDS 1                       // EARLY_IDS: the chosen experts are in sm.experts (not with L2_LINES)
+#if EARLY_IDS && L2_LINES
+#error "EARLY_IDS takes named barrier 1, which L2_NEXT_AT 5 and 6 use"
+#endif
+#define ROUTED_THREADS (EARLY_IDS ? 64 : 96)  // BAR_ROUTED: warp 0 of the selection, the publisher (and the producer)
 #define L2_PIECE 32768u                 // bytes per bulk prefetch
 
 // u32, warp_sum, ld_stream, rms_value, bf16_pair: the helpers router_decode.cu uses too
@@ -923,7 +938,11 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         if (lane == 0) l2_next_prefetch(sm.l2_table);
 #endif
 #if ROUTER
+#if EARLY_IDS
+        asm volatile("bar.sync %0, %1;" ::"r"(BAR_IDS), "r"((SEL_WARPS + 1) * 32) : "memory");  // its experts
+#else
         asm volatile("bar.sync %0, %1;" ::"r"(BAR_ROUTED), "r"(96) : "memory");  // the block's own selection
+#endif
 #else
         if (lane < TOPK) sm.experts[lane] = __ldcg(ids + lane);
         __syncwarp();
@@ -1032,7 +1051,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #if ROUTER
         if (lane == 0) sm.launch = launch;  // (the gate_up warps normalise x)
         asm volatile("bar.arrive %0, %1;" ::"r"(BAR_INPUTS), "r"(INPUT_THREADS) : "memory");
-        asm volatile("bar.sync %0, %1;" ::"r"(BAR_ROUTED), "r"(96) : "memory");
+        asm volatile("bar.sync %0, %1;" ::"r"(BAR_ROUTED), "r"(ROUTED_THREADS) : "memory");
         const float my_wt = lane < TOPK ? sm.wts[lane] : 0.f;
 #else
         const float my_wt = lane < TOPK ? __ldcg(wts + lane) : 0.f;  // no global load inside the tile loop
@@ -1334,6 +1353,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     const int cand = me / SEL_SUB;
                     if (cand < SEL_CANDS && me % SEL_SUB == 0 && grank < TOPK) {
                         sm.rt.sel_idx[grank] = (int)~(u32)ck;
+#if EARLY_IDS
+                        sm.experts[grank] = (expert_id_t)(int)~(u32)ck;
+#endif
                         sm.rt.sel_score[grank] = sm.rt.score[cand / TOPK][cand % TOPK];
                     }
 #if TRACE
@@ -1372,6 +1394,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     }
                     if (grank < TOPK) {
                         sm.rt.sel_idx[grank] = (int)~(u32)ck;
+#if EARLY_IDS
+                        sm.experts[grank] = (expert_id_t)(int)~(u32)ck;
+#endif
                         sm.rt.sel_score[grank] = sm.rt.score[cand / TOPK][cand % TOPK];
                     }
 #if TRACE
@@ -1380,7 +1405,15 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 }
 #endif
                 SEL_CLOCK(7);  // candidates ranked
+#if EARLY_IDS
+                // warp 0 waits with the producer for every rank; the other selection warps go on to their tiles
+                if (warp == 0)
+                    asm volatile("bar.sync %0, %1;" ::"r"(BAR_IDS), "r"((SEL_WARPS + 1) * 32) : "memory");
+                else
+                    asm volatile("bar.arrive %0, %1;" ::"r"(BAR_IDS), "r"((SEL_WARPS + 1) * 32) : "memory");
+#else
                 asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
+#endif
                 SEL_CLOCK(8);
 #if TRACE
                 if (threadIdx.x == 0) trow[T_RANKS_IN] = globaltimer();
@@ -1396,7 +1429,9 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                     my_w = my_w / (wsum + 1e-20f);
 #endif
                     if (lane < TOPK) {
+#if !EARLY_IDS
                         sm.experts[lane] = my_id;
+#endif
                         sm.wts[lane] = my_w * scaling;
                         if (blockIdx.x == 0) {
                             ids_out[lane] = my_id;
@@ -1410,7 +1445,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #if SELECT_TWICE
                     if (pass == 1)
 #endif
-                    asm volatile("bar.arrive %0, %1;" ::"r"(BAR_ROUTED), "r"(96) : "memory");
+                    asm volatile("bar.arrive %0, %1;" ::"r"(BAR_ROUTED), "r"(ROUTED_THREADS) : "memory");
                 }
             }
 #if SELECT_TWICE
