@@ -20,7 +20,7 @@ if nvidia-smi -L | grep -q H200; then
     v+=";L2 next: shared + 8 MB, after the copies"
     v+=";at most 2 blocks/SM;o_proj, dense: 2 blocks an SM;qkvfgb, q|kv_a|g: 7 blocks an SM"
     v+=";MoE early pairs 1;shared gate_up late wait;MoE on 4 SMs fewer, shared gate_up late wait"
-    v+=";o_proj, dense: 8 warps, 4 in flight;L2: first 2 tasks;KDA asks the L2 for o_proj"
+    v+=";o_proj, dense: 8 warps, 4 in flight"
     v+=";window ring: o_proj, dense, downs;product, a third time"
 fi
 ab ab "$v" --deadline "$(($(left) - 20))"
