@@ -175,7 +175,7 @@ def test_kernel_config_defines_name_every_variant():
         DecodeKernelConfig(select_twice=True).defines()
     assert DecodeKernelConfig(early_ids=True).defines()["EARLY_IDS"] == 1
     for clash in ({"l2_next_at": 5}, {"l2_next_at": 6}, {"trace": True, "select_twice": True}):
-        with pytest.raises(ValueError, match="early_ids takes"):
+        with pytest.raises(ValueError, match="early_ids cannot run with"):
             DecodeKernelConfig(early_ids=True, **clash).defines()
 
 

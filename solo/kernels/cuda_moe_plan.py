@@ -120,7 +120,9 @@ class DecodeKernelConfig:
         if self.select_twice and not self.trace:
             raise ValueError("select_twice is a probe of the traced kernel: set trace too")
         if self.early_ids and (self.l2_next_at in (5, 6) or self.select_twice):
-            raise ValueError("early_ids takes the named barrier of l2_next_at 5 and 6, and not with select_twice")
+            raise ValueError(
+                "early_ids cannot run with l2_next_at 5 or 6 (both take named barrier 1) or with select_twice"
+            )
         return {
             "EVICT_FIRST": int(self.evict_first),
             "TRACE": int(self.trace),
