@@ -9,11 +9,16 @@ layers themselves are checked against transformers and fp32 on the CPU by the CP
 from __future__ import annotations
 
 import contextlib
+import functools
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 import torch
 
 from solo.testing.attention import rel
+
+T = TypeVar("T")
 
 pytestmark = [
     pytest.mark.gpu,
@@ -25,6 +30,19 @@ VOCAB = 16384
 # layer's attention differs from the reference's by bf16 rounding (up to a few 1e-3 of its output), and the router's
 # sigmoid scores move with it
 LAYER_TIE_MARGIN = 1e-3
+
+
+def clear_of_ties(draw: Callable[[], tuple[float, float, T]], label: str, redrawn: list[str]) -> tuple[float, T]:
+    """`draw()` runs a layer on fresh random inputs and returns its relative error against the reference, the
+    reference's routing margin (solo.testing.routing.recorded_ties around the reference alone) and what the caller
+    keeps of the run. A draw 2e-2 or more off the reference whose margin is below LAYER_TIE_MARGIN is a tie-break,
+    not an error: it is noted in `redrawn` and drawn again, at most twice. Returns the last draw's error and kept."""
+    for _ in range(3):
+        off, margin, kept = draw()
+        if off < 2e-2 or margin >= LAYER_TIE_MARGIN:
+            break
+        redrawn.append(f"{label}: {off:.1e} off, routing margin {margin:.1e}")
+    return off, kept
 
 
 @pytest.fixture(scope="module")
@@ -89,24 +107,25 @@ def test_every_fused_layer_matches_its_reference_layer(setup):
     step = fused.decode_step
     rotary = fused.rotary
     worst: dict[str, float] = {}
-    redrawn = []
+    redrawn: list[str] = []
+
+    def run(layer, fused_layer, tokens, positions, cos_sin):
+        caches = caches_from_one_random_state(config, 2)  # the same non-zero starting state in both
+        histories = [c.new_history(tokens) if tokens > 1 else None for c in caches]
+        x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
+        with torch.inference_mode(), recorded_ties() as ties:
+            want = layer(x, positions, cos_sin, caches[0], histories[0])
+        with torch.inference_mode():
+            got = x.clone()
+            fused_layer(got, positions, caches[1], histories[1])
+        return rel(got - x, want - x), ties.routing, (caches, histories)  # the layer's contribution
+
     for tokens in (1, 4):
         positions = torch.arange(30, 30 + tokens, device="cuda")
         cos_sin = rotary.cos_sin(positions, torch.bfloat16)
         for fused_layer, layer in zip(step.layers, fused.model.layers, strict=False):
-            for _ in range(3):  # drawn again where the reference came within LAYER_TIE_MARGIN of an expert tie
-                caches = caches_from_one_random_state(config, 2)  # the same non-zero starting state in both
-                histories = [c.new_history(tokens) if tokens > 1 else None for c in caches]
-                x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
-                with torch.inference_mode(), recorded_ties() as ties:
-                    want = layer(x, positions, cos_sin, caches[0], histories[0])
-                with torch.inference_mode():
-                    got = x.clone()
-                    fused_layer(got, positions, caches[1], histories[1])
-                off = rel(got - x, want - x)  # the layer's contribution
-                if off < 2e-2 or ties.routing >= LAYER_TIE_MARGIN:
-                    break
-                redrawn.append(f"layer {layer.layer}, T={tokens}: {off:.1e} off, routing margin {ties.routing:.1e}")
+            draw = functools.partial(run, layer, fused_layer, tokens, positions, cos_sin)
+            off, (caches, histories) = clear_of_ties(draw, f"layer {layer.layer}, T={tokens}", redrawn)
             kind = ("mla" if layer.is_mla else "kda") + f"/T={tokens}"
             worst[kind] = max(worst.get(kind, 0.0), off)
             if not layer.is_mla:
@@ -297,26 +316,27 @@ def test_the_big_projections_through_bulk_rings_match_the_reference_layers(setup
     from solo.testing.routing import recorded_ties
 
     worst, apart, redrawn = 0.0, 0.0, []
+
+    def run(layer, mine, prod, tokens, positions, cos_sin):
+        caches = caches_from_one_random_state(config, 3)  # the same non-zero starting state in all three
+        history = [c.new_history(tokens) if tokens > 1 else None for c in caches]
+        x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
+        with torch.inference_mode(), recorded_ties() as ties:
+            want = layer(x, positions, cos_sin, caches[0], history[0])
+        with torch.inference_mode():
+            got, other = x.clone(), x.clone()
+            mine(got, positions, caches[1], history[1])
+            prod(other, positions, caches[2], history[2])
+        return rel(got - x, want - x), ties.routing, rel(got - x, other - x)
+
     for tokens in (1, 4):
         positions = torch.arange(30, 30 + tokens, device="cuda")
         cos_sin = ringed.rotary.cos_sin(positions, torch.bfloat16)
         for mine, prod, layer in zip(step.layers, fused.decode_step.layers, ringed.model.layers, strict=False):
-            for _ in range(3):  # drawn again where the reference came within LAYER_TIE_MARGIN of an expert tie
-                caches = caches_from_one_random_state(config, 3)  # the same non-zero starting state in all three
-                history = [c.new_history(tokens) if tokens > 1 else None for c in caches]
-                x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
-                with torch.inference_mode(), recorded_ties() as ties:
-                    want = layer(x, positions, cos_sin, caches[0], history[0])
-                with torch.inference_mode():
-                    got, other = x.clone(), x.clone()
-                    mine(got, positions, caches[1], history[1])
-                    prod(other, positions, caches[2], history[2])
-                off = rel(got - x, want - x)
-                if off < 2e-2 or ties.routing >= LAYER_TIE_MARGIN:
-                    break
-                redrawn.append(f"layer {layer.layer}, T={tokens}: {off:.1e} off, routing margin {ties.routing:.1e}")
+            draw = functools.partial(run, layer, mine, prod, tokens, positions, cos_sin)
+            off, from_product = clear_of_ties(draw, f"layer {layer.layer}, T={tokens}", redrawn)
             worst = max(worst, off)
-            apart = max(apart, rel(got - x, other - x))
+            apart = max(apart, from_product)
     print(
         f"\nbulk rings: worst rel. err {worst:.1e} against the reference, {apart:.1e} against the product"
         f"; drawn again near a tie: {redrawn or 'none'}"
@@ -374,25 +394,23 @@ def test_verification_through_the_window_rings_matches_the_reference_layers(setu
             ringed.extend((key[0], v[3]) for k in big for key, v in k._kernels.items())
         return out
 
+    def run(layer, mine):
+        caches = caches_from_one_random_state(config, 3)  # reference, register path, rings
+        history = [c.new_history(tokens) for c in caches]
+        x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
+        registers, rings = (
+            fused_layer(mine, x, caches[i + 1], history[i + 1], window) for i, window in enumerate((None, WINDOW_RING))
+        )
+        with torch.inference_mode(), recorded_ties() as ties:
+            want = layer(x, positions, cos_sin, caches[0], history[0])
+        return rel(rings - x, want - x), ties.routing, rel(rings - x, registers - x)
+
     worst, apart, redrawn = 0.0, 0.0, []
     try:
         for j, (layer, mine) in enumerate(zip(fused.model.layers, step.layers, strict=False)):
-            for _ in range(3):
-                caches = caches_from_one_random_state(config, 3)  # reference, register path, rings
-                history = [c.new_history(tokens) for c in caches]
-                x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
-                registers, rings = (
-                    fused_layer(mine, x, caches[i + 1], history[i + 1], window)
-                    for i, window in enumerate((None, WINDOW_RING))
-                )
-                with torch.inference_mode(), recorded_ties() as ties:
-                    want = layer(x, positions, cos_sin, caches[0], history[0])
-                off = rel(rings - x, want - x)
-                if off < 2e-2 or ties.routing >= LAYER_TIE_MARGIN:
-                    break
-                redrawn.append(f"layer {j}: {off:.1e} off, routing margin {ties.routing:.1e}")
+            off, from_registers = clear_of_ties(functools.partial(run, layer, mine), f"layer {j}", redrawn)
             worst = max(worst, off)
-            apart = max(apart, rel(rings - x, registers - x))
+            apart = max(apart, from_registers)
         assert step.window_rings() == len(big)
     finally:
         for k, launch in zip(big, product, strict=True):
