@@ -52,6 +52,12 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "product": {},
     "product again": {},  # a second capture of the product: the output check's and the timing's own spread
     "product, a third time": {},
+    # (thirty-second session) one token's KDA norm + q|k|v|f|g|b + recurrence as one launch, a thread-block
+    # cluster a head (solo/kernels/cuda/kda_front.cu): no grid-wide boundary between the projection and the
+    # recurrence; 2 or 1 tasks' loads in flight a lane
+    "KDA front fused": {"kda_front": 2},
+    "KDA front fused, 1 task ahead": {"kda_front": 1},
+    "KDA front fused, again": {"kda_front": 2},
     "at most 2 blocks/SM": {"blocks_per_sm": 2},
     "at most 1 block/SM": {"blocks_per_sm": 1},
     "8 warps": {"warps": 8},
@@ -598,6 +604,8 @@ def main() -> int:
         step.prefetch_next_weights(**ahead)
         step.shared_late_wait = VARIANTS[name].get("shared_late_wait", False)
         step.kda_l2_ahead = VARIANTS[name].get("kda_l2_ahead", False)
+        front = VARIANTS[name].get("kda_front", 0)
+        step.fuse_kda_front(on=front > 0, tasks_ahead=front or 2)
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])
         fused_kda.WINDOW_VALUE_SPLITS = splits.get("window", kda_splits[1])

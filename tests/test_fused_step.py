@@ -426,3 +426,23 @@ def test_the_shared_expert_inside_the_moe_kernel_is_refused_where_it_cannot_run_
         accelerate(model, FastPathOptions(block_fp8="on", decode_step="fused", moe_shared=True, moe_router=False))
     with pytest.raises(DecodeStepUnavailable, match="drop --decode-step reference or --moe-shared fused"):
         accelerate(model, FastPathOptions(decode_step="reference", moe_shared=True))
+
+
+def test_the_fused_kda_front_is_refused_where_it_cannot_run_naming_why(models):
+    """The fused KDA front (one launch of norm, q|k|v|f|g|b and recurrence; a lab switch) needs the CUDA step
+    kernels: on the Triton ones it is refused naming the layer and why, nothing changed; off is always fine."""
+    from solo.fastpath.availability import StepKernelsUnavailable
+    from solo.kernels.cuda_kda import CudaKdaFront, kda_front_unavailable
+
+    _, _, fast = models
+    step = fast.decode_step
+    with pytest.raises(StepKernelsUnavailable, match=r"fused KDA front runs with the CUDA step kernels; layer 0"):
+        step.fuse_kda_front(True)
+    assert step.kda_fronts() == 0 and step.describe()["kda_fronts"] == 0
+    assert "cuda_kda_front" not in step.families_per_step() and "kda" in step.families_per_step()
+    assert step.fuse_kda_front(False) == 0
+    attention = step.layers[0].attention
+    fused = attention.proj
+    assert "NVIDIA GPU" in kda_front_unavailable(fused.weight, fused.scale, fused.scale_mode, attention.attn)
+    with pytest.raises(ValueError, match="the fused KDA front cannot run: .*NVIDIA GPU"):
+        CudaKdaFront(fused.weight, fused.scale, attention.attn, step.counter("cuda_kda_front"))

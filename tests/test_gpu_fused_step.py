@@ -149,7 +149,7 @@ def layer_runs(config, fused_layer, tokens: int, window: int | None, variants, m
     """Run `fused_layer` once inside each context manager of `variants`, each time from the same fresh
     random cache state (KDA states and conv windows; with a window, the verification slots and the lazy
     source; with `mla`, the latent caches) and input. Returns what each run left: the output, the KDA
-    states and windows, the history, the verification slots (and the latent caches)."""
+    states and windows, the history, the verification slots (and the latent caches), then the input."""
     from solo.model.cache import HybridCache
 
     def new_cache() -> HybridCache:
@@ -190,7 +190,7 @@ def layer_runs(config, fused_layer, tokens: int, window: int | None, variants, m
             if mla
             else ()
         )
-        results.append([t.clone() for t in saved])
+        results.append([t.clone() for t in (*saved, x)])
     return results
 
 
@@ -582,6 +582,53 @@ def test_the_combine_cut_by_latent_columns_matches_the_reference(setup, tokens):
             assert worst < LONG_CONTEXT_BOUND
         assert all(mla._combine_scratch for mla in mlas)
         assert all(int(a.abs().sum()) == 0 for mla in mlas for _, a in mla._combine_scratch.values())
+
+
+def test_the_fused_kda_front_computes_what_the_two_kernels_do(setup):
+    """One token's KDA attention with its front as one launch (norm, q|k|v|f|g|b, conv, gates and recurrence in a
+    cluster a head: solo.kernels.cuda_kda) against the CUDA GEMV and the Triton recurrence, from the same fresh random
+    input, states and windows, with the state in the cache and lazily in a verification slot: the layer's
+    contribution, the states, the windows and the slots to fp32 summation order (the projection's bf16 roundings may
+    differ in their last bit), on every KDA layer and both tasks-ahead builds; its launches counted."""
+    from solo.kernels.cuda_step import CudaGemv
+
+    config, _, fused = setup
+    step = fused.decode_step
+    kdas = [f for f, layer in zip(step.layers, fused.model.layers, strict=False) if not layer.is_mla]
+    if not isinstance(kdas[0].attention.proj, CudaGemv):
+        pytest.skip("the fused KDA front runs with the CUDA step kernels (Hopper)")
+
+    class attention_only:  # run the layer's attention alone: a rounding's difference must not reach the router
+        def __init__(self, layer):
+            self.attention = layer.attention
+
+        def __call__(self, x, positions, cache, history):
+            self.attention(x, positions, cache, history)
+
+    @contextlib.contextmanager
+    def front(on: bool, ahead: int):
+        step.fuse_kda_front(on, tasks_ahead=ahead)
+        try:
+            yield
+        finally:
+            step.fuse_kda_front(False)
+
+    worst = 0.0
+    for ahead in (2, 1):
+        for fused_layer in kdas:
+            before = step.launches()["cuda_kda_front"]
+            for window in (None, 4):
+                runs = layer_runs(
+                    config, attention_only(fused_layer), 1, window, [front(False, ahead), front(True, ahead)]
+                )
+                (out0, *rest0, x), (out1, *rest1, _) = runs
+                assert torch.isfinite(out1).all()
+                worst = max(worst, rel(out1 - x, out0 - x))  # the layer's contribution
+                for a, b in zip(rest0, rest1, strict=True):
+                    worst = max(worst, rel(b, a))
+            assert step.launches()["cuda_kda_front"] == before + 2
+    print(f"\nworst rel. err of the fused front against the two kernels: {worst:.1e}")
+    assert worst < 5e-3
 
 
 def test_a_lazy_rollback_computes_what_the_copying_rollback_does(setup):

@@ -61,6 +61,7 @@ FAMILIES = (
     "cuda_router",
     "moe_router",  # one token's router inside the persistent MoE kernel (--moe-backend cuda, step kernels cuda)
     "moe_shared",  # ... and the layer's shared expert in the same launch (--moe-shared)
+    "cuda_kda_front",  # one token's KDA norm + q|k|v|f|g|b + recurrence in one launch (FusedDecodeStep.fuse_kda_front)
 )
 
 
@@ -197,6 +198,7 @@ class _KDAAttention:
         self.dense = _gemv(attn.dense, step, f"layer {index} o_proj")
         self.handoff_rows = (4 * self.dim, 5 * self.dim)  # (the output gate's rows, computed last with a hand-off)
         self.attn = attn
+        self.front: Any = None  # one token's CudaKdaFront where FusedDecodeStep.fuse_kda_front set one
         self.counter = step.counter("kda")
         self.sync = step.kda_sync
         self.launch = step.launch
@@ -204,16 +206,27 @@ class _KDAAttention:
 
     def __call__(self, x, positions, cache: HybridCache, history: dict[int, KDAHistory] | None) -> None:
         a = self.attn
-        # (g, which only the output projection reads, may come last: _project_handing_over)
-        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.handoff_rows)
         state = cache.kda[self.index]
-        past = history[self.index] if history is not None else None
         # a cache with its own verification history may hold the states there (lazy rollback); a pass
         # into another history reads them from kda_recurrent (settled by `forward`)
         own = cache.verification
         follows = own is not None and (history is None or history is own)
         lazy = (cache.kda_source, own[self.index].states) if follows else None
         o = torch.empty((x.shape[0], self.dim), dtype=torch.bfloat16, device=x.device)
+        if self.front is not None and x.shape[0] == 1 and history is None:
+            proj = self.front(x, self.norm, self.eps, state.conv, state.recurrent, o, self.launch, lazy)
+            self.dense(
+                o,
+                out=x,
+                residual=x,
+                norm_weight=a.o_norm.weight,
+                gate=proj[:, 4 * self.dim : 5 * self.dim],
+                eps=a.o_norm.eps,
+            )
+            return
+        # (g, which only the output projection reads, may come last: _project_handing_over)
+        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.handoff_rows)
+        past = history[self.index] if history is not None else None
         kda_decode(
             proj,
             a.conv_weight,
@@ -609,6 +622,44 @@ class FusedDecodeStep:
         self.l2_next = {"megabytes": megabytes, "shared": shared, "at": at, "layers": count}
         return count
 
+    def fuse_kda_front(self, on: bool = True, tasks_ahead: int = 2) -> int:
+        """A lab switch (bench modifier `kdafront`): one token's KDA layer front (norm, q|k|v|f|g|b, the short
+        convolutions, the gates and the recurrence) as one launch of a thread-block cluster per head
+        (solo.kernels.cuda_kda), instead of the CUDA GEMV and the Triton recurrence with a grid-wide boundary
+        between them; verification keeps the two kernels. All KDA layers or an error naming why not; returns
+        how many run it (0 with `on` False)."""
+        from solo.kernels.cuda_kda import CudaKdaFront
+
+        kdas = [layer.attention for layer in self.layers if isinstance(layer.attention, _KDAAttention)]
+        if not on:
+            for attention in kdas:
+                attention.front = None
+            return 0
+        fronts = []
+        for attention in kdas:
+            if not isinstance(attention.proj, CudaGemv):
+                raise StepKernelsUnavailable(
+                    f"the fused KDA front runs with the CUDA step kernels; layer {attention.index}'s projection is "
+                    f"on Triton ({self.kernels_note or 'step kernels triton'})"
+                )
+            fused = attention.proj.fused
+            try:
+                front = CudaKdaFront(
+                    fused.weight, fused.scale, attention.attn, self.counter("cuda_kda_front"), tasks_ahead
+                )
+            except ValueError as exc:
+                raise StepKernelsUnavailable(f"layer {attention.index}: {exc}") from None
+            fronts.append((attention, front))
+        for attention, front in fronts:
+            attention.front = front
+        return len(fronts)
+
+    def kda_fronts(self) -> int:
+        """How many KDA layers run one token's front as one launch (fuse_kda_front)."""
+        return sum(
+            isinstance(layer.attention, _KDAAttention) and layer.attention.front is not None for layer in self.layers
+        )
+
     def set_gate_up_window(self, tiles: int) -> int:
         """Each MoE layer's one-token kernel (router inside) keeps at most `tiles` of its gate_up tiles in flight
         (DecodeKernelConfig.gate_up_window; 0: all at once). Only when the copies are issued changes: every result
@@ -703,8 +754,10 @@ class FusedDecodeStep:
         if self.shared_in_experts():
             families.add("moe_shared")
         for layer in self.layers:
-            kda = isinstance(layer.attention, _KDAAttention)
-            families |= {"kda"} if kda else {"mla_prep", "mla_attend", "mla_combine"}
+            if isinstance(layer.attention, _KDAAttention):
+                families.add("kda" if layer.attention.front is None else "cuda_kda_front")
+            else:
+                families |= {"mla_prep", "mla_attend", "mla_combine"}
         return families
 
     def serves(self, tokens: int) -> bool:
@@ -770,6 +823,7 @@ class FusedDecodeStep:
             "handoff": self.handoff,
             "shared_late_wait": self.shared_late_wait,
             "kda_l2_ahead": self.kda_l2_ahead,
+            "kda_fronts": self.kda_fronts(),
             "l2_next": dict(self.l2_next),
             "mla_early_chunks": self.mla_early_chunks(),
             "mla_gluon": self.mla_gluon(),

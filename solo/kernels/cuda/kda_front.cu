@@ -1,0 +1,306 @@
+// One token's KDA layer front in one launch: RMSNorm, the q|k|v|f|g|b projection (FP8, 128x128 block
+// scales), the short convolutions, the gates and the delta-rule recurrence (solo/kernels/cuda_kda.py).
+//
+// Why: the decode step ran the projection (a GEMV over every SM) and then the recurrence (a kernel per head)
+// with a grid-wide boundary between them, a ramp and a tail at about 2 us each, though everything the
+// recurrence of a head needs is that head's 641 rows. Here a cluster of SPLIT blocks owns one head: block j
+// computes the rows of value columns [j CH, (j + 1) CH) of v and g, a quarter of q, k and f, and the b row,
+// then the cluster exchanges q, k and the decay through distributed shared memory and every block runs the
+// recurrence on its [DK, CH] slice of the head's state. No grid-wide wait between the projection and the
+// recurrence; the state slice is copied into shared memory before the wait for the previous kernel, with
+// the first PF steps of weights.
+//
+// The stream: a block's tasks are 16 rows each ([q0 q1 k0 k1 v0 v1 f0 f1 g0 g1 b]: 2 x 16 rows of each part,
+// then the b row alone), K split over the WARPS warps (SPW 64-column steps a warp), each warp keeping PF steps'
+// loads in flight across tasks (PF = TA tasks' steps; the weights do not depend on the previous kernel, so the
+// first PF are issued before griddepcontrol.wait). A lane's 16-byte load of row g and one of row g + 8 are the A fragments of
+// four m16n8k16 products (gemv_decode.cu's scheme: K permuted consistently for W and x); fp32 sums, the
+// block scale per 64-column step, the warps' slices summed in warp order, rounded to bf16 as the reference
+// stores the projection (and stored to proj, whose g rows the output projection reads).
+//
+// Defines: K (hidden, a multiple of 64 * WARPS), H (heads), DK (head dim = value dim), SPLIT (blocks a head,
+// the cluster's size; DK / SPLIT = 32), WARPS, TA (tasks' loads in flight a lane: 1 or 2), SAFE_GATE, LAZY (the
+// state lives in slot source - 1 of the history when the int32 *source is not 0).
+
+#include "step_common.cuh"
+
+#define D (H * DK)
+#define CH (DK / SPLIT)           // a block's channels of each part
+#define THREADS (WARPS * 32)
+#define NSTEP (K / 64)
+#define SPW (NSTEP / WARPS)       // 64-column steps a warp, per task
+#define KB (K / 128)              // 128-column scale blocks
+#define NT 11                     // tasks a block: 2 of each of q k v f g, then b
+#define PF (TA * SPW)             // steps in flight a lane
+#define PIECES ((K / 8 + THREADS - 1) / THREADS)
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
+#endif
+
+#if CH != 32 || NSTEP % WARPS || K % 128 || WARPS < 8 || (TA != 1 && TA != 2)
+#error "kda_front.cu: DK / SPLIT must be 32, K / 64 a multiple of WARPS (>= 8), K a multiple of 128, TA 1 or 2"
+#endif
+
+struct Shared {
+    u32 xh[K / 2];                 // the normalised x as f16 pairs
+    float part[2][WARPS][2][8];    // per task parity, warp, rows g / g + 8, row: the K slices' sums
+    float red[1][WARPS];
+    float proj[NT * 16];           // this block's projected rows (bf16 values): q k v f g chunks, then b
+    float q[DK], k[DK], decay[DK]; // the head's, from the cluster: conv + SiLU of q and k, exp(gate)
+    float v[CH];
+    float sums[2];                 // sums of squares of q and k
+    float part_kv[8][CH], part_o[8][CH];
+    __align__(16) float state[DK][CH];  // this block's slice of the head's state
+};
+
+__device__ __forceinline__ u32 smem_addr(const void *p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void st_cluster(const float *local, u32 rank, float v) {
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(local)), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+}
+
+// the first row of task `task` of head h's block j (task 10: the b row)
+__device__ __forceinline__ int task_row(int task, int h, int j) {
+    return task < 10 ? (task >> 1) * D + h * DK + j * CH + (task & 1) * 16 : 5 * D + h;
+}
+
+// The weights of (task, warp step st): rows g and g + 8 of the task at columns 64 * (warp's first step + st) + 16 t.
+__device__ __forceinline__ void issue(uint4 &a, uint4 &b, const unsigned char *__restrict__ w, int task, int st,
+                                      int h, int j, int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const int col = (warp * SPW + st) * 64 + t * 16;
+    const int row = task_row(task, h, j) + g;
+    const bool lo = task < 10 || g == 0, hi = task < 10;
+    a = lo ? ld_stream(w + (size_t)row * K + col) : uint4{0u, 0u, 0u, 0u};
+    b = hi ? ld_stream(w + (size_t)(row + 8) * K + col) : uint4{0u, 0u, 0u, 0u};
+}
+
+// Task `task` of the block (HALF: its parity, which ring slots hold it): its SPW steps, each issuing the same
+// step of task + TA into the slot it frees; then the warps' K slices summed in warp order, rounded to bf16 and
+// stored (shared memory and proj).
+template <int HALF>
+__device__ __forceinline__ void run_task(Shared &sm, uint4 (&ra)[PF], uint4 (&rb)[PF], const unsigned char *__restrict__ w,
+                                         const float *__restrict__ s, u16 *__restrict__ proj, int task, int h, int j,
+                                         int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const float *scales = s + (task_row(task, h, j) / 128) * KB;  // (the 16 rows share one 128-row scale block)
+    float acc = 0.0f, acc_hi = 0.0f;
+#pragma unroll
+    for (int st = 0; st < SPW; ++st) {
+        constexpr int base = (HALF * SPW) % PF;
+        const int slot = (base + st) % PF;
+        const uint4 va = ra[slot], vb = rb[slot];
+        if (task + TA < NT) issue(ra[slot], rb[slot], w, task + TA, st, h, j, warp, lane);
+        const int col = (warp * SPW + st) * 64 + t * 16;
+        const uint4 xa = *reinterpret_cast<const uint4 *>(sm.xh + col / 2);
+        const uint4 xb = *reinterpret_cast<const uint4 *>(sm.xh + col / 2 + 4);
+        const u32 xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+        const u32 wa[4] = {va.x, va.y, va.z, va.w}, wb[4] = {vb.x, vb.y, vb.z, vb.w};
+        float c0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const u32 a0 = e4m3x2_to_f16x2(wa[q]), a2 = e4m3x2_to_f16x2(wa[q] >> 16);
+            const u32 a1 = e4m3x2_to_f16x2(wb[q]), a3 = e4m3x2_to_f16x2(wb[q] >> 16);
+            mma(q & 1 ? c1 : c0, a0, a1, a2, a3, xw[2 * q], xw[2 * q + 1]);
+        }
+        const float sc = __ldg(scales + ((warp * SPW + st) * 64) / 128);
+        acc = fmaf(c0[0] + c1[0], sc, acc);
+        acc_hi = fmaf(c0[2] + c1[2], sc, acc_hi);
+    }
+    if (t == 0) {
+        sm.part[HALF][warp][0][g] = acc;
+        sm.part[HALF][warp][1][g] = acc_hi;
+    }
+    __syncthreads();
+    if (warp == 0 && lane < 16) {
+        float y = 0.0f;
+#pragma unroll
+        for (int i = 0; i < WARPS; ++i) y += sm.part[HALF][i][lane >> 3][lane & 7];
+        y = round_bf16(y);
+        if (task < NT - 1 || lane == 0) {
+            sm.proj[task * 16 + lane] = y;
+            if (task < NT - 1 || j == 0) proj[task_row(task, h, j) + lane] = to_bf16(y);
+        }
+    }
+}
+
+extern "C" __global__ void __cluster_dims__(SPLIT, 1, 1) __launch_bounds__(THREADS, MIN_BLOCKS)
+kda_front(const u16 *__restrict__ x,            // [K] bf16: the layer's input
+          const u16 *__restrict__ nw,           // [K] bf16: the attention norm's weight
+          const unsigned char *__restrict__ w,  // [5 D + H, K] e4m3: q|k|v|f|g|b rows
+          const float *__restrict__ s,          // [ceil((5 D + H) / 128), KB] block scales
+          u16 *__restrict__ proj,               // [5 D + H] bf16 out: the projection (the output projection reads g)
+          const float *__restrict__ convw,      // [3 D, 4] the short convolutions' weights
+          float *__restrict__ conv,             // [3 D, 3] their windows (oldest first), updated
+          float *__restrict__ state,            // [H, DK, DK] fp32, updated (LAZY: where *source says)
+          float *__restrict__ slots,            // LAZY: [W, H, DK, DK] the verification history's states
+          const int *__restrict__ source,       // LAZY: 0 -> state, n -> slots[n - 1]
+          const float *__restrict__ alog,       // [H]
+          const float *__restrict__ dtb,        // [D]
+          u16 *__restrict__ o,                  // [D] bf16 out: the recurrence's output
+          int *__restrict__ count,              // launch counter
+          float eps, float lower_bound) {
+    __shared__ Shared sm;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
+    const int g = lane >> 2, t = lane & 3;
+    u32 j;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(j));
+    const int h = blockIdx.x / SPLIT;
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");  // (waited for before the exchange)
+
+    // ---- before the wait: the first PF steps of weights, the state slice, the conv windows and weights
+    uint4 ra[PF], rb[PF];
+#pragma unroll
+    for (int i = 0; i < PF; ++i) issue(ra[i], rb[i], w, i / SPW, i % SPW, h, j, warp, lane);  // tasks 0 .. TA - 1
+    float *st_base = state;
+#if LAZY
+    const int src = *source;
+    if (src > 0) st_base = slots + (size_t)(src - 1) * H * DK * DK;
+#endif
+    st_base += (size_t)h * DK * DK + j * CH;  // row k of the slice: st_base + k * DK
+    for (int p = tid; p < DK * CH / 4; p += THREADS) {
+        const int k = p / (CH / 4), c4 = (p % (CH / 4)) * 4;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(&sm.state[k][c4])),
+                     "l"(st_base + (size_t)k * DK + c4)
+                     : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    // thread tid < 4 CH takes channel c = tid % CH of part tid / CH: the conv of q, k and v, the decay of f
+    const int part = tid / CH, c = tid % CH;
+    const int ch = part * D + h * DK + j * CH + c;
+    float cw[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cwin[3] = {0.0f, 0.0f, 0.0f};
+    if (tid < 3 * CH) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cw[i] = convw[ch * 4 + i];
+#pragma unroll
+        for (int i = 0; i < 3; ++i) cwin[i] = conv[ch * 3 + i];
+    }
+    float bias = 0.0f, rate = 0.0f;
+    if (tid >= 3 * CH && tid < 4 * CH) {
+        bias = dtb[h * DK + j * CH + c];
+        rate = __expf(alog[h]);
+    }
+
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // x is the previous kernels' output
+    if (blockIdx.x == 0 && tid == 0) atomicAdd(count, 1);
+
+    // ---- the prologue: RMSNorm of x into f16 pairs
+    {
+        uint4 xv[1][PIECES], nv[PIECES];
+#pragma unroll
+        for (int p = 0; p < PIECES; ++p) {
+            const int i = p * THREADS + tid;
+            const bool ok = i < K / 8;
+            xv[0][p] = ok ? ld_fresh(x + i * 8) : uint4{0u, 0u, 0u, 0u};
+            nv[p] = ok ? *reinterpret_cast<const uint4 *>(nw + i * 8) : uint4{0u, 0u, 0u, 0u};
+        }
+        float rstd[1];
+        block_rstd<1, PIECES, WARPS>(xv, sm.red, K, eps, rstd);
+#pragma unroll
+        for (int p = 0; p < PIECES; ++p) {
+            const int i = p * THREADS + tid;
+            if (i < K / 8) {
+                float v[8];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const u32 xq = word(xv[0][p], q), nq = word(nv[p], q);
+                    v[2 * q] = rms_value(xq & 0xFFFFu, rstd[0], nq & 0xFFFFu);
+                    v[2 * q + 1] = rms_value(xq >> 16, rstd[0], nq >> 16);
+                }
+                *reinterpret_cast<uint4 *>(sm.xh + i * 4) =
+                    uint4{f16x2(v[0], v[1]), f16x2(v[2], v[3]), f16x2(v[4], v[5]), f16x2(v[6], v[7])};
+            }
+        }
+        __syncthreads();
+    }
+
+    // ---- the stream: NT tasks of 16 rows, TA tasks' loads in flight a lane
+#pragma unroll 1
+    for (int task = 0; task < NT - 1; task += 2) {
+        run_task<0>(sm, ra, rb, w, s, proj, task, h, j, warp, lane);
+        run_task<1>(sm, ra, rb, w, s, proj, task + 1, h, j, warp, lane);
+    }
+    asm volatile("griddepcontrol.launch_dependents;");  // (the b row is left)
+    run_task<0>(sm, ra, rb, w, s, proj, NT - 1, h, j, warp, lane);
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+
+    // ---- this block's channels: conv + SiLU of q, k (for the cluster) and v (its own), the decay of f
+    float val = 0.0f;
+    if (tid < 3 * CH) {
+        const float xin = sm.proj[tid];
+        const float y = cw[0] * cwin[0] + cw[1] * cwin[1] + cw[2] * cwin[2] + cw[3] * xin;
+        val = y / (1.0f + __expf(-y));
+        conv[ch * 3 + 0] = cwin[1];
+        conv[ch * 3 + 1] = cwin[2];
+        conv[ch * 3 + 2] = xin;
+    } else if (tid < 4 * CH) {
+        const float f = sm.proj[tid] + bias;  // (the f rows follow v's in sm.proj)
+#if SAFE_GATE
+        const float gate = lower_bound / (1.0f + __expf(-rate * f));
+#else
+        const float gate = -rate * (f > 20.0f ? f : __logf(1.0f + __expf(f)));
+#endif
+        val = __expf(gate);
+    }
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block of the cluster has started
+    if (part == 2) {
+        sm.v[c] = val;
+    } else if (tid < 4 * CH) {
+        float *dst = part == 0 ? sm.q : part == 1 ? sm.k : sm.decay;
+#pragma unroll
+        for (u32 r = 0; r < SPLIT; ++r) st_cluster(dst + j * CH + c, r, val);
+    }
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+
+    // ---- the recurrence on the [DK, CH] slice: warp kw < 8 takes rows 16 kw .. 16 kw + 15, lane the column
+    if (warp < 2) {  // the sums of squares of q (warp 0) and k (warp 1)
+        const float *src = warp == 0 ? sm.q : sm.k;
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DK / 32; ++i) ss = fmaf(src[i * 32 + lane], src[i * 32 + lane], ss);
+        ss = warp_sum(ss);
+        if (lane == 0) sm.sums[warp] = ss;
+    }
+    __syncthreads();
+    constexpr int R = DK / 8;  // rows a thread
+    float S[R];
+    const float beta = 1.0f / (1.0f + __expf(-sm.proj[10 * 16]));
+    const float rq = __fdiv_rn(1.0f, __fsqrt_rn(sm.sums[0] + 1e-6f)) * (1.0f / sqrtf((float)DK));
+    const float rk = __fdiv_rn(1.0f, __fsqrt_rn(sm.sums[1] + 1e-6f));
+    if (warp < 8) {
+        float p = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const int k = warp * R + i;
+            S[i] = sm.state[k][lane] * sm.decay[k];
+            p = fmaf(S[i], sm.k[k] * rk, p);
+        }
+        sm.part_kv[warp][lane] = p;
+    }
+    __syncthreads();
+    if (warp < 8) {
+        float kv = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) kv += sm.part_kv[i][lane];
+        const float u = beta * (sm.v[lane] - kv);
+        float p = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const int k = warp * R + i;
+            S[i] = fmaf(sm.k[k] * rk, u, S[i]);
+            p = fmaf(S[i], sm.q[k] * rq, p);
+            st_base[(size_t)k * DK + lane] = S[i];
+        }
+        sm.part_o[warp][lane] = p;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        float y = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) y += sm.part_o[i][lane];
+        o[h * DK + j * CH + lane] = to_bf16(y);
+    }
+}

@@ -1,0 +1,145 @@
+"""One token's KDA layer front as one CUDA launch (solo/kernels/cuda/kda_front.cu; Hopper, NVRTC).
+
+The decode step's KDA layer ran its input projection (norm + q|k|v|f|g|b, a GEMV over every SM) and then
+the recurrence (fused_kda.kda_decode) with a grid-wide boundary between them. `CudaKdaFront` runs both in
+one launch of one thread-block cluster per head: each block projects the rows its slice of the recurrence
+needs, the cluster exchanges q, k and the decay in distributed shared memory, and each block updates its
+slice of the head's state. It returns the projection (its g rows feed the output projection's gated norm,
+which stays its own kernel) and writes o, the conv windows and the state as the two kernels did, to fp32
+summation order. One token, no verification history (the window's calls keep the two kernels).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from solo.kernels.pdl import LaunchPolicy
+
+KDA_FRONT_SOURCE = Path(__file__).parent / "cuda" / "kda_front.cu"
+SPLIT = 4  # blocks (a cluster) a head: each takes a quarter of the value columns
+WARPS = 10  # a block's warps (they split K)
+
+
+def kda_front_unavailable(weight: torch.Tensor, scales: torch.Tensor | None, scale_mode: int, attn) -> str | None:
+    """Why the fused KDA front cannot run one token of `attn` whose q|k|v|f|g|b projection is `weight`
+    (None: it can)."""
+    from solo.kernels.cuda_step import cuda_step_unavailable
+
+    if (reason := cuda_step_unavailable(weight.device)) is not None:
+        return reason
+    heads, dk = attn.num_heads, attn.head_dim
+    hidden = weight.shape[1]
+    if weight.dtype != torch.float8_e4m3fn or scale_mode != 1 or scales is None:
+        return "it runs FP8 projections with 128x128 block scales (load with --block-fp8 on)"
+    if dk % SPLIT or dk // SPLIT != 32:
+        return f"it splits a head of {SPLIT * 32} channels over {SPLIT} blocks, not {dk}"
+    if weight.shape[0] != 5 * heads * dk + heads:
+        return f"the projection has {weight.shape[0]} rows, not 5 x {heads} x {dk} + {heads} (q|k|v|f|g|b)"
+    if hidden % 128 or (hidden // 64) % WARPS:
+        return f"the hidden size {hidden} must be a multiple of 128 and its 64-column steps of {WARPS}"
+    if attn.kernel_size != 4:
+        return "its short convolutions have kernel size 4"
+    if weight.data_ptr() % 16 or scales.dtype != torch.float32 or not scales.is_contiguous():
+        return "the weight must be 16-byte aligned and its block scales contiguous fp32"
+    return None
+
+
+class CudaKdaFront:
+    """norm + q|k|v|f|g|b + conv + gates + recurrence of one token of a KDA layer, one launch."""
+
+    family = "cuda_kda_front"  # its launch counter's kernel family (solo.fastpath.decode_step.FAMILIES)
+
+    def __init__(
+        self, weight: torch.Tensor, scales: torch.Tensor, attn, counter: torch.Tensor, tasks_ahead: int = 2
+    ) -> None:
+        if (reason := kda_front_unavailable(weight, scales, 1, attn)) is not None:
+            raise ValueError(f"the fused KDA front cannot run: {reason}")
+        if tasks_ahead not in (1, 2):
+            raise ValueError(f"the fused KDA front keeps 1 or 2 tasks' loads in flight, not {tasks_ahead}")
+        self.weight, self.scales, self.attn, self.counter = weight, scales, attn, counter
+        self.heads, self.dk, self.k = attn.num_heads, attn.head_dim, weight.shape[1]
+        self.tasks_ahead = tasks_ahead
+        # (fp32 copies made once: the per-call .float() of the Triton path would be a kernel a step)
+        self.a_log = attn.A_log.detach().float().contiguous()
+        self.dt_bias = attn.dt_bias.detach().float().contiguous()
+        self.device = weight.device
+        self._kernels: dict[tuple[bool, bool], object] = {}
+
+    def _kernel(self, lazy: bool, safe_gate: bool):
+        key = (lazy, safe_gate)
+        if key not in self._kernels:
+            from solo.kernels.cuda_runtime import CudaKernel
+
+            defines = {
+                "K": self.k,
+                "H": self.heads,
+                "DK": self.dk,
+                "SPLIT": SPLIT,
+                "WARPS": WARPS,
+                "TA": self.tasks_ahead,
+                "SAFE_GATE": int(safe_gate),
+                "LAZY": int(lazy),
+            }
+            self._kernels[key] = CudaKernel(KDA_FRONT_SOURCE, "kda_front", defines, self.device)
+        return self._kernels[key]
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        conv_state: torch.Tensor,
+        state: torch.Tensor,
+        out: torch.Tensor,
+        launch: LaunchPolicy,
+        lazy: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """x [1, hidden] bf16 (the layer's input); conv_state [3D, 3] and state [H, d, d] fp32 updated in
+        place (with `lazy` = (source, slots) as fused_kda.kda_decode's); out [1, D] bf16 receives o.
+        Returns the projection [1, 5D + H] bf16."""
+        d = self.heads * self.dk
+        if x.shape != (1, self.k) or x.dtype != torch.bfloat16 or not x.is_contiguous():
+            raise ValueError(f"the fused KDA front takes one token: x must be contiguous bf16 [1, {self.k}]")
+        if out.shape != (1, d) or out.dtype != torch.bfloat16 or not out.is_contiguous():
+            raise ValueError(f"the fused KDA front's out must be contiguous bf16 [1, {d}]")
+        if state.shape != (self.heads, self.dk, self.dk) or not state.is_contiguous():
+            raise ValueError(f"the KDA state must be contiguous [{self.heads}, {self.dk}, {self.dk}]")
+        if conv_state.shape != (3 * d, 3) or not conv_state.is_contiguous():
+            raise ValueError(f"the KDA conv windows must be contiguous [{3 * d}, 3]")
+        slots, source = state, self.counter
+        if lazy is not None:
+            source, slots = lazy
+            if source.dtype != torch.int32 or source.numel() != 1:
+                raise ValueError("the lazy state's source must be one int32")
+            if slots.shape[1:] != state.shape or not slots.is_contiguous():
+                raise ValueError(f"the lazy state's slots must be contiguous [W, {', '.join(map(str, state.shape))}]")
+        proj = torch.empty((1, 5 * d + self.heads), dtype=torch.bfloat16, device=x.device)
+        kernel = self._kernel(lazy is not None, bool(self.attn.safe_gate))
+        launch = launch.at(1)
+        kernel.launch(
+            self.heads * SPLIT,
+            32 * WARPS,
+            [
+                x,
+                norm_weight,
+                self.weight,
+                self.scales,
+                proj,
+                self.attn.conv_weight,
+                conv_state,
+                state,
+                slots,
+                source,
+                self.a_log,
+                self.dt_bias,
+                out,
+                self.counter,
+                float(eps),
+                float(self.attn.lower_bound),
+            ],
+            dependent=launch.pdl,
+        )
+        launch.record(self.family, kernel)
+        return proj
