@@ -449,6 +449,7 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
 # a variant's keys that are not GemvLaunch fields
 NOT_LAUNCH = (
     "for",
+    "kda_front",
     "shared_inside",
     "mla",
     "mla_one",
