@@ -58,6 +58,8 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "KDA front fused": {"kda_front": 2},
     "KDA front fused, 1 task ahead": {"kda_front": 1},
     "KDA front fused, again": {"kda_front": 2},
+    "KDA front fused, 2 blocks/SM build": {"kda_front": 2, "kda_front_min_blocks": 2},
+    "KDA front fused, 1 task ahead, 2 blocks/SM build": {"kda_front": 1, "kda_front_min_blocks": 2},
     "at most 2 blocks/SM": {"blocks_per_sm": 2},
     "at most 1 block/SM": {"blocks_per_sm": 1},
     "8 warps": {"warps": 8},
@@ -450,6 +452,7 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
 NOT_LAUNCH = (
     "for",
     "kda_front",
+    "kda_front_min_blocks",
     "shared_inside",
     "mla",
     "mla_one",
@@ -606,7 +609,8 @@ def main() -> int:
         step.shared_late_wait = VARIANTS[name].get("shared_late_wait", False)
         step.kda_l2_ahead = VARIANTS[name].get("kda_l2_ahead", False)
         front = VARIANTS[name].get("kda_front", 0)
-        step.fuse_kda_front(on=front > 0, tasks_ahead=front or 2)
+        front_blocks = VARIANTS[name].get("kda_front_min_blocks", 1)
+        step.fuse_kda_front(on=front > 0, tasks_ahead=front or 2, min_blocks=front_blocks)
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])
         fused_kda.WINDOW_VALUE_SPLITS = splits.get("window", kda_splits[1])

@@ -52,7 +52,13 @@ class CudaKdaFront:
     family = "cuda_kda_front"  # its launch counter's kernel family (solo.fastpath.decode_step.FAMILIES)
 
     def __init__(
-        self, weight: torch.Tensor, scales: torch.Tensor, attn, counter: torch.Tensor, tasks_ahead: int = 2
+        self,
+        weight: torch.Tensor,
+        scales: torch.Tensor,
+        attn,
+        counter: torch.Tensor,
+        tasks_ahead: int = 2,
+        min_blocks: int = 1,
     ) -> None:
         if (reason := kda_front_unavailable(weight, scales, 1, attn)) is not None:
             raise ValueError(f"the fused KDA front cannot run: {reason}")
@@ -61,6 +67,9 @@ class CudaKdaFront:
         self.weight, self.scales, self.attn, self.counter = weight, scales, attn, counter
         self.heads, self.dk, self.k = attn.num_heads, attn.head_dim, weight.shape[1]
         self.tasks_ahead = tasks_ahead
+        # blocks an SM the build is for (__launch_bounds__: 2 caps the registers at 96, so that a cluster finds room
+        # on SMs that still run the previous kernel's blocks)
+        self.min_blocks = min_blocks
         # (fp32 copies made once: the per-call .float() of the Triton path would be a kernel a step)
         self.a_log = attn.A_log.detach().float().contiguous()
         self.dt_bias = attn.dt_bias.detach().float().contiguous()
@@ -81,9 +90,14 @@ class CudaKdaFront:
                 "TA": self.tasks_ahead,
                 "SAFE_GATE": int(safe_gate),
                 "LAZY": int(lazy),
+                "MIN_BLOCKS": self.min_blocks,
             }
             self._kernels[key] = CudaKernel(KDA_FRONT_SOURCE, "kda_front", defines, self.device)
         return self._kernels[key]
+
+    def kernel(self, lazy: bool = False):
+        """The loaded kernel of a call without (or with) a lazy state (for its registers and occupancy)."""
+        return self._kernel(lazy, bool(self.attn.safe_gate))
 
     def __call__(
         self,

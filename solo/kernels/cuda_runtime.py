@@ -25,6 +25,7 @@ _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 _COOPERATIVE = 2
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
 _PREFERRED_SHARED_MEMORY_CARVEOUT = 9  # CUfunction_attribute
+_NUM_REGS, _LOCAL_SIZE_BYTES = 4, 3  # CUfunction_attribute
 
 
 def cuda_cache_dir() -> Path:
@@ -226,6 +227,26 @@ class CudaKernel:
             ),
             "occupancy query",
         )
+        return n.value
+
+    def registers(self) -> tuple[int, int]:
+        """(registers a thread, local memory bytes a thread: spills and stack) of the loaded kernel."""
+        regs, local = ctypes.c_int(), ctypes.c_int()
+        _check_cu(driver().cuFuncGetAttribute(ctypes.byref(regs), _NUM_REGS, self._fn), "read the registers")
+        _check_cu(driver().cuFuncGetAttribute(ctypes.byref(local), _LOCAL_SIZE_BYTES, self._fn), "read the local size")
+        return regs.value, local.value
+
+    def max_active_clusters(self, grid: int, threads: int) -> int:
+        """How many of this kernel's thread-block clusters (its compiled __cluster_dims__) can be resident at once."""
+        cfg = _LaunchConfig()
+        cfg.grid[:] = (grid, 1, 1)
+        cfg.block[:] = (threads, 1, 1)
+        cfg.shared_bytes = self._shared
+        cfg.stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
+        cfg.attrs = (_LaunchAttribute * 1)()
+        cfg.num_attrs = 0
+        n = ctypes.c_int()
+        _check_cu(driver().cuOccupancyMaxActiveClusters(ctypes.byref(n), self._fn, ctypes.byref(cfg)), "cluster query")
         return n.value
 
     def launch(
