@@ -3,7 +3,7 @@ recurrence, at Ling-3.0-flash's widths, over `--layers` layers of distinct rando
 each side captured in one CUDA graph under PDL. Prints each build's registers, local bytes, resident clusters and
 microseconds a layer, and the pair's.
 
-    python3 dev/kda_front_probe.py [--layers 35] [--builds 2:1,1:1,2:2,1:2]   # tasks ahead : min blocks
+    python3 dev/kda_front_probe.py [--layers 35] [--builds 1:1:10,2:1:20]   # tasks ahead : min blocks : warps
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from solo.bench.decode import copy_bandwidth, time_graph  # noqa: E402
-from solo.kernels.cuda_kda import SPLIT, WARPS, CudaKdaFront  # noqa: E402
+from solo.kernels.cuda_kda import SPLIT, CudaKdaFront  # noqa: E402
 from solo.kernels.cuda_step import CudaGemv  # noqa: E402
 from solo.kernels.fused_gemv import FusedGemv  # noqa: E402
 from solo.kernels.fused_kda import kda_decode  # noqa: E402
@@ -56,7 +56,11 @@ def layer(device: torch.device) -> SimpleNamespace:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=35)
-    p.add_argument("--builds", default="2:1,1:1,2:2,1:2", help="tasks ahead : min blocks, comma separated")
+    p.add_argument(
+        "--builds",
+        default="1:1:10,1:2:10,2:1:20,1:1:20,2:2:20",
+        help="tasks ahead : min blocks : warps, comma separated",
+    )
     args = p.parse_args()
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -70,13 +74,13 @@ def main() -> int:
     nbytes = layers[0].weight.nbytes + layers[0].scales.nbytes + 2 * layers[0].state.nbytes
 
     def timed(name: str, run_layer) -> float:
-        for lay in layers:  # (compiles)
-            run_layer(lay)
+        for i in range(len(layers)):  # (compiles)
+            run_layer(i)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            for lay in layers:
-                run_layer(lay)
+            for i in range(len(layers)):
+                run_layer(i)
         us = time_graph(graph, replays=20, rounds=5) * 1e6 / len(layers)
         print(f"{name:40s} {us:6.2f} us a layer ({nbytes / us / 1e6:.2f} TB/s of weights + state)", flush=True)
         return us
@@ -86,9 +90,9 @@ def main() -> int:
         for lay in layers
     ]
 
-    def pair(lay, gemv=None):
-        gemv = gemvs[layers.index(lay)]
-        proj = gemv(x, norm_weight=lay.norm, eps=1e-6)
+    def pair(i: int) -> None:
+        lay = layers[i]
+        proj = gemvs[i](x, norm_weight=lay.norm, eps=1e-6)
         a = lay.attn
         kda_decode(
             proj,
@@ -109,20 +113,21 @@ def main() -> int:
 
     base = timed("CUDA GEMV + Triton recurrence", pair)
     for build in args.builds.split(","):
-        ahead, blocks = (int(v) for v in build.split(":"))
-        fronts = [CudaKdaFront(lay.weight, lay.scales, lay.attn, counter[3:4], ahead, blocks) for lay in layers]
+        ahead, blocks, warps = (int(v) for v in build.split(":"))
+        fronts = [CudaKdaFront(lay.weight, lay.scales, lay.attn, counter[3:4], ahead, blocks, warps) for lay in layers]
         kernel = fronts[0].kernel()
         regs, local = kernel.registers()
-        clusters = kernel.max_active_clusters(HEADS * SPLIT, 32 * WARPS)
+        clusters = kernel.max_active_clusters(HEADS * SPLIT, 32 * warps)
         print(
-            f"front {ahead} tasks ahead, {blocks} blocks/SM build: {regs} registers, {local} local bytes, "
-            f"{clusters} clusters of {SPLIT} resident at once (needs {HEADS})"
+            f"front {ahead} tasks ahead, {blocks} blocks/SM build, {warps} warps: {regs} registers, {local} local "
+            f"bytes, {clusters} clusters of {SPLIT} resident at once (needs {HEADS})"
         )
 
-        def one(lay, fronts=fronts):
-            fronts[layers.index(lay)](x, lay.norm, 1e-6, lay.conv, lay.state, lay.o, launch)
+        def one(i: int, fronts=fronts) -> None:
+            lay = layers[i]
+            fronts[i](x, lay.norm, 1e-6, lay.conv, lay.state, lay.o, launch)
 
-        us = timed(f"front {ahead} ahead, {blocks}/SM", one)
+        us = timed(f"front {ahead} ahead, {blocks}/SM, {warps} warps", one)
         print(f"  {us - base:+.2f} us a layer against the pair")
     return 0
 

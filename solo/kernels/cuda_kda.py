@@ -59,6 +59,7 @@ class CudaKdaFront:
         counter: torch.Tensor,
         tasks_ahead: int = 2,
         min_blocks: int = 1,
+        warps: int = WARPS,
     ) -> None:
         if (reason := kda_front_unavailable(weight, scales, 1, attn)) is not None:
             raise ValueError(f"the fused KDA front cannot run: {reason}")
@@ -70,6 +71,9 @@ class CudaKdaFront:
         # blocks an SM the build is for (__launch_bounds__: 2 caps the registers at 96, so that a cluster finds room
         # on SMs that still run the previous kernel's blocks)
         self.min_blocks = min_blocks
+        self.warps = warps  # (they split K: its 64-column steps must be a multiple of them, at least 8)
+        if warps < 8 or (self.k // 64) % warps:
+            raise ValueError(f"the fused KDA front splits K's {self.k // 64} steps over 8 or more warps, not {warps}")
         # (fp32 copies made once: the per-call .float() of the Triton path would be a kernel a step)
         self.a_log = attn.A_log.detach().float().contiguous()
         self.dt_bias = attn.dt_bias.detach().float().contiguous()
@@ -86,7 +90,7 @@ class CudaKdaFront:
                 "H": self.heads,
                 "DK": self.dk,
                 "SPLIT": SPLIT,
-                "WARPS": WARPS,
+                "WARPS": self.warps,
                 "TA": self.tasks_ahead,
                 "SAFE_GATE": int(safe_gate),
                 "LAZY": int(lazy),
@@ -134,7 +138,7 @@ class CudaKdaFront:
         launch = launch.at(1)
         kernel.launch(
             self.heads * SPLIT,
-            32 * WARPS,
+            32 * self.warps,
             [
                 x,
                 norm_weight,
