@@ -60,6 +60,8 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "KDA front fused, again": {"kda_front": 2},
     "KDA front fused, 2 blocks/SM build": {"kda_front": 2, "kda_front_min_blocks": 2},
     "KDA front fused, 1 task ahead, 2 blocks/SM build": {"kda_front": 1, "kda_front_min_blocks": 2},
+    "KDA front fused, 20 warps": {"kda_front": 2, "kda_front_warps": 20},
+    "KDA front fused, 20 warps, 1 task ahead": {"kda_front": 1, "kda_front_warps": 20},
     "at most 2 blocks/SM": {"blocks_per_sm": 2},
     "at most 1 block/SM": {"blocks_per_sm": 1},
     "8 warps": {"warps": 8},
@@ -453,6 +455,7 @@ NOT_LAUNCH = (
     "for",
     "kda_front",
     "kda_front_min_blocks",
+    "kda_front_warps",
     "shared_inside",
     "mla",
     "mla_one",
@@ -610,7 +613,8 @@ def main() -> int:
         step.kda_l2_ahead = VARIANTS[name].get("kda_l2_ahead", False)
         front = VARIANTS[name].get("kda_front", 0)
         front_blocks = VARIANTS[name].get("kda_front_min_blocks", 1)
-        step.fuse_kda_front(on=front > 0, tasks_ahead=front or 2, min_blocks=front_blocks)
+        front_warps = VARIANTS[name].get("kda_front_warps", 10)
+        step.fuse_kda_front(on=front > 0, tasks_ahead=front or 2, min_blocks=front_blocks, warps=front_warps)
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])
         fused_kda.WINDOW_VALUE_SPLITS = splits.get("window", kda_splits[1])
