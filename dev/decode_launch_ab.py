@@ -61,6 +61,9 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "KDA front fused, 2 blocks/SM build": {"kda_front": 2, "kda_front_min_blocks": 2},
     "KDA front fused, 1 task ahead, 2 blocks/SM build": {"kda_front": 1, "kda_front_min_blocks": 2},
     "KDA front fused, 20 warps": {"kda_front": 2, "kda_front_warps": 20},
+    # (the 2 blocks/SM build: 62 clusters resident against 30 of the 1/SM build's, which needs two waves for 32 heads)
+    "KDA front fused, 2/SM build, L2 2 tasks ahead": {"kda_front": 1, "kda_front_min_blocks": 2, "kda_front_l2": 2},
+    "KDA front fused, 2/SM build, L2 4 tasks ahead": {"kda_front": 1, "kda_front_min_blocks": 2, "kda_front_l2": 4},
     "KDA front fused, 20 warps, 1 task ahead": {"kda_front": 1, "kda_front_warps": 20},
     "at most 2 blocks/SM": {"blocks_per_sm": 2},
     "at most 1 block/SM": {"blocks_per_sm": 1},
@@ -456,6 +459,7 @@ NOT_LAUNCH = (
     "kda_front",
     "kda_front_min_blocks",
     "kda_front_warps",
+    "kda_front_l2",
     "shared_inside",
     "mla",
     "mla_one",
@@ -614,7 +618,8 @@ def main() -> int:
         front = VARIANTS[name].get("kda_front", 0)
         front_blocks = VARIANTS[name].get("kda_front_min_blocks", 1)
         front_warps = VARIANTS[name].get("kda_front_warps", 10)
-        step.fuse_kda_front(on=front > 0, tasks_ahead=front or 2, min_blocks=front_blocks, warps=front_warps)
+        front_l2 = VARIANTS[name].get("kda_front_l2", 0)
+        step.fuse_kda_front(front > 0, front or 2, front_blocks, front_warps, front_l2)
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])
         fused_kda.WINDOW_VALUE_SPLITS = splits.get("window", kda_splits[1])

@@ -58,8 +58,8 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=35)
     p.add_argument(
         "--builds",
-        default="1:1:10,1:2:10,2:1:20,1:1:20,2:2:20",
-        help="tasks ahead : min blocks : warps, comma separated",
+        default="1:2:10,1:2:10:1,1:2:10:2,1:2:10:4",
+        help="tasks ahead : min blocks : warps [: tasks asked of the L2], comma separated",
     )
     args = p.parse_args()
     device = torch.device("cuda")
@@ -113,8 +113,10 @@ def main() -> int:
 
     base = timed("CUDA GEMV + Triton recurrence", pair)
     for build in args.builds.split(","):
-        ahead, blocks, warps = (int(v) for v in build.split(":"))
-        fronts = [CudaKdaFront(lay.weight, lay.scales, lay.attn, counter[3:4], ahead, blocks, warps) for lay in layers]
+        ahead, blocks, warps, l2 = ([int(v) for v in build.split(":")] + [0])[:4]
+        fronts = [
+            CudaKdaFront(lay.weight, lay.scales, lay.attn, counter[3:4], ahead, blocks, warps, l2) for lay in layers
+        ]
         kernel = fronts[0].kernel()
         regs, local = kernel.registers()
         clusters = kernel.max_active_clusters(HEADS * SPLIT, 32 * warps)
@@ -127,7 +129,7 @@ def main() -> int:
             lay = layers[i]
             fronts[i](x, lay.norm, 1e-6, lay.conv, lay.state, lay.o, launch)
 
-        us = timed(f"front {ahead} ahead, {blocks}/SM, {warps} warps", one)
+        us = timed(f"front {ahead} ahead, {blocks}/SM, {warps} warps, L2 {l2}", one)
         print(f"  {us - base:+.2f} us a layer against the pair")
     return 0
 

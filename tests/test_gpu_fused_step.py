@@ -589,7 +589,7 @@ def test_the_fused_kda_front_computes_what_the_two_kernels_do(setup):
     cluster a head: solo.kernels.cuda_kda) against the CUDA GEMV and the Triton recurrence, from the same fresh random
     input, states and windows, with the state in the cache and lazily in a verification slot: the layer's
     contribution, the states, the windows and the slots to fp32 summation order (the projection's bf16 roundings may
-    differ in their last bit), on every KDA layer and both tasks-ahead builds; its launches counted."""
+    differ in their last bit), on every KDA layer and two builds; its launches counted."""
     from solo.kernels.cuda_step import CudaGemv
 
     config, _, fused = setup
@@ -606,20 +606,22 @@ def test_the_fused_kda_front_computes_what_the_two_kernels_do(setup):
             self.attention(x, positions, cache, history)
 
     @contextlib.contextmanager
-    def front(on: bool, ahead: int):
-        step.fuse_kda_front(on, tasks_ahead=ahead)
+    def front(on: bool, build: tuple[int, int, int]):
+        step.fuse_kda_front(on, *build)
         try:
             yield
         finally:
             step.fuse_kda_front(False)
 
     worst = 0.0
-    for ahead in (2, 1):
+    for build in ((2, 1, 0), (1, 2, 2)):  # (tasks ahead, blocks an SM the build is for, tasks asked of the L2)
+        ahead, blocks, l2 = build
+        build = (ahead, blocks, 10, l2)
         for fused_layer in kdas:
             before = step.launches()["cuda_kda_front"]
             for window in (None, 4):
                 runs = layer_runs(
-                    config, attention_only(fused_layer), 1, window, [front(False, ahead), front(True, ahead)]
+                    config, attention_only(fused_layer), 1, window, [front(False, build), front(True, build)]
                 )
                 (out0, *rest0, x), (out1, *rest1, _) = runs
                 assert torch.isfinite(out1).all()

@@ -622,7 +622,9 @@ class FusedDecodeStep:
         self.l2_next = {"megabytes": megabytes, "shared": shared, "at": at, "layers": count}
         return count
 
-    def fuse_kda_front(self, on: bool = True, tasks_ahead: int = 2, min_blocks: int = 1, warps: int = 10) -> int:
+    def fuse_kda_front(
+        self, on: bool = True, tasks_ahead: int = 2, min_blocks: int = 1, warps: int = 10, l2_ahead: int = 0
+    ) -> int:
         """A lab switch (bench modifier `kdafront`): one token's KDA layer front (norm, q|k|v|f|g|b, the short
         convolutions, the gates and the recurrence) as one launch of a thread-block cluster per head
         (solo.kernels.cuda_kda), instead of the CUDA GEMV and the Triton recurrence with a grid-wide boundary
@@ -645,7 +647,9 @@ class FusedDecodeStep:
             fused = attention.proj.fused
             try:
                 counter = self.counter("cuda_kda_front")
-                front = CudaKdaFront(fused.weight, fused.scale, attention.attn, counter, tasks_ahead, min_blocks, warps)
+                front = CudaKdaFront(
+                    fused.weight, fused.scale, attention.attn, counter, tasks_ahead, min_blocks, warps, l2_ahead
+                )
             except ValueError as exc:
                 raise StepKernelsUnavailable(f"layer {attention.index}: {exc}") from None
             fronts.append((attention, front))

@@ -60,6 +60,7 @@ class CudaKdaFront:
         tasks_ahead: int = 2,
         min_blocks: int = 1,
         warps: int = WARPS,
+        l2_ahead: int = 0,
     ) -> None:
         if (reason := kda_front_unavailable(weight, scales, 1, attn)) is not None:
             raise ValueError(f"the fused KDA front cannot run: {reason}")
@@ -71,6 +72,7 @@ class CudaKdaFront:
         # blocks an SM the build is for (__launch_bounds__: 2 caps the registers at 96, so that a cluster finds room
         # on SMs that still run the previous kernel's blocks)
         self.min_blocks = min_blocks
+        self.l2_ahead = l2_ahead  # tasks (40 KB each) a block asks the L2 for beyond its registers' loads
         self.warps = warps  # (they split K: its 64-column steps must be a multiple of them, at least 8)
         if warps < 8 or (self.k // 64) % warps:
             raise ValueError(f"the fused KDA front splits K's {self.k // 64} steps over 8 or more warps, not {warps}")
@@ -95,6 +97,7 @@ class CudaKdaFront:
                 "SAFE_GATE": int(safe_gate),
                 "LAZY": int(lazy),
                 "MIN_BLOCKS": self.min_blocks,
+                "L2A": self.l2_ahead,
             }
             self._kernels[key] = CudaKernel(KDA_FRONT_SOURCE, "kda_front", defines, self.device)
         return self._kernels[key]

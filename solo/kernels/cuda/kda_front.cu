@@ -19,7 +19,8 @@
 // stores the projection (and stored to proj, whose g rows the output projection reads).
 //
 // Defines: K (hidden, a multiple of 64 * WARPS), H (heads), DK (head dim = value dim), SPLIT (blocks a head,
-// the cluster's size; DK / SPLIT = 32), WARPS, TA (tasks' loads in flight a lane: 1 or 2), SAFE_GATE, LAZY (the
+// the cluster's size; DK / SPLIT = 32), WARPS, TA (tasks' loads in flight a lane: 1 or 2), L2A (tasks asked of the
+// L2 beyond them), MIN_BLOCKS (the build's blocks an SM), SAFE_GATE, LAZY (the
 // state lives in slot source - 1 of the history when the int32 *source is not 0).
 
 #include "step_common.cuh"
@@ -35,6 +36,9 @@
 #define PIECES ((K / 8 + THREADS - 1) / THREADS)
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
+#endif
+#ifndef L2A
+#define L2A 0
 #endif
 
 #if CH != 32 || NSTEP % WARPS || K % 128 || WARPS < 8 || (TA != 1 && TA != 2)
@@ -77,6 +81,16 @@ __device__ __forceinline__ void issue(uint4 &a, uint4 &b, const unsigned char *_
     b = hi ? ld_stream(w + (size_t)(row + 8) * K + col) : uint4{0u, 0u, 0u, 0u};
 }
 
+// L2A > 0: the registers hold TA tasks' loads (about 41 KB an SM at TA 1), too few to stream at the copy rate from
+// HBM; a task's 16 rows are 40 KB in one piece, so thread 0 also asks the L2 for the task L2A beyond the registers'
+// reach, one bulk prefetch (no registers, a hint: no result changes).
+__device__ __forceinline__ void ask_l2_task(const unsigned char *__restrict__ w, int task, int h, int j) {
+    if (task >= NT) return;
+    const u32 bytes = (u32)((task < NT - 1 ? 16 : 1) * K);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + (size_t)task_row(task, h, j) * K), "r"(bytes)
+                 : "memory");
+}
+
 // Task `task` of the block (HALF: its parity, which ring slots hold it): its SPW steps, each issuing the same
 // step of task + TA into the slot it frees; then the warps' K slices summed in warp order, rounded to bf16 and
 // stored (shared memory and proj).
@@ -86,6 +100,7 @@ __device__ __forceinline__ void run_task(Shared &sm, uint4 (&ra)[PF], uint4 (&rb
                                          int warp, int lane) {
     const int g = lane >> 2, t = lane & 3;
     const float *scales = s + (task_row(task, h, j) / 128) * KB;  // (the 16 rows share one 128-row scale block)
+    if (L2A > 0 && threadIdx.x == 0) ask_l2_task(w, task + TA + L2A, h, j);
     float acc = 0.0f, acc_hi = 0.0f;
 #pragma unroll
     for (int st = 0; st < SPW; ++st) {
@@ -154,6 +169,8 @@ kda_front(const u16 *__restrict__ x,            // [K] bf16: the layer's input
     uint4 ra[PF], rb[PF];
 #pragma unroll
     for (int i = 0; i < PF; ++i) issue(ra[i], rb[i], w, i / SPW, i % SPW, h, j, warp, lane);  // tasks 0 .. TA - 1
+    if (L2A > 0 && tid == 0)
+        for (int i = TA; i < TA + L2A; ++i) ask_l2_task(w, i, h, j);
     float *st_base = state;
 #if LAZY
     const int src = *source;
