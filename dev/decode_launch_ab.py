@@ -62,6 +62,9 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "KDA front fused, 1 task ahead, 2 blocks/SM build": {"kda_front": 1, "kda_front_min_blocks": 2},
     "KDA front fused, 20 warps": {"kda_front": 2, "kda_front_warps": 20},
     # (the 2 blocks/SM build: 62 clusters resident against 30 of the 1/SM build's, which needs two waves for 32 heads)
+    # (a head's 4 blocks exchanging through global memory: no cluster, so the 1/SM build's 128 blocks are one wave)
+    "KDA front fused, global exchange": {"kda_front": 2, "kda_front_exchange": "global"},
+    "KDA front fused, global exchange, 1 task ahead": {"kda_front": 1, "kda_front_exchange": "global"},
     "KDA front fused, 2/SM build, L2 2 tasks ahead": {"kda_front": 1, "kda_front_min_blocks": 2, "kda_front_l2": 2},
     "KDA front fused, 2/SM build, L2 4 tasks ahead": {"kda_front": 1, "kda_front_min_blocks": 2, "kda_front_l2": 4},
     "KDA front fused, 20 warps, 1 task ahead": {"kda_front": 1, "kda_front_warps": 20},
@@ -460,6 +463,7 @@ NOT_LAUNCH = (
     "kda_front_min_blocks",
     "kda_front_warps",
     "kda_front_l2",
+    "kda_front_exchange",
     "shared_inside",
     "mla",
     "mla_one",
@@ -619,7 +623,8 @@ def main() -> int:
         front_blocks = VARIANTS[name].get("kda_front_min_blocks", 1)
         front_warps = VARIANTS[name].get("kda_front_warps", 10)
         front_l2 = VARIANTS[name].get("kda_front_l2", 0)
-        step.fuse_kda_front(front > 0, front or 2, front_blocks, front_warps, front_l2)
+        front_exchange = VARIANTS[name].get("kda_front_exchange", "cluster")
+        step.fuse_kda_front(front > 0, front or 2, front_blocks, front_warps, front_l2, front_exchange)
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])
         fused_kda.WINDOW_VALUE_SPLITS = splits.get("window", kda_splits[1])

@@ -58,8 +58,8 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=35)
     p.add_argument(
         "--builds",
-        default="1:2:10,1:2:10:1,1:2:10:2,1:2:10:4",
-        help="tasks ahead : min blocks : warps [: tasks asked of the L2], comma separated",
+        default="1:2:10,2:1:10:0:g,1:1:10:0:g,1:2:10:0:g",
+        help="tasks ahead : min blocks : warps [: tasks asked of the L2] [: g (global exchange)], comma separated",
     )
     args = p.parse_args()
     device = torch.device("cuda")
@@ -113,13 +113,16 @@ def main() -> int:
 
     base = timed("CUDA GEMV + Triton recurrence", pair)
     for build in args.builds.split(","):
-        ahead, blocks, warps, l2 = ([int(v) for v in build.split(":")] + [0])[:4]
+        fields = build.split(":")
+        exchange = "global" if fields[-1] == "g" else "cluster"
+        ahead, blocks, warps, l2 = ([int(v) for v in fields if v != "g"] + [0])[:4]
         fronts = [
-            CudaKdaFront(lay.weight, lay.scales, lay.attn, counter[3:4], ahead, blocks, warps, l2) for lay in layers
+            CudaKdaFront(lay.weight, lay.scales, lay.attn, counter[3:4], ahead, blocks, warps, l2, exchange)
+            for lay in layers
         ]
         kernel = fronts[0].kernel()
         regs, local = kernel.registers()
-        clusters = kernel.max_active_clusters(HEADS * SPLIT, 32 * warps)
+        clusters = kernel.max_active_clusters(HEADS * SPLIT, 32 * warps) if exchange == "cluster" else 0
         print(
             f"front {ahead} tasks ahead, {blocks} blocks/SM build, {warps} warps: {regs} registers, {local} local "
             f"bytes, {clusters} clusters of {SPLIT} resident at once (needs {HEADS})"
@@ -129,7 +132,7 @@ def main() -> int:
             lay = layers[i]
             fronts[i](x, lay.norm, 1e-6, lay.conv, lay.state, lay.o, launch)
 
-        us = timed(f"front {ahead} ahead, {blocks}/SM, {warps} warps, L2 {l2}", one)
+        us = timed(f"front {ahead} ahead, {blocks}/SM, {warps} warps, L2 {l2}, {exchange}", one)
         print(f"  {us - base:+.2f} us a layer against the pair")
     return 0
 

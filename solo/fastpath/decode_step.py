@@ -623,7 +623,13 @@ class FusedDecodeStep:
         return count
 
     def fuse_kda_front(
-        self, on: bool = True, tasks_ahead: int = 2, min_blocks: int = 1, warps: int = 10, l2_ahead: int = 0
+        self,
+        on: bool = True,
+        tasks_ahead: int = 2,
+        min_blocks: int = 1,
+        warps: int = 10,
+        l2_ahead: int = 0,
+        exchange: str = "cluster",
     ) -> int:
         """A lab switch (bench modifier `kdafront`): one token's KDA layer front (norm, q|k|v|f|g|b, the short
         convolutions, the gates and the recurrence) as one launch of a thread-block cluster per head
@@ -648,7 +654,15 @@ class FusedDecodeStep:
             try:
                 counter = self.counter("cuda_kda_front")
                 front = CudaKdaFront(
-                    fused.weight, fused.scale, attention.attn, counter, tasks_ahead, min_blocks, warps, l2_ahead
+                    fused.weight,
+                    fused.scale,
+                    attention.attn,
+                    counter,
+                    tasks_ahead,
+                    min_blocks,
+                    warps,
+                    l2_ahead,
+                    exchange,
                 )
             except ValueError as exc:
                 raise StepKernelsUnavailable(f"layer {attention.index}: {exc}") from None

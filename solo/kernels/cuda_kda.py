@@ -61,6 +61,7 @@ class CudaKdaFront:
         min_blocks: int = 1,
         warps: int = WARPS,
         l2_ahead: int = 0,
+        exchange: str = "cluster",
     ) -> None:
         if (reason := kda_front_unavailable(weight, scales, 1, attn)) is not None:
             raise ValueError(f"the fused KDA front cannot run: {reason}")
@@ -72,6 +73,13 @@ class CudaKdaFront:
         # blocks an SM the build is for (__launch_bounds__: 2 caps the registers at 96, so that a cluster finds room
         # on SMs that still run the previous kernel's blocks)
         self.min_blocks = min_blocks
+        if exchange not in ("cluster", "global"):
+            raise ValueError(f"the fused KDA front exchanges through a 'cluster' or 'global' memory, not {exchange!r}")
+        # how a head's blocks exchange q, k and the decay: a cluster's distributed shared memory, or global memory and
+        # counters (no cluster: the grid must then be one wave, checked at the first build)
+        self.exchange = exchange
+        self.scratch = torch.zeros(self.heads * 3 * self.dk, dtype=torch.float32, device=weight.device)
+        self.flags = torch.zeros(2 * self.heads, dtype=torch.int32, device=weight.device)
         self.l2_ahead = l2_ahead  # tasks (40 KB each) a block asks the L2 for beyond its registers' loads
         self.warps = warps  # (they split K: its 64-column steps must be a multiple of them, at least 8)
         if warps < 8 or (self.k // 64) % warps:
@@ -98,8 +106,18 @@ class CudaKdaFront:
                 "LAZY": int(lazy),
                 "MIN_BLOCKS": self.min_blocks,
                 "L2A": self.l2_ahead,
+                "XCHG": int(self.exchange == "global"),
             }
-            self._kernels[key] = CudaKernel(KDA_FRONT_SOURCE, "kda_front", defines, self.device)
+            kernel = CudaKernel(KDA_FRONT_SOURCE, "kda_front", defines, self.device)
+            if self.exchange == "global":  # (a block waiting for one that cannot become resident would wait forever)
+                sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+                fits = kernel.max_blocks_per_sm(32 * self.warps, 0) * sms
+                if fits < self.heads * SPLIT:
+                    raise ValueError(
+                        f"the fused KDA front's global exchange needs its {self.heads * SPLIT} blocks resident at "
+                        f"once; {fits} fit on this GPU. Use its cluster exchange"
+                    )
+            self._kernels[key] = kernel
         return self._kernels[key]
 
     def kernel(self, lazy: bool = False):
@@ -157,6 +175,8 @@ class CudaKdaFront:
                 self.dt_bias,
                 out,
                 self.counter,
+                self.scratch,
+                self.flags,
                 float(eps),
                 float(self.attn.lower_bound),
             ],

@@ -20,7 +20,8 @@
 //
 // Defines: K (hidden, a multiple of 64 * WARPS), H (heads), DK (head dim = value dim), SPLIT (blocks a head,
 // the cluster's size; DK / SPLIT = 32), WARPS, TA (tasks' loads in flight a lane: 1 or 2), L2A (tasks asked of the
-// L2 beyond them), MIN_BLOCKS (the build's blocks an SM), SAFE_GATE, LAZY (the
+// L2 beyond them), MIN_BLOCKS (the build's blocks an SM), XCHG (1: the head's blocks exchange through global
+// memory and counters instead of a cluster's shared memory), SAFE_GATE, LAZY (the
 // state lives in slot source - 1 of the history when the int32 *source is not 0).
 
 #include "step_common.cuh"
@@ -141,7 +142,16 @@ __device__ __forceinline__ void run_task(Shared &sm, uint4 (&ra)[PF], uint4 (&rb
     }
 }
 
-extern "C" __global__ void __cluster_dims__(SPLIT, 1, 1) __launch_bounds__(THREADS, MIN_BLOCKS)
+#ifndef XCHG
+#define XCHG 0
+#endif
+#if XCHG
+#define CLUSTER_DIMS
+#else
+#define CLUSTER_DIMS __cluster_dims__(SPLIT, 1, 1)
+#endif
+
+extern "C" __global__ void CLUSTER_DIMS __launch_bounds__(THREADS, MIN_BLOCKS)
 kda_front(const u16 *__restrict__ x,            // [K] bf16: the layer's input
           const u16 *__restrict__ nw,           // [K] bf16: the attention norm's weight
           const unsigned char *__restrict__ w,  // [5 D + H, K] e4m3: q|k|v|f|g|b rows
@@ -156,14 +166,20 @@ kda_front(const u16 *__restrict__ x,            // [K] bf16: the layer's input
           const float *__restrict__ dtb,        // [D]
           u16 *__restrict__ o,                  // [D] bf16 out: the recurrence's output
           int *__restrict__ count,              // launch counter
+          float *__restrict__ xch,              // XCHG: [H, 3, DK] the heads' q, k and decay, exchanged
+          int *__restrict__ flags,              // XCHG: [2 H] arrivals and departures a head, zeros between launches
           float eps, float lower_bound) {
     __shared__ Shared sm;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
     const int g = lane >> 2, t = lane & 3;
+    const int h = blockIdx.x / SPLIT;
+#if XCHG
+    const u32 j = blockIdx.x % SPLIT;
+#else
     u32 j;
     asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(j));
-    const int h = blockIdx.x / SPLIT;
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");  // (waited for before the exchange)
+#endif
 
     // ---- before the wait: the first PF steps of weights, the state slice, the conv windows and weights
     uint4 ra[PF], rb[PF];
@@ -262,6 +278,37 @@ kda_front(const u16 *__restrict__ x,            // [K] bf16: the layer's input
 #endif
         val = __expf(gate);
     }
+#if XCHG
+    // through global memory: this block's q, k and decay, a release of the head's arrivals, an acquire of all
+    // SPLIT, then the head's 3 DK values read back (the grid is one wave: CudaKdaFront checks that it fits);
+    // the last block of the head to have read them zeroes both counters for the next launch
+    if (part == 2) {
+        sm.v[c] = val;
+    } else if (tid < 4 * CH) {
+        xch[(h * 3 + (part == 3 ? 2 : part)) * DK + j * CH + c] = val;
+        __threadfence();
+    }
+    __syncthreads();
+    if (tid == 0) {
+        __threadfence();
+        atomicAdd(flags + h, 1);
+        int arrived;
+        do {
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(arrived) : "l"(flags + h) : "memory");
+        } while (arrived < SPLIT);
+    }
+    __syncthreads();
+    for (int i = tid; i < 3 * DK; i += THREADS) {
+        float v;
+        asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(xch + h * 3 * DK + i) : "memory");
+        (i < DK ? sm.q : i < 2 * DK ? sm.k : sm.decay)[i % DK] = v;
+    }
+    __syncthreads();
+    if (tid == 0 && atomicAdd(flags + H + h, 1) == SPLIT - 1) {
+        flags[h] = 0;
+        flags[H + h] = 0;
+    }
+#else
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block of the cluster has started
     if (part == 2) {
         sm.v[c] = val;
@@ -271,6 +318,7 @@ kda_front(const u16 *__restrict__ x,            // [K] bf16: the layer's input
         for (u32 r = 0; r < SPLIT; ++r) st_cluster(dst + j * CH + c, r, val);
     }
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
 
     // ---- the recurrence on the [DK, CH] slice: warp kw < 8 takes rows 16 kw .. 16 kw + 15, lane the column
     if (warp < 2) {  // the sums of squares of q (warp 0) and k (warp 1)
