@@ -457,6 +457,13 @@ class FusedDecodeStep:
         self.kda_sync = torch.zeros(model.config.linear_num_heads, dtype=torch.int32, device=model.device)
         # the projections' hand-offs (signals, programs past the wait; zero between launches)
         self.handoff_counters = torch.zeros(2, dtype=torch.int32, device=model.device)
+        # the fused KDA fronts' global exchange (fuse_kda_front): q, k and decay of every head, and the heads'
+        # arrival and departure counters (zero between launches); made once, so that graphs outlive rebuilds
+        heads, dk = model.config.linear_num_heads, model.config.linear_head_dim
+        self.kda_exchange = (
+            torch.zeros(heads * 3 * dk, dtype=torch.float32, device=model.device),
+            torch.zeros(2 * heads, dtype=torch.int32, device=model.device),
+        )
         trunk = model.model.layers[: model.config.num_hidden_layers]
         self.layers = [_Layer(layer, self) for layer in trunk]
         self.embedding = model.model.word_embeddings.weight

@@ -62,6 +62,7 @@ class CudaKdaFront:
         warps: int = WARPS,
         l2_ahead: int = 0,
         exchange: str = "cluster",
+        exchange_buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         if (reason := kda_front_unavailable(weight, scales, 1, attn)) is not None:
             raise ValueError(f"the fused KDA front cannot run: {reason}")
@@ -78,8 +79,17 @@ class CudaKdaFront:
         # how a head's blocks exchange q, k and the decay: a cluster's distributed shared memory, or global memory and
         # counters (no cluster: the grid must then be one wave, checked at the first build)
         self.exchange = exchange
-        self.scratch = torch.zeros(self.heads * 3 * self.dk, dtype=torch.float32, device=weight.device)
-        self.flags = torch.zeros(2 * self.heads, dtype=torch.int32, device=weight.device)
+        # (scratch [H * 3 * d] fp32, flags [2 H] int32 zeros): the global exchange's. A step's layers run one after
+        # another and leave the flags zero, so they share one pair, made once by the step: a graph captured before
+        # the fronts are built again then keeps live buffers (a freed pair reused by other tensors hung a replay)
+        if exchange_buffers is None:
+            exchange_buffers = (
+                torch.zeros(self.heads * 3 * self.dk, dtype=torch.float32, device=weight.device),
+                torch.zeros(2 * self.heads, dtype=torch.int32, device=weight.device),
+            )
+        self.scratch, self.flags = exchange_buffers
+        if self.scratch.numel() < self.heads * 3 * self.dk or self.flags.numel() < 2 * self.heads:
+            raise ValueError(f"the fused KDA front's exchange buffers are too small for {self.heads} heads")
         self.l2_ahead = l2_ahead  # tasks (40 KB each) a block asks the L2 for beyond its registers' loads
         self.warps = warps  # (they split K: its 64-column steps must be a multiple of them, at least 8)
         if warps < 8 or (self.k // 64) % warps:
