@@ -199,6 +199,7 @@ class _KDAAttention:
         self.handoff_rows = (4 * self.dim, 5 * self.dim)  # (the output gate's rows, computed last with a hand-off)
         self.attn = attn
         self.front: Any = None  # one token's CudaKdaFront where FusedDecodeStep.fuse_kda_front set one
+        self.gate_params: tuple[torch.Tensor, torch.Tensor] | None = None  # its fp32 A_log, dt_bias (made once)
         self.counter = step.counter("kda")
         self.sync = step.kda_sync
         self.launch = step.launch
@@ -643,7 +644,7 @@ class FusedDecodeStep:
         (solo.kernels.cuda_kda), instead of the CUDA GEMV and the Triton recurrence with a grid-wide boundary
         between them; verification keeps the two kernels. All KDA layers or an error naming why not; returns
         how many run it (0 with `on` False)."""
-        from solo.kernels.cuda_kda import CudaKdaFront
+        from solo.kernels.cuda_kda import CudaKdaFront, fp32_gate_params
 
         kdas = [layer.attention for layer in self.layers if isinstance(layer.attention, _KDAAttention)]
         if not on:
@@ -658,6 +659,8 @@ class FusedDecodeStep:
                     f"on Triton ({self.kernels_note or 'step kernels triton'})"
                 )
             fused = attention.proj.fused
+            if attention.gate_params is None:
+                attention.gate_params = fp32_gate_params(attention.attn)
             try:
                 counter = self.counter("cuda_kda_front")
                 front = CudaKdaFront(

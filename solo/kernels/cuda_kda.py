@@ -46,6 +46,11 @@ def kda_front_unavailable(weight: torch.Tensor, scales: torch.Tensor | None, sca
     return None
 
 
+def fp32_gate_params(attn) -> tuple[torch.Tensor, torch.Tensor]:
+    """A KDA layer's A_log and dt_bias as contiguous fp32 copies (what the front reads)."""
+    return attn.A_log.detach().float().contiguous(), attn.dt_bias.detach().float().contiguous()
+
+
 class CudaKdaFront:
     """norm + q|k|v|f|g|b + conv + gates + recurrence of one token of a KDA layer, one launch."""
 
@@ -63,6 +68,7 @@ class CudaKdaFront:
         l2_ahead: int = 0,
         exchange: str = "cluster",
         exchange_buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
+        gate_params: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         if (reason := kda_front_unavailable(weight, scales, 1, attn)) is not None:
             raise ValueError(f"the fused KDA front cannot run: {reason}")
@@ -94,9 +100,12 @@ class CudaKdaFront:
         self.warps = warps  # (they split K: its 64-column steps must be a multiple of them, at least 8)
         if warps < 8 or (self.k // 64) % warps:
             raise ValueError(f"the fused KDA front splits K's {self.k // 64} steps over 8 or more warps, not {warps}")
-        # (fp32 copies made once: the per-call .float() of the Triton path would be a kernel a step)
-        self.a_log = attn.A_log.detach().float().contiguous()
-        self.dt_bias = attn.dt_bias.detach().float().contiguous()
+        # (A_log, dt_bias) in fp32, made once (the per-call .float() of the Triton path would be a kernel a step); a
+        # step passes its layer's own pair, which outlives the fronts: a graph captured before they are built again
+        # must not read freed copies (two A/B variants' fronts, each with its own, hung a replay)
+        if gate_params is None:
+            gate_params = fp32_gate_params(attn)
+        self.a_log, self.dt_bias = gate_params
         self.device = weight.device
         self._kernels: dict[tuple[bool, bool], object] = {}
 
