@@ -88,8 +88,22 @@ STEPS = ("fused", "reference", "auto")
 # kernel, not inside the persistent MoE kernel), inshared (the shared expert inside the persistent MoE kernel
 # too, --moe-shared fused; measured slower, for A/B runs), handoff and latewait (the lab switches
 # FusedDecodeStep.handoff and .shared_late_wait, for A/B runs until measured), bulk (the lab switch
-# FusedDecodeStep.ring_big_projections: the big projections' weights through bulk rings, 2 blocks of 8 warps an SM)
-STEP_MODIFIERS = ("pdl", "pdlall", "triton", "cuda", "cuda1", "seprouter", "inshared", "handoff", "latewait", "bulk")
+# FusedDecodeStep.ring_big_projections: the big projections' weights through bulk rings, 2 blocks of 8 warps an SM),
+# kdafront (the lab switch FusedDecodeStep.fuse_kda_front: one token's KDA norm, projection and recurrence in one
+# launch, its best build on the H100: +24 us a step at 32K, docs/performance.md section 0)
+STEP_MODIFIERS = (
+    "pdl",
+    "pdlall",
+    "triton",
+    "cuda",
+    "cuda1",
+    "seprouter",
+    "inshared",
+    "handoff",
+    "latewait",
+    "bulk",
+    "kdafront",
+)
 LAB_SWITCHES = {"handoff": "handoff", "latewait": "shared_late_wait"}  # modifier -> FusedDecodeStep attribute
 
 
@@ -293,11 +307,14 @@ def load(args: argparse.Namespace, config: Config):
     accelerate(model, options)
     switches = [LAB_SWITCHES[m] for m in config.modifiers if m in LAB_SWITCHES]
     step = model.decode_step
-    if (switches or "bulk" in config.modifiers) and step is not None:  # (modifiers come with the fused step only)
+    lab = switches or {"bulk", "kdafront"} & set(config.modifiers)
+    if lab and step is not None:  # (modifiers come with the fused step only)
         for switch in switches:
             setattr(step, switch, True)
         if "bulk" in config.modifiers and not step.ring_big_projections():
             raise ValueError(f"{config.name}: bulk rings the CUDA step kernels' projections; this step has none")
+        if "kdafront" in config.modifiers:
+            step.fuse_kda_front()  # (all KDA layers or a StepKernelsUnavailable naming why not)
         step.warmup()  # (their kernels compiled before any capture)
     return model, {"load_s": round(loaded, 1), "accelerate_s": round(time.perf_counter() - t0 - loaded, 1)}
 

@@ -637,13 +637,15 @@ class FusedDecodeStep:
         min_blocks: int = 1,
         warps: int = 10,
         l2_ahead: int = 0,
-        exchange: str = "cluster",
+        exchange: str = "global",
     ) -> int:
         """A lab switch (bench modifier `kdafront`): one token's KDA layer front (norm, q|k|v|f|g|b, the short
-        convolutions, the gates and the recurrence) as one launch of a thread-block cluster per head
-        (solo.kernels.cuda_kda), instead of the CUDA GEMV and the Triton recurrence with a grid-wide boundary
-        between them; verification keeps the two kernels. All KDA layers or an error naming why not; returns
-        how many run it (0 with `on` False)."""
+        convolutions, the gates and the recurrence) as one launch of 4 blocks a head (solo.kernels.cuda_kda), instead
+        of the CUDA GEMV and the Triton recurrence with a grid-wide boundary between them; verification keeps the two
+        kernels. The build's fields are CudaKdaFront's; the defaults are the build that measured best on the H100
+        (2 tasks' loads in flight, the global exchange: +24 us a step at 32K; the cluster builds +98 us and more,
+        docs/performance.md section 0). All KDA layers or an error naming why not; returns how many run it (0 with
+        `on` False)."""
         from solo.kernels.cuda_kda import CudaKdaFront, fp32_gate_params
 
         kdas = [layer.attention for layer in self.layers if isinstance(layer.attention, _KDAAttention)]
