@@ -1,28 +1,28 @@
 // One token's KDA layer front in one launch: RMSNorm, the q|k|v|f|g|b projection (FP8, 128x128 block
-// scales), the short convolutions, the gates and the delta-rule recurrence (solo/kernels/cuda_kda.py).
+// scales), the short convolutions, the gates and the delta-rule recurrence (solo/kernels/cuda_kda.py). A lab
+// kernel: on the H100 it lost to the GEMV + Triton recurrence it replaces (docs/performance.md section 0).
 //
-// Why: the decode step ran the projection (a GEMV over every SM) and then the recurrence (a kernel per head)
-// with a grid-wide boundary between them, a ramp and a tail at about 2 us each, though everything the
-// recurrence of a head needs is that head's 641 rows. Here a cluster of SPLIT blocks owns one head: block j
-// computes the rows of value columns [j CH, (j + 1) CH) of v and g, a quarter of q, k and f, and the b row,
-// then the cluster exchanges q, k and the decay through distributed shared memory and every block runs the
-// recurrence on its [DK, CH] slice of the head's state. No grid-wide wait between the projection and the
-// recurrence; the state slice is copied into shared memory before the wait for the previous kernel, with
-// the first PF steps of weights.
+// Why: the decode step runs the projection (a GEMV over every SM) and then the recurrence (a kernel per head)
+// with a grid-wide boundary between them, though everything the recurrence of a head needs is that head's 641
+// rows. Here SPLIT blocks own one head: block j computes the rows of value columns [j CH, (j + 1) CH) of v and
+// g, a quarter of q, k and f, and the b row; the head's blocks exchange q, k and the decay (a cluster's
+// distributed shared memory, or with XCHG global memory and counters) and every block runs the recurrence on
+// its [DK, CH] slice of the head's state. The state slice is copied into shared memory before the wait for the
+// previous kernel, with the first PF steps of weights.
 //
 // The stream: a block's tasks are 16 rows each ([q0 q1 k0 k1 v0 v1 f0 f1 g0 g1 b]: 2 x 16 rows of each part,
 // then the b row alone), K split over the WARPS warps (SPW 64-column steps a warp), each warp keeping PF steps'
-// loads in flight across tasks (PF = TA tasks' steps; the weights do not depend on the previous kernel, so the
-// first PF are issued before griddepcontrol.wait). A lane's 16-byte load of row g and one of row g + 8 are the A fragments of
-// four m16n8k16 products (gemv_decode.cu's scheme: K permuted consistently for W and x); fp32 sums, the
-// block scale per 64-column step, the warps' slices summed in warp order, rounded to bf16 as the reference
-// stores the projection (and stored to proj, whose g rows the output projection reads).
+// loads in flight across tasks (PF = TA tasks' steps; the weights do not depend on the previous kernel, so
+// the first PF are issued before griddepcontrol.wait). A lane's 16-byte load of row g and one of row g + 8
+// are the A fragments of four m16n8k16 products (gemv_decode.cu's scheme: K permuted consistently for W and
+// x); fp32 sums, the block scale per 64-column step, the warps' slices summed in warp order, rounded to bf16
+// as the reference stores the projection (and stored to proj, whose g rows the output projection reads).
 //
 // Defines: K (hidden, a multiple of 64 * WARPS), H (heads), DK (head dim = value dim), SPLIT (blocks a head,
-// the cluster's size; DK / SPLIT = 32), WARPS, TA (tasks' loads in flight a lane: 1 or 2), L2A (tasks asked of the
-// L2 beyond them), MIN_BLOCKS (the build's blocks an SM), XCHG (1: the head's blocks exchange through global
-// memory and counters instead of a cluster's shared memory), SAFE_GATE, LAZY (the
-// state lives in slot source - 1 of the history when the int32 *source is not 0).
+// the cluster's size; DK / SPLIT = 32), WARPS, TA (tasks' loads in flight a lane: 1 or 2), L2A (tasks asked
+// of the L2 beyond them), MIN_BLOCKS (the build's blocks an SM), XCHG (1: the exchange through global memory
+// and counters, no cluster: the grid must be one wave), SAFE_GATE, LAZY (the state lives in slot
+// source - 1 of the history when the int32 *source is not 0).
 
 #include "step_common.cuh"
 
@@ -51,7 +51,7 @@ struct Shared {
     float part[2][WARPS][2][8];    // per task parity, warp, rows g / g + 8, row: the K slices' sums
     float red[1][WARPS];
     float proj[NT * 16];           // this block's projected rows (bf16 values): q k v f g chunks, then b
-    float q[DK], k[DK], decay[DK]; // the head's, from the cluster: conv + SiLU of q and k, exp(gate)
+    float q[DK], k[DK], decay[DK]; // the head's, exchanged: conv + SiLU of q and k, exp(gate)
     float v[CH];
     float sums[2];                 // sums of squares of q and k
     float part_kv[8][CH], part_o[8][CH];
