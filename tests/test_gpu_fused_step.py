@@ -608,6 +608,9 @@ def test_the_fused_kda_front_computes_what_the_two_kernels_do(setup):
     @contextlib.contextmanager
     def front(on: bool, build: tuple):
         step.fuse_kda_front(on, *build)
+        for kda in kdas if on else ():  # (buffers a captured graph reads outlive the fronts built again)
+            assert kda.attention.front.flags is step.kda_exchange[1]
+            assert kda.attention.front.a_log is kda.attention.gate_params[0]
         try:
             yield
         finally:

@@ -675,6 +675,8 @@ class FusedDecodeStep:
                     warps,
                     l2_ahead,
                     exchange,
+                    self.kda_exchange,
+                    attention.gate_params,
                 )
             except ValueError as exc:
                 raise StepKernelsUnavailable(f"layer {attention.index}: {exc}") from None
