@@ -91,7 +91,8 @@ class CudaKdaFront:
         self.exchange = exchange
         # (scratch [H * 3 * d] fp32, flags [2 H] int32 zeros): the global exchange's. A step's layers run one after
         # another and leave the flags zero, so they share one pair, made once by the step: a graph captured before
-        # the fronts are built again then keeps live buffers (a freed pair reused by other tensors hung a replay)
+        # the fronts are built again then keeps live buffers (an A/B whose first variant's fronts were dropped, their
+        # own counters freed and reused, hung in its graph's replays)
         if exchange_buffers is None:
             exchange_buffers = (
                 torch.zeros(self.heads * 3 * self.dk, dtype=torch.float32, device=weight.device),
@@ -106,7 +107,7 @@ class CudaKdaFront:
             raise ValueError(f"the fused KDA front splits K's {self.k // 64} steps over 8 or more warps, not {warps}")
         # (A_log, dt_bias) in fp32, made once (the per-call .float() of the Triton path would be a kernel a step); a
         # step passes its layer's own pair, which outlives the fronts: a graph captured before they are built again
-        # must not read freed copies (two A/B variants' fronts, each with its own, hung a replay)
+        # must not read freed copies
         if gate_params is None:
             gate_params = fp32_gate_params(attn)
         self.a_log, self.dt_bias = gate_params
