@@ -65,6 +65,17 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # (a head's 4 blocks exchanging through global memory: no cluster, so the 1/SM build's 128 blocks are one wave)
     "KDA front fused, global exchange": {"kda_front": 2, "kda_front_exchange": "global"},
     "KDA front fused, global exchange, 1 task ahead": {"kda_front": 1, "kda_front_exchange": "global"},
+    # (thirty-second session, not yet run) the weights through 4 / 3 task slots of shared memory filled by bulk copies
+    "KDA front fused, global exchange, ring of 4": {
+        "kda_front": 1,
+        "kda_front_exchange": "global",
+        "kda_front_ring": 4,
+    },
+    "KDA front fused, global exchange, ring of 3": {
+        "kda_front": 1,
+        "kda_front_exchange": "global",
+        "kda_front_ring": 3,
+    },
     "KDA front fused, 2/SM build, L2 2 tasks ahead": {"kda_front": 1, "kda_front_min_blocks": 2, "kda_front_l2": 2},
     "KDA front fused, 2/SM build, L2 4 tasks ahead": {"kda_front": 1, "kda_front_min_blocks": 2, "kda_front_l2": 4},
     "KDA front fused, 20 warps, 1 task ahead": {"kda_front": 1, "kda_front_warps": 20},
@@ -464,6 +475,7 @@ NOT_LAUNCH = (
     "kda_front_warps",
     "kda_front_l2",
     "kda_front_exchange",
+    "kda_front_ring",
     "shared_inside",
     "mla",
     "mla_one",
@@ -624,7 +636,8 @@ def main() -> int:
         front_warps = VARIANTS[name].get("kda_front_warps", 10)
         front_l2 = VARIANTS[name].get("kda_front_l2", 0)
         front_exchange = VARIANTS[name].get("kda_front_exchange", "cluster")
-        step.fuse_kda_front(front > 0, front or 2, front_blocks, front_warps, front_l2, front_exchange)
+        front_ring = VARIANTS[name].get("kda_front_ring", 0)
+        step.fuse_kda_front(front > 0, front or 2, front_blocks, front_warps, front_l2, front_exchange, front_ring)
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])
         fused_kda.WINDOW_VALUE_SPLITS = splits.get("window", kda_splits[1])

@@ -3,7 +3,7 @@ recurrence, at Ling-3.0-flash's widths, over `--layers` layers of distinct rando
 each side captured in one CUDA graph under PDL. Prints each build's registers, local bytes, resident clusters and
 microseconds a layer, and the pair's.
 
-    python3 dev/kda_front_probe.py [--layers 35] [--builds 1:1:10,2:1:20]   # tasks ahead : min blocks : warps
+    python3 dev/kda_front_probe.py [--layers 35] [--builds 2:1:10:0:g,1:1:10:0:g:r4]   # see --help
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=35)
     p.add_argument(
         "--builds",
-        default="1:2:10,2:1:10:0:g,1:1:10:0:g,1:2:10:0:g",
-        help="tasks ahead : min blocks : warps [: tasks asked of the L2] [: g (global exchange)], comma separated",
+        default="2:1:10:0:g,1:1:10:0:g:r4,1:1:10:0:g:r3,1:1:10:0:g:r2",
+        help="tasks ahead : min blocks : warps [: tasks asked of the L2] [: g (global exchange)] [: rN (a ring of N "
+        "slots)], comma separated",
     )
     args = p.parse_args()
     device = torch.device("cuda")
@@ -114,10 +115,11 @@ def main() -> int:
     base = timed("CUDA GEMV + Triton recurrence", pair)
     for build in args.builds.split(","):
         fields = build.split(":")
-        exchange = "global" if fields[-1] == "g" else "cluster"
-        ahead, blocks, warps, l2 = ([int(v) for v in fields if v != "g"] + [0])[:4]
+        exchange = "global" if "g" in fields else "cluster"
+        ring = int(next((f[1:] for f in fields if f.startswith("r")), 0))
+        ahead, blocks, warps, l2 = ([int(v) for v in fields if v != "g" and not v.startswith("r")] + [0])[:4]
         fronts = [
-            CudaKdaFront(lay.weight, lay.scales, lay.attn, counter[3:4], ahead, blocks, warps, l2, exchange)
+            CudaKdaFront(lay.weight, lay.scales, lay.attn, counter[3:4], ahead, blocks, warps, l2, exchange, ring=ring)
             for lay in layers
         ]
         kernel = fronts[0].kernel()
@@ -132,7 +134,7 @@ def main() -> int:
             lay = layers[i]
             fronts[i](x, lay.norm, 1e-6, lay.conv, lay.state, lay.o, launch)
 
-        us = timed(f"front {ahead} ahead, {blocks}/SM, {warps} warps, L2 {l2}, {exchange}", one)
+        us = timed(f"front {ahead} ahead, {blocks}/SM, {warps} warps, L2 {l2}, {exchange}, ring {ring}", one)
         print(f"  {us - base:+.2f} us a layer against the pair")
     return 0
 

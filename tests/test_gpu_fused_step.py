@@ -589,7 +589,8 @@ def test_the_fused_kda_front_computes_what_the_two_kernels_do(setup):
     cluster a head: solo.kernels.cuda_kda) against the CUDA GEMV and the Triton recurrence, from the same fresh random
     input, states and windows, with the state in the cache and lazily in a verification slot: the layer's
     contribution, the states, the windows and the slots to fp32 summation order (the projection's bf16 roundings may
-    differ in their last bit), on every KDA layer, three builds and both exchanges; its launches counted."""
+    differ in their last bit), on every KDA layer, four builds (both exchanges, the register path and the ring); its
+    launches counted."""
     from solo.kernels.cuda_step import CudaGemv
 
     config, _, fused = setup
@@ -617,9 +618,10 @@ def test_the_fused_kda_front_computes_what_the_two_kernels_do(setup):
             step.fuse_kda_front(False)
 
     worst = 0.0
-    # (tasks ahead, blocks an SM the build is for, tasks asked of the L2, the exchange)
-    for ahead, blocks, l2, exchange in ((2, 1, 0, "cluster"), (1, 2, 2, "cluster"), (2, 1, 0, "global")):
-        build = (ahead, blocks, 10, l2, exchange)
+    # (tasks ahead, blocks an SM the build is for, tasks asked of the L2, the exchange, ring slots)
+    builds = ((2, 1, 0, "cluster", 0), (1, 2, 2, "cluster", 0), (2, 1, 0, "global", 0), (1, 1, 0, "global", 4))
+    for ahead, blocks, l2, exchange, ring in builds:
+        build = (ahead, blocks, 10, l2, exchange, ring)
         for fused_layer in kdas:
             before = step.launches()["cuda_kda_front"]
             for window in (None, 4):

@@ -638,6 +638,7 @@ class FusedDecodeStep:
         warps: int = 10,
         l2_ahead: int = 0,
         exchange: str = "global",
+        ring: int = 0,
     ) -> int:
         """A lab switch (bench modifier `kdafront`): one token's KDA layer front (norm, q|k|v|f|g|b, the short
         convolutions, the gates and the recurrence) as one launch of 4 blocks a head (solo.kernels.cuda_kda), instead
@@ -677,6 +678,7 @@ class FusedDecodeStep:
                     exchange,
                     self.kda_exchange,
                     attention.gate_params,
+                    ring,
                 )
             except ValueError as exc:
                 raise StepKernelsUnavailable(f"layer {attention.index}: {exc}") from None

@@ -24,6 +24,7 @@ from solo.kernels.pdl import LaunchPolicy
 KDA_FRONT_SOURCE = Path(__file__).parent / "cuda" / "kda_front.cu"
 SPLIT = 4  # blocks (a cluster) a head: each takes a quarter of the value columns
 WARPS = 10  # a block's warps (they split K)
+MAX_RING = 4  # task slots of shared memory a block's ring may hold (4 x 41 KB beside its 27 KB of other state)
 
 
 def kda_front_unavailable(weight: torch.Tensor, scales: torch.Tensor | None, scale_mode: int, attn) -> str | None:
@@ -73,6 +74,7 @@ class CudaKdaFront:
         exchange: str = "global",
         exchange_buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
         gate_params: tuple[torch.Tensor, torch.Tensor] | None = None,
+        ring: int = 0,
     ) -> None:
         if (reason := kda_front_unavailable(weight, scales, 1, attn)) is not None:
             raise ValueError(f"the fused KDA front cannot run: {reason}")
@@ -101,6 +103,11 @@ class CudaKdaFront:
         self.scratch, self.flags = exchange_buffers
         if self.scratch.numel() < self.heads * 3 * self.dk or self.flags.numel() < 2 * self.heads:
             raise ValueError(f"the fused KDA front's exchange buffers are too small for {self.heads} heads")
+        # > 0: the weights stream through this many task slots of shared memory (41 KB each, at most 4) filled by bulk
+        # copies (kda_front.cu RING), not through the registers' loads: more bytes in flight an SM, no registers held
+        if not 0 <= ring <= MAX_RING:
+            raise ValueError(f"the fused KDA front's ring holds 0..{MAX_RING} task slots, not {ring}")
+        self.ring = ring
         self.l2_ahead = l2_ahead  # tasks (40 KB each) a block asks the L2 for beyond its registers' loads
         self.warps = warps  # (they split K: its 64-column steps must be a multiple of them, at least 8)
         if warps < 8 or (self.k // 64) % warps:
@@ -131,11 +138,17 @@ class CudaKdaFront:
                 "MIN_BLOCKS": self.min_blocks,
                 "L2A": self.l2_ahead,
                 "XCHG": int(self.exchange == "global"),
+                "RING": self.ring,
             }
             kernel = CudaKernel(KDA_FRONT_SOURCE, "kda_front", defines, self.device)
+            shared = self.ring * 16 * (self.k + 64)  # (the ring's slots: dynamic shared memory)
+            if shared:
+                kernel.set_shared_bytes(shared)
+            if kernel.max_blocks_per_sm(32 * self.warps, shared) < 1:
+                raise ValueError(f"the fused KDA front with a ring of {self.ring} slots does not fit on an SM")
             if self.exchange == "global":  # (a block waiting for one that cannot become resident would wait forever)
                 sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-                fits = kernel.max_blocks_per_sm(32 * self.warps, 0) * sms
+                fits = kernel.max_blocks_per_sm(32 * self.warps, shared) * sms
                 if fits < self.heads * SPLIT:
                     raise ValueError(
                         f"the fused KDA front's global exchange needs its {self.heads * SPLIT} blocks resident at "

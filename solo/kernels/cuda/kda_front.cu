@@ -20,7 +20,8 @@
 //
 // Defines: K (hidden, a multiple of 64 * WARPS), H (heads), DK (head dim = value dim), SPLIT (blocks a head,
 // the cluster's size; DK / SPLIT = 32), WARPS, TA (tasks' loads in flight a lane: 1 or 2), L2A (tasks asked
-// of the L2 beyond them), MIN_BLOCKS (the build's blocks an SM), XCHG (1: the exchange through global memory
+// of the L2 beyond them), RING (task slots of shared memory filled by bulk copies instead of the registers' loads),
+// MIN_BLOCKS (the build's blocks an SM), XCHG (1: the exchange through global memory
 // and counters, no cluster: the grid must be one wave), SAFE_GATE, LAZY (the state lives in slot
 // source - 1 of the history when the int32 *source is not 0).
 
@@ -41,6 +42,15 @@
 #ifndef L2A
 #define L2A 0
 #endif
+#ifndef RING
+#define RING 0
+#endif
+#if RING
+// a slot holds one task's 16 rows, each K + 64 bytes apart so that rows g and g + 1 (one 8-lane phase of a 16-byte
+// shared load) fall in opposite halves of the banks (gemv_decode.cu's BULK layout)
+#define RS (K + 64)
+#define SLOT (16 * RS)
+#endif
 
 #if CH != 32 || NSTEP % WARPS || K % 128 || WARPS < 8 || (TA != 1 && TA != 2)
 #error "kda_front.cu: DK / SPLIT must be 32, K / 64 a multiple of WARPS (>= 8), K a multiple of 128, TA 1 or 2"
@@ -56,6 +66,9 @@ struct Shared {
     float sums[2];                 // sums of squares of q and k
     float part_kv[8][CH], part_o[8][CH];
     __align__(16) float state[DK][CH];  // this block's slice of the head's state
+#if RING
+    unsigned long long full[RING];      // per ring slot: its task's rows have landed
+#endif
 };
 
 __device__ __forceinline__ u32 smem_addr(const void *p) { return (u32)__cvta_generic_to_shared(p); }
@@ -92,24 +105,67 @@ __device__ __forceinline__ void ask_l2_task(const unsigned char *__restrict__ w,
                  : "memory");
 }
 
+#if RING
+// RING > 0: the weights stream through RING task-sized slots of shared memory, each filled by 16 bulk copies (a row
+// each, completing on the slot's mbarrier) instead of the registers' loads: RING x 41 KB in flight a block, no
+// registers held (the register path holds 41 KB an SM at TA 1). Warp 0 fills the first RING slots before the wait
+// and refills a slot with the task RING later once every warp has read it. Same products, order and results.
+__device__ __forceinline__ void fill_slot(unsigned char *ring, unsigned long long *full,
+                                          const unsigned char *__restrict__ w, int task, int h, int j, int lane) {
+    if (task >= NT) return;
+    const int rows = task < NT - 1 ? 16 : 1;
+    const u32 bar = smem_addr(&full[task % RING]);
+    const u32 dst = smem_addr(ring + (size_t)(task % RING) * SLOT);
+    if (lane == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"((u32)(rows * K))
+                     : "memory");
+    __syncwarp();
+    if (lane < rows)
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                dst + lane * RS),
+            "l"(w + (size_t)(task_row(task, h, j) + lane) * K), "r"((u32)K), "r"(bar)
+            : "memory");
+}
+
+__device__ __forceinline__ void slot_wait(const unsigned long long *bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+#endif
+
 // Task `task` of the block (HALF: its parity, which ring slots hold it): its SPW steps, each issuing the same
-// step of task + TA into the slot it frees; then the warps' K slices summed in warp order, rounded to bf16 and
-// stored (shared memory and proj).
+// step of task + TA into the slot it frees (RING: read from its shared-memory slot, refilled after); then the
+// warps' K slices summed in warp order, rounded to bf16 and stored (shared memory and proj).
 template <int HALF>
 __device__ __forceinline__ void run_task(Shared &sm, uint4 (&ra)[PF], uint4 (&rb)[PF], const unsigned char *__restrict__ w,
                                          const float *__restrict__ s, u16 *__restrict__ proj, int task, int h, int j,
-                                         int warp, int lane) {
+                                         int warp, int lane, unsigned char *ring) {
     const int g = lane >> 2, t = lane & 3;
+#if RING
+    slot_wait(&sm.full[task % RING], (u32)(task / RING) & 1u);
+    const unsigned char *slot_rows = ring + (size_t)(task % RING) * SLOT + g * RS;
+    const bool lo = task < NT - 1 || g == 0, hi = task < NT - 1;  // (the b task's slot holds its row 0 only)
+#endif
     const float *scales = s + (task_row(task, h, j) / 128) * KB;  // (the 16 rows share one 128-row scale block)
     if (L2A > 0 && threadIdx.x == 0) ask_l2_task(w, task + TA + L2A, h, j);
     float acc = 0.0f, acc_hi = 0.0f;
 #pragma unroll
     for (int st = 0; st < SPW; ++st) {
+        const int col = (warp * SPW + st) * 64 + t * 16;
+#if RING
+        const uint4 va = lo ? *reinterpret_cast<const uint4 *>(slot_rows + col) : uint4{0u, 0u, 0u, 0u};
+        const uint4 vb = hi ? *reinterpret_cast<const uint4 *>(slot_rows + 8 * RS + col) : uint4{0u, 0u, 0u, 0u};
+#else
         constexpr int base = (HALF * SPW) % PF;
         const int slot = (base + st) % PF;
         const uint4 va = ra[slot], vb = rb[slot];
         if (task + TA < NT) issue(ra[slot], rb[slot], w, task + TA, st, h, j, warp, lane);
-        const int col = (warp * SPW + st) * 64 + t * 16;
+#endif
         const uint4 xa = *reinterpret_cast<const uint4 *>(sm.xh + col / 2);
         const uint4 xb = *reinterpret_cast<const uint4 *>(sm.xh + col / 2 + 4);
         const u32 xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
@@ -130,6 +186,12 @@ __device__ __forceinline__ void run_task(Shared &sm, uint4 (&ra)[PF], uint4 (&rb
         sm.part[HALF][warp][1][g] = acc_hi;
     }
     __syncthreads();
+#if RING
+    if (warp == 0) {  // every warp has read this task's slot: refill it with the task RING later
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        fill_slot(ring, sm.full, w, task + RING, h, j, lane);
+    }
+#endif
     if (warp == 0 && lane < 16) {
         float y = 0.0f;
 #pragma unroll
@@ -170,6 +232,7 @@ kda_front(const u16 *__restrict__ x,            // [K] bf16: the layer's input
           int *__restrict__ flags,              // XCHG: [2 H] arrivals and departures a head, zeros between launches
           float eps, float lower_bound) {
     __shared__ Shared sm;
+    extern __shared__ __align__(128) unsigned char ring[];  // RING: the slots (dynamic shared memory)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
     const int g = lane >> 2, t = lane & 3;
     const int h = blockIdx.x / SPLIT;
@@ -183,8 +246,20 @@ kda_front(const u16 *__restrict__ x,            // [K] bf16: the layer's input
 
     // ---- before the wait: the first PF steps of weights, the state slice, the conv windows and weights
     uint4 ra[PF], rb[PF];
+#if RING
+    if (warp == 0) {
+        if (lane == 0) {
+            for (int b = 0; b < RING; ++b)
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sm.full[b])));
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncwarp();
+        for (int i = 0; i < RING; ++i) fill_slot(ring, sm.full, w, i, h, j, lane);  // tasks 0 .. RING - 1
+    }
+#else
 #pragma unroll
     for (int i = 0; i < PF; ++i) issue(ra[i], rb[i], w, i / SPW, i % SPW, h, j, warp, lane);  // tasks 0 .. TA - 1
+#endif
     if (L2A > 0 && tid == 0)
         for (int i = TA; i < TA + L2A; ++i) ask_l2_task(w, i, h, j);
     float *st_base = state;
@@ -252,11 +327,11 @@ kda_front(const u16 *__restrict__ x,            // [K] bf16: the layer's input
     // ---- the stream: NT tasks of 16 rows, TA tasks' loads in flight a lane
 #pragma unroll 1
     for (int task = 0; task < NT - 1; task += 2) {
-        run_task<0>(sm, ra, rb, w, s, proj, task, h, j, warp, lane);
-        run_task<1>(sm, ra, rb, w, s, proj, task + 1, h, j, warp, lane);
+        run_task<0>(sm, ra, rb, w, s, proj, task, h, j, warp, lane, ring);
+        run_task<1>(sm, ra, rb, w, s, proj, task + 1, h, j, warp, lane, ring);
     }
     asm volatile("griddepcontrol.launch_dependents;");  // (the b row is left)
-    run_task<0>(sm, ra, rb, w, s, proj, NT - 1, h, j, warp, lane);
+    run_task<0>(sm, ra, rb, w, s, proj, NT - 1, h, j, warp, lane, ring);
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
 
