@@ -585,8 +585,8 @@ def test_the_combine_cut_by_latent_columns_matches_the_reference(setup, tokens):
 
 
 def test_the_fused_kda_front_computes_what_the_two_kernels_do(setup):
-    """One token's KDA attention with its front as one launch (norm, q|k|v|f|g|b, conv, gates and recurrence in a
-    cluster a head: solo.kernels.cuda_kda) against the CUDA GEMV and the Triton recurrence, from the same fresh random
+    """One token's KDA attention with its front as one launch (norm, q|k|v|f|g|b, conv, gates and recurrence in 4
+    blocks a head: solo.kernels.cuda_kda) against the CUDA GEMV and the Triton recurrence, from the same fresh random
     input, states and windows, with the state in the cache and lazily in a verification slot: the layer's
     contribution, the states, the windows and the slots to fp32 summation order (the projection's bf16 roundings may
     differ in their last bit), on every KDA layer, four builds (both exchanges, the register path and the ring); its
