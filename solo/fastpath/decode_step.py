@@ -679,6 +679,7 @@ class FusedDecodeStep:
                     self.kda_exchange,
                     attention.gate_params,
                     ring,
+                    fused.scale_mode,
                 )
             except ValueError as exc:
                 raise StepKernelsUnavailable(f"layer {attention.index}: {exc}") from None

@@ -48,6 +48,8 @@ def kda_front_unavailable(weight: torch.Tensor, scales: torch.Tensor | None, sca
         return "its short convolutions have kernel size 4"
     if weight.data_ptr() % 16 or scales.dtype != torch.float32 or not scales.is_contiguous():
         return "the weight must be 16-byte aligned and its block scales contiguous fp32"
+    if tuple(scales.shape) != (-(-weight.shape[0] // 128), hidden // 128):
+        return f"its block scales are {tuple(scales.shape)}, not one per 128 x 128 block of the weight"
     return None
 
 
@@ -75,8 +77,9 @@ class CudaKdaFront:
         exchange_buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
         gate_params: tuple[torch.Tensor, torch.Tensor] | None = None,
         ring: int = 0,
+        scale_mode: int = 1,
     ) -> None:
-        if (reason := kda_front_unavailable(weight, scales, 1, attn)) is not None:
+        if (reason := kda_front_unavailable(weight, scales, scale_mode, attn)) is not None:
             raise ValueError(f"the fused KDA front cannot run: {reason}")
         if tasks_ahead not in (1, 2):
             raise ValueError(f"the fused KDA front keeps 1 or 2 tasks' loads in flight, not {tasks_ahead}")
