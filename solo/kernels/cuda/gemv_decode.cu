@@ -255,8 +255,6 @@ __device__ __forceinline__ void ask_l2(const unsigned char *__restrict__ w, int 
 #endif
 
 #if BULK
-__device__ __forceinline__ u32 shared_address(const void *p) { return (u32)__cvta_generic_to_shared(p); }
-
 // The weight rows of the task at position `seq` (its 8 rows; SwiGLU: and their up rows) into ring slot `slot`, completing
 // on the slot's mbarrier; called by every lane of warp 0: lane 0 arms the barrier, then lane r copies row
 // r (SwiGLU: lane 8 + r its up row) and, with SCALE_IN_SLOT, lane 16 (and 17) the scale rows. Rows past
@@ -267,39 +265,21 @@ __device__ __forceinline__ void fill_slot(unsigned char *ring, unsigned long lon
     if (seq >= TASKS) return;
     const int task = TASK_AT(seq);
     const int rows = ROWS - task * 8 < 8 ? ROWS - task * 8 : 8;
-    const u32 bar = shared_address(&full[slot]);
-    const u32 dst = shared_address(ring + (size_t)slot * SLOT_BYTES);
-    if (lane == 0)
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                     "r"((u32)((1 + SWIGLU) * (rows * K + (SCALE_IN_SLOT ? KB * 4 : 0))))
-                     : "memory");
+    const u32 bar = smem_addr(&full[slot]);
+    const u32 dst = smem_addr(ring + (size_t)slot * SLOT_BYTES);
+    if (lane == 0) bar_expect_bytes(bar, (u32)((1 + SWIGLU) * (rows * K + (SCALE_IN_SLOT ? KB * 4 : 0))));
     __syncwarp();
 #if SCALE_IN_SLOT
     if (lane == 16 || (SWIGLU && lane == 17)) {  // the 8 rows (and their up rows) share one row of scales
         const float *src = s + (size_t)((lane == 16 ? task * 8 : ROWS + task * 8) / 128) * KB;
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                         dst + WEIGHT_BYTES + (lane - 16) * KB * 4),
-                     "l"(src), "r"((u32)(KB * 4)), "r"(bar)
-                     : "memory");
+        bulk_to_shared(dst + WEIGHT_BYTES + (lane - 16) * KB * 4, src, (u32)(KB * 4), bar);
     }
 #endif
     const int r = lane & 7;
     if (lane < 8 * (1 + SWIGLU) && r < rows) {
         const size_t src_row = (size_t)(lane < 8 ? 0 : ROWS) + task * 8 + r;
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                         dst + lane * RS),
-                     "l"(w + src_row * K), "r"((u32)K), "r"(bar)
-                     : "memory");
+        bulk_to_shared(dst + lane * RS, w + src_row * K, (u32)K, bar);
     }
-}
-
-__device__ __forceinline__ void slot_wait(const unsigned long long *bar, u32 parity) {
-    asm volatile(
-        "{\n.reg .pred p;\nWAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        "@!p bra WAIT_%=;\n}\n" ::"r"(shared_address(bar)),
-        "r"(parity)
-        : "memory");
 }
 #endif
 
@@ -337,7 +317,7 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
     if (warp == 0) {
         if (lane == 0) {
             for (int b = 0; b < SLOTS; ++b)
-                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&sm.full[b])));
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sm.full[b])));
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         }
         __syncwarp();
@@ -375,7 +355,7 @@ gemv_decode(const u16 *__restrict__ x,            // [NTOK, K] bf16 (rows x_stri
 #endif
         if (next >= TASKS) asm volatile("griddepcontrol.launch_dependents;");  // this block's last task
 #if BULK
-        slot_wait(&sm.full[j % SLOTS], (u32)(j / SLOTS) & 1u);
+        bar_wait_parity(smem_addr(&sm.full[j % SLOTS]), (u32)(j / SLOTS) & 1u);
         const unsigned char *slot_base = ring + (size_t)(j % SLOTS) * SLOT_BYTES;
         const unsigned char *slot_row = slot_base + g * RS;
 #if SCALE_IN_SLOT

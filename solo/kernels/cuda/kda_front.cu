@@ -71,8 +71,6 @@ struct Shared {
 #endif
 };
 
-__device__ __forceinline__ u32 smem_addr(const void *p) { return (u32)__cvta_generic_to_shared(p); }
-
 __device__ __forceinline__ void st_cluster(const float *local, u32 rank, float v) {
     u32 remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(local)), "r"(rank));
@@ -116,25 +114,9 @@ __device__ __forceinline__ void fill_slot(unsigned char *ring, unsigned long lon
     const int rows = task < NT - 1 ? 16 : 1;
     const u32 bar = smem_addr(&full[task % RING]);
     const u32 dst = smem_addr(ring + (size_t)(task % RING) * SLOT);
-    if (lane == 0)
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"((u32)(rows * K))
-                     : "memory");
+    if (lane == 0) bar_expect_bytes(bar, (u32)(rows * K));
     __syncwarp();
-    if (lane < rows)
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                dst + lane * RS),
-            "l"(w + (size_t)(task_row(task, h, j) + lane) * K), "r"((u32)K), "r"(bar)
-            : "memory");
-}
-
-__device__ __forceinline__ void slot_wait(const unsigned long long *bar, u32 parity) {
-    asm volatile(
-        "{\n.reg .pred p;\nWAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        "@!p bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
-        "r"(parity)
-        : "memory");
+    if (lane < rows) bulk_to_shared(dst + lane * RS, w + (size_t)(task_row(task, h, j) + lane) * K, (u32)K, bar);
 }
 #endif
 
@@ -147,7 +129,7 @@ __device__ __forceinline__ void run_task(Shared &sm, uint4 (&ra)[PF], uint4 (&rb
                                          int warp, int lane, unsigned char *ring) {
     const int g = lane >> 2, t = lane & 3;
 #if RING
-    slot_wait(&sm.full[task % RING], (u32)(task / RING) & 1u);
+    bar_wait_parity(smem_addr(&sm.full[task % RING]), (u32)(task / RING) & 1u);
     const unsigned char *slot_rows = ring + (size_t)(task % RING) * SLOT + g * RS;
     const bool lo = task < NT - 1 || g == 0, hi = task < NT - 1;  // (the b task's slot holds its row 0 only)
 #endif

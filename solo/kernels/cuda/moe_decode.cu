@@ -360,10 +360,6 @@ struct __align__(16) Smem {
 };
 #define TILES_OFFSET ((sizeof(Smem) + 127) / 128 * 128)
 
-__device__ __forceinline__ u32 smem_addr(const void *p) {
-    return (u32)__cvta_generic_to_shared(p);
-}
-
 __device__ __forceinline__ void bar_wait(u32 bar) {
     asm volatile(
         "{\n.reg .pred p;\nWAIT_%=:\n"
@@ -415,9 +411,7 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void *src, u32 bytes, u
         "l"(src), "r"(bytes), "r"(bar), "l"(policy)
         : "memory");
 #else
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
+    bulk_to_shared(dst, src, bytes, bar);
 #endif
 }
 

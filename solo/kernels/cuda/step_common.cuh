@@ -1,5 +1,5 @@
-// Device helpers shared by the decode step's CUDA kernels (gemv_decode.cu, router_decode.cu), inlined
-// into each source before NVRTC compiles it (solo/kernels/cuda_runtime.py).
+// Device helpers shared by the decode step's CUDA kernels (gemv_decode.cu, router_decode.cu, moe_decode.cu,
+// kda_front.cu), inlined into each source before NVRTC compiles it (solo/kernels/cuda_runtime.py).
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -44,6 +44,30 @@ __device__ __forceinline__ u32 ld_fresh_u16(const u16 *p) {
     unsigned short v;
     asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
     return v;
+}
+
+// Shared memory filled by bulk copies (the MoE kernel's tiles, the GEMV's and the KDA front's rings): a 32-bit
+// shared-memory address, an mbarrier armed for a byte count, one global -> shared bulk copy completing on it, and
+// the wait for a phase of it.
+__device__ __forceinline__ u32 smem_addr(const void *p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void bar_expect_bytes(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void bulk_to_shared(u32 dst, const void *src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+__device__ __forceinline__ void bar_wait_parity(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
 }
 
 // fp32 -> nearest bf16 bits (ties to even)
