@@ -214,40 +214,32 @@ class _KDAAttention:
         follows = own is not None and (history is None or history is own)
         lazy = (cache.kda_source, own[self.index].states) if follows else None
         o = torch.empty((x.shape[0], self.dim), dtype=torch.bfloat16, device=x.device)
-        if self.front is not None and x.shape[0] == 1 and history is None:
+        if self.front is not None and x.shape[0] == 1 and history is None:  # (one launch: fuse_kda_front)
             proj = self.front(x, self.norm, self.eps, state.conv, state.recurrent, o, self.launch, lazy)
-            self.dense(
+        else:
+            # (g, which only the output projection reads, may come last: _project_handing_over)
+            proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.handoff_rows)
+            past = history[self.index] if history is not None else None
+            kda_decode(
+                proj,
+                a.conv_weight,
+                state.conv,
+                state.recurrent,
+                a.A_log.float(),
+                a.dt_bias.float(),
                 o,
-                out=x,
-                residual=x,
-                norm_weight=a.o_norm.weight,
-                gate=proj[:, 4 * self.dim : 5 * self.dim],
-                eps=a.o_norm.eps,
+                self.counter,
+                a.lower_bound,
+                a.safe_gate,
+                past.states if past is not None else None,
+                past.window if past is not None else None,
+                self.sync,
+                self.launch,
+                lazy,
+                handoff,
+                # (one token, FusedDecodeStep.kda_l2_ahead) the output projection's weight into the L2 while it runs
+                _weight(self.dense) if self.step.kda_l2_ahead and x.shape[0] == 1 else None,
             )
-            return
-        # (g, which only the output projection reads, may come last: _project_handing_over)
-        proj, handoff = _project_handing_over(self.step, self.proj, x, self.norm, self.eps, *self.handoff_rows)
-        past = history[self.index] if history is not None else None
-        kda_decode(
-            proj,
-            a.conv_weight,
-            state.conv,
-            state.recurrent,
-            a.A_log.float(),
-            a.dt_bias.float(),
-            o,
-            self.counter,
-            a.lower_bound,
-            a.safe_gate,
-            past.states if past is not None else None,
-            past.window if past is not None else None,
-            self.sync,
-            self.launch,
-            lazy,
-            handoff,
-            # (one token, FusedDecodeStep.kda_l2_ahead) the output projection's weight into the L2 while it runs
-            _weight(self.dense) if self.step.kda_l2_ahead and x.shape[0] == 1 else None,
-        )
         gate = proj[:, 4 * self.dim : 5 * self.dim]
         self.dense(o, out=x, residual=x, norm_weight=a.o_norm.weight, gate=gate, eps=a.o_norm.eps)
 
@@ -665,21 +657,20 @@ class FusedDecodeStep:
             if attention.gate_params is None:
                 attention.gate_params = fp32_gate_params(attention.attn)
             try:
-                counter = self.counter("cuda_kda_front")
                 front = CudaKdaFront(
                     fused.weight,
                     fused.scale,
                     attention.attn,
-                    counter,
-                    tasks_ahead,
-                    min_blocks,
-                    warps,
-                    l2_ahead,
-                    exchange,
-                    self.kda_exchange,
-                    attention.gate_params,
-                    ring,
-                    fused.scale_mode,
+                    self.counter("cuda_kda_front"),
+                    tasks_ahead=tasks_ahead,
+                    min_blocks=min_blocks,
+                    warps=warps,
+                    l2_ahead=l2_ahead,
+                    exchange=exchange,
+                    exchange_buffers=self.kda_exchange,
+                    gate_params=attention.gate_params,
+                    ring=ring,
+                    scale_mode=fused.scale_mode,
                 )
             except ValueError as exc:
                 raise StepKernelsUnavailable(f"layer {attention.index}: {exc}") from None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from solo.kernels.fused_kda import check_lazy
 from solo.kernels.pdl import LaunchPolicy
 
 KDA_FRONT_SOURCE = Path(__file__).parent / "cuda" / "kda_front.cu"
@@ -187,13 +188,7 @@ class CudaKdaFront:
             raise ValueError(f"the KDA state must be contiguous [{self.heads}, {self.dk}, {self.dk}]")
         if conv_state.shape != (3 * d, 3) or not conv_state.is_contiguous():
             raise ValueError(f"the KDA conv windows must be contiguous [{3 * d}, 3]")
-        slots, source = state, self.counter
-        if lazy is not None:
-            source, slots = lazy
-            if source.dtype != torch.int32 or source.numel() != 1:
-                raise ValueError("the lazy state's source must be one int32")
-            if slots.shape[1:] != state.shape or not slots.is_contiguous():
-                raise ValueError(f"the lazy state's slots must be contiguous [W, {', '.join(map(str, state.shape))}]")
+        source, slots = check_lazy(lazy, state) if lazy is not None else (self.counter, state)
         proj = torch.empty((1, 5 * d + self.heads), dtype=torch.bfloat16, device=x.device)
         kernel = self._kernel(lazy is not None, bool(self.attn.safe_gate))
         launch = launch.at(1)

@@ -229,6 +229,17 @@ class CudaKernel:
         )
         return n.value
 
+    def _config(self, grid: int, threads: int, attrs, num_attrs: int) -> _LaunchConfig:
+        """A 1-D launch of this kernel on torch's current stream, with its dynamic shared memory."""
+        cfg = _LaunchConfig()
+        cfg.grid[:] = (grid, 1, 1)
+        cfg.block[:] = (threads, 1, 1)
+        cfg.shared_bytes = self._shared
+        cfg.stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
+        cfg.attrs = attrs
+        cfg.num_attrs = num_attrs
+        return cfg
+
     def registers(self) -> tuple[int, int]:
         """(registers a thread, local memory bytes a thread: spills and stack) of the loaded kernel."""
         regs, local = ctypes.c_int(), ctypes.c_int()
@@ -238,13 +249,7 @@ class CudaKernel:
 
     def max_active_clusters(self, grid: int, threads: int) -> int:
         """How many of this kernel's thread-block clusters (its compiled __cluster_dims__) can be resident at once."""
-        cfg = _LaunchConfig()
-        cfg.grid[:] = (grid, 1, 1)
-        cfg.block[:] = (threads, 1, 1)
-        cfg.shared_bytes = self._shared
-        cfg.stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
-        cfg.attrs = (_LaunchAttribute * 1)()
-        cfg.num_attrs = 0
+        cfg = self._config(grid, threads, (_LaunchAttribute * 1)(), 0)
         n = ctypes.c_int()
         _check_cu(driver().cuOccupancyMaxActiveClusters(ctypes.byref(n), self._fn, ctypes.byref(cfg)), "cluster query")
         return n.value
@@ -279,12 +284,6 @@ class CudaKernel:
                 attrs[n].id = attr_id
                 attrs[n].value[0] = 1
                 n += 1
-        cfg = _LaunchConfig()
-        cfg.grid[:] = (grid, 1, 1)
-        cfg.block[:] = (threads, 1, 1)
-        cfg.shared_bytes = self._shared
-        cfg.stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
-        cfg.attrs = attrs
-        cfg.num_attrs = n
+        cfg = self._config(grid, threads, attrs, n)
         _check_cu(driver().cuLaunchKernelEx(ctypes.byref(cfg), self._fn, params, None), f"launch {self.name}")
         self.last_dependent = dependent

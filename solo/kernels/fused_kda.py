@@ -216,6 +216,16 @@ def _kda_decode(
     end_after_previous(HANDOFF, PDL)  # (the next kernel reads the projection's g rows)
 
 
+def check_lazy(lazy: tuple[torch.Tensor, torch.Tensor], state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(source, slots) of a lazy state (kda_decode's `lazy`), checked against the layer's `state` [H, d, d]."""
+    source, slots = lazy
+    if source.dtype != torch.int32 or source.numel() != 1:
+        raise ValueError("the lazy state's source must be one int32")
+    if slots.shape[1:] != state.shape or not slots.is_contiguous():
+        raise ValueError(f"the lazy state's slots must be contiguous [W, {', '.join(map(str, state.shape))}]")
+    return source, slots
+
+
 def kda_decode(
     proj: torch.Tensor,
     conv_weight: torch.Tensor,
@@ -262,11 +272,7 @@ def kda_decode(
     history = history_states is not None
     dummy = state
     if lazy is not None:
-        source, slots = lazy
-        if source.dtype != torch.int32 or source.numel() != 1:
-            raise ValueError("the lazy state's source must be one int32")
-        if slots.shape[1:] != state.shape or not slots.is_contiguous():
-            raise ValueError(f"the lazy state's slots must be contiguous [W, {', '.join(map(str, state.shape))}]")
+        source, slots = check_lazy(lazy, state)
         if history and history_states.data_ptr() != slots.data_ptr():
             raise ValueError("with a lazy state, a verification pass stores its states into the state's slots")
         history_states = slots
