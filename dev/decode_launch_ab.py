@@ -76,6 +76,25 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
         "kda_front_exchange": "global",
         "kda_front_ring": 3,
     },
+    # (thirty-third session) the layer's output projection inside the same launch, its weights into the ring's slots
+    "KDA front fused, global exchange, ring of 4, o_proj inside": {
+        "kda_front": 1,
+        "kda_front_exchange": "global",
+        "kda_front_ring": 4,
+        "kda_front_oproj": True,
+    },
+    "KDA front fused, global exchange, ring of 3, o_proj inside": {
+        "kda_front": 1,
+        "kda_front_exchange": "global",
+        "kda_front_ring": 3,
+        "kda_front_oproj": True,
+    },
+    "KDA front fused, global exchange, ring of 2, o_proj inside": {
+        "kda_front": 1,
+        "kda_front_exchange": "global",
+        "kda_front_ring": 2,
+        "kda_front_oproj": True,
+    },
     "KDA front fused, 2/SM build, L2 2 tasks ahead": {"kda_front": 1, "kda_front_min_blocks": 2, "kda_front_l2": 2},
     "KDA front fused, 2/SM build, L2 4 tasks ahead": {"kda_front": 1, "kda_front_min_blocks": 2, "kda_front_l2": 4},
     "KDA front fused, 20 warps, 1 task ahead": {"kda_front": 1, "kda_front_warps": 20},
@@ -476,6 +495,7 @@ NOT_LAUNCH = (
     "kda_front_l2",
     "kda_front_exchange",
     "kda_front_ring",
+    "kda_front_oproj",
     "shared_inside",
     "mla",
     "mla_one",
@@ -637,7 +657,10 @@ def main() -> int:
         front_l2 = VARIANTS[name].get("kda_front_l2", 0)
         front_exchange = VARIANTS[name].get("kda_front_exchange", "cluster")
         front_ring = VARIANTS[name].get("kda_front_ring", 0)
-        step.fuse_kda_front(front > 0, front or 2, front_blocks, front_warps, front_l2, front_exchange, front_ring)
+        front_oproj = VARIANTS[name].get("kda_front_oproj", False)
+        step.fuse_kda_front(
+            front > 0, front or 2, front_blocks, front_warps, front_l2, front_exchange, front_ring, front_oproj
+        )
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])
         fused_kda.WINDOW_VALUE_SPLITS = splits.get("window", kda_splits[1])

@@ -215,6 +215,10 @@ class _KDAAttention:
         lazy = (cache.kda_source, own[self.index].states) if follows else None
         o = torch.empty((x.shape[0], self.dim), dtype=torch.bfloat16, device=x.device)
         if self.front is not None and x.shape[0] == 1 and history is None:  # (one launch: fuse_kda_front)
+            if self.front.o_proj is not None:  # (the output projection inside: x += the layer's contribution)
+                norm = (a.o_norm.weight, a.o_norm.eps)
+                self.front(x, self.norm, self.eps, state.conv, state.recurrent, o, self.launch, lazy, norm)
+                return
             proj = self.front(x, self.norm, self.eps, state.conv, state.recurrent, o, self.launch, lazy)
         else:
             # (g, which only the output projection reads, may come last: _project_handing_over)
@@ -455,7 +459,7 @@ class FusedDecodeStep:
         heads, dk = model.config.linear_num_heads, model.config.linear_head_dim
         self.kda_exchange = (
             torch.zeros(heads * 3 * dk, dtype=torch.float32, device=model.device),
-            torch.zeros(2 * heads, dtype=torch.int32, device=model.device),
+            torch.zeros(2 * heads + 2, dtype=torch.int32, device=model.device),  # (+ the grid-wide count: o_proj)
         )
         trunk = model.model.layers[: model.config.num_hidden_layers]
         self.layers = [_Layer(layer, self) for layer in trunk]
@@ -631,13 +635,15 @@ class FusedDecodeStep:
         l2_ahead: int = 0,
         exchange: str = "global",
         ring: int = 0,
+        o_proj: bool = False,
     ) -> int:
         """A lab switch (bench modifier `kdafront`): one token's KDA layer front (norm, q|k|v|f|g|b, the short
         convolutions, the gates and the recurrence) as one launch of 4 blocks a head (solo.kernels.cuda_kda), instead
         of the CUDA GEMV and the Triton recurrence with a grid-wide boundary between them; verification keeps the two
         kernels. The build's fields are CudaKdaFront's; the defaults are the build that measured best on the H100
         (2 tasks' loads in flight, the global exchange: +24 us a step at 32K; the cluster builds +98 us and more,
-        docs/performance.md section 0). All KDA layers or an error naming why not; returns how many run it (0 with
+        docs/performance.md section 0). `o_proj`: the layer's output projection inside the same launch too (with a
+        ring and the global exchange). All KDA layers or an error naming why not; returns how many run it (0 with
         `on` False)."""
         from solo.kernels.cuda_kda import CudaKdaFront, fp32_gate_params
 
@@ -648,7 +654,7 @@ class FusedDecodeStep:
             return 0
         fronts = []
         for attention in kdas:
-            if not isinstance(attention.proj, CudaGemv):
+            if not isinstance(attention.proj, CudaGemv) or (o_proj and not isinstance(attention.dense, CudaGemv)):
                 raise StepKernelsUnavailable(
                     f"the fused KDA front runs with the CUDA step kernels; layer {attention.index}'s projection is "
                     f"on Triton ({self.kernels_note or 'step kernels triton'})"
@@ -671,6 +677,7 @@ class FusedDecodeStep:
                     gate_params=attention.gate_params,
                     ring=ring,
                     scale_mode=fused.scale_mode,
+                    o_proj=attention.dense if o_proj else None,
                 )
             except ValueError as exc:
                 raise StepKernelsUnavailable(f"layer {attention.index}: {exc}") from None

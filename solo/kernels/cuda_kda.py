@@ -79,6 +79,7 @@ class CudaKdaFront:
         gate_params: tuple[torch.Tensor, torch.Tensor] | None = None,
         ring: int = 0,
         scale_mode: int = 1,
+        o_proj=None,
     ) -> None:
         if (reason := kda_front_unavailable(weight, scales, scale_mode, attn)) is not None:
             raise ValueError(f"the fused KDA front cannot run: {reason}")
@@ -123,7 +124,32 @@ class CudaKdaFront:
             gate_params = fp32_gate_params(attn)
         self.a_log, self.dt_bias = gate_params
         self.device = weight.device
+        # the layer's output projection (a CudaGemv of one token: its FP8 weight, block scales and K slices) inside the
+        # launch (kda_front.cu OPROJ): the call then adds the layer's contribution to x itself
+        self.o_proj = o_proj
+        if o_proj is not None and (reason := self._o_proj_unavailable(o_proj)) is not None:
+            raise ValueError(f"the fused KDA front cannot run the output projection: {reason}")
         self._kernels: dict[tuple[bool, bool], object] = {}
+
+    def _o_proj_unavailable(self, o_proj) -> str | None:
+        fused, d, blocks = o_proj.fused, self.heads * self.dk, self.heads * SPLIT
+        rows, slot = fused.weight.shape[0], 16 * (self.k + 64)
+        if self.exchange != "global" or self.ring < 1:
+            return "it runs with the global exchange and a ring (its weights stream into the ring's slots)"
+        if fused.weight.dtype != torch.float8_e4m3fn or fused.scale_mode != 1 or fused.weight.shape[1] != d:
+            return f"it runs FP8 weights of {d} columns with 128x128 block scales"
+        if rows != self.k or rows % blocks or rows // blocks > 32:
+            return f"its {rows} rows must be the hidden size {self.k}, a multiple of {blocks} blocks, <= 32 a block"
+        per_slot = slot // (d + 64)
+        if per_slot < 1 or -(-(rows // blocks) // per_slot) > self.ring:
+            return f"a block's {rows // blocks} rows of {d} bytes do not fit in {self.ring} ring slots"
+        if tuple(fused.scale.shape) != (-(-rows // 128), d // 128) or fused.scale.dtype != torch.float32:
+            return f"its block scales are {tuple(fused.scale.shape)}, not fp32, one per 128 x 128 block"
+        if (d // 64) % o_proj.k_slices(1) or fused.weight.data_ptr() % 16:
+            return "its K slices must divide its 64-column steps and its weight be 16-byte aligned"
+        if self.flags.numel() < 2 * self.heads + 2:
+            return "the exchange's counters need 2 more (the grid-wide count)"
+        return None
 
     def _kernel(self, lazy: bool, safe_gate: bool):
         key = (lazy, safe_gate)
@@ -144,6 +170,8 @@ class CudaKdaFront:
                 "XCHG": int(self.exchange == "global"),
                 "RING": self.ring,
             }
+            if self.o_proj is not None:
+                defines.update(OPROJ=1, HID=self.o_proj.fused.weight.shape[0], OSL=self.o_proj.k_slices(1))
             kernel = CudaKernel(KDA_FRONT_SOURCE, "kda_front", defines, self.device)
             shared = self.ring * 16 * (self.k + 64)  # (the ring's slots: dynamic shared memory)
             if shared:
@@ -175,10 +203,12 @@ class CudaKdaFront:
         out: torch.Tensor,
         launch: LaunchPolicy,
         lazy: tuple[torch.Tensor, torch.Tensor] | None = None,
+        o_norm: tuple[torch.Tensor, float] | None = None,
     ) -> torch.Tensor:
         """x [1, hidden] bf16 (the layer's input); conv_state [3D, 3] and state [H, d, d] fp32 updated in
         place (with `lazy` = (source, slots) as fused_kda.kda_decode's); out [1, D] bf16 receives o.
-        Returns the projection [1, 5D + H] bf16."""
+        Returns the projection [1, 5D + H] bf16. With the output projection inside (`o_proj`), `o_norm` is the
+        output norm's (weight, eps) and x becomes x + o_proj(o_norm(o, g)), as the layer's dense call makes it."""
         d = self.heads * self.dk
         if x.shape != (1, self.k) or x.dtype != torch.bfloat16 or not x.is_contiguous():
             raise ValueError(f"the fused KDA front takes one token: x must be contiguous bf16 [1, {self.k}]")
@@ -188,6 +218,10 @@ class CudaKdaFront:
             raise ValueError(f"the KDA state must be contiguous [{self.heads}, {self.dk}, {self.dk}]")
         if conv_state.shape != (3 * d, 3) or not conv_state.is_contiguous():
             raise ValueError(f"the KDA conv windows must be contiguous [{3 * d}, 3]")
+        if (self.o_proj is not None) != (o_norm is not None):
+            raise ValueError("the fused KDA front takes the output norm exactly when it runs the output projection")
+        if o_norm is not None and (o_norm[0].dtype != torch.bfloat16 or tuple(o_norm[0].shape) != (self.dk,)):
+            raise ValueError(f"the KDA output norm's weight must be bf16 [{self.dk}]")
         source, slots = check_lazy(lazy, state) if lazy is not None else (self.counter, state)
         proj = torch.empty((1, 5 * d + self.heads), dtype=torch.bfloat16, device=x.device)
         kernel = self._kernel(lazy is not None, bool(self.attn.safe_gate))
@@ -214,6 +248,11 @@ class CudaKdaFront:
                 self.flags,
                 float(eps),
                 float(self.attn.lower_bound),
+                *(
+                    (self.o_proj.fused.weight, self.o_proj.fused.scale, o_norm[0], float(o_norm[1]))
+                    if o_norm is not None
+                    else (None, None, None, 0.0)
+                ),
             ],
             dependent=launch.pdl,
         )

@@ -254,6 +254,14 @@ class CudaGemv:
         except ValueError as exc:
             raise ValueError(f"{self.name}: {exc}") from None
 
+    def k_slices(self, tokens: int = 1) -> int:
+        """The K slices (a block's warps) of a call of `tokens` tokens: each is summed over its 64-column steps in
+        order, then the slices in order (a kernel that must give the same bits sums the same way: CudaKdaFront)."""
+        cfg = self.launch_config
+        if tokens > 1 and cfg.window is not None:
+            cfg = cfg.window
+        return warps_for(self.k, cfg.warps or choose_launch(self.rows).warps)
+
     def _kernel(
         self,
         tokens: int,
@@ -271,7 +279,7 @@ class CudaGemv:
             f, cfg = self.fused, self.launch_config
             if tokens > 1 and cfg.window is not None:
                 cfg = cfg.window
-            warps = warps_for(self.k, cfg.warps or choose_launch(self.rows).warps)
+            warps = self.k_slices(tokens)
             defines = {
                 "NTOK": tokens,
                 "K": self.k,

@@ -23,7 +23,16 @@
 // of the L2 beyond them), RING (task slots of shared memory filled by bulk copies instead of the registers' loads),
 // MIN_BLOCKS (the build's blocks an SM), XCHG (1: the exchange through global memory
 // and counters, no cluster: the grid must be one wave), SAFE_GATE, LAZY (the state lives in slot
-// source - 1 of the history when the int32 *source is not 0).
+// source - 1 of the history when the int32 *source is not 0), OPROJ (below: HID, OSL).
+//
+// OPROJ (thirty-third session; with XCHG and RING): the layer's output projection inside the same launch. Block b owns
+// output rows [OR b, OR (b + 1)) of o_proj (OR = HID / (H SPLIT): 20 at Ling's shape); their weights stream into the
+// ring's slots as the projection's last tasks free them (fill_slot's tasks NT, NT + 1, ...), so HBM keeps streaming
+// through the exchange and the recurrence. After its recurrence a block publishes its o (and, before, its g rows),
+// every block waits for all (a grid-wide count: the grid is one wave), computes the gated per-head RMSNorm of all of
+// o into shared memory (gemv_decode.cu's NORM 2 prologue, the same operations in the same order) and its rows' sums,
+// each K slice of OSL (the output projection GEMV's warps) summed as that GEMV sums it, then adds the residual (x,
+// which every block has read before the wait) like its EPI 1: the same bf16 bits as the two launches it replaces.
 
 #include "step_common.cuh"
 
@@ -52,6 +61,22 @@
 #define SLOT (16 * RS)
 #endif
 
+#ifndef OPROJ
+#define OPROJ 0
+#endif
+#if OPROJ
+#define OR (HID / (H * SPLIT))          // output projection rows a block
+#define RS2 (D + 64)                    // a row's bytes in a slot (opposite halves of the banks for rows g, g + 1)
+#define ORPS (SLOT / RS2)               // rows a slot
+#define OSLOTS ((OR + ORPS - 1) / ORPS) // slots they fill: ring tasks NT .. NT + OSLOTS - 1
+#define OCH ((OR + 15) / 16)            // 16-row products
+#define OPIECES ((D / 8 + THREADS - 1) / THREADS)
+#define OSTEPS (D / 64 / OSL)           // 64-column steps a K slice
+#if !XCHG || RING < OSLOTS || HID % (H * SPLIT) || (D / 64) % OSL || THREADS % 16 || DK > 256 || OR > 32
+#error "OPROJ: the global exchange, a ring of OSLOTS or more, HID a multiple of the blocks, OSL dividing D / 64"
+#endif
+#endif
+
 #if CH != 32 || NSTEP % WARPS || K % 128 || WARPS < 8 || (TA != 1 && TA != 2)
 #error "kda_front.cu: DK / SPLIT must be 32, K / 64 a multiple of WARPS (>= 8), K a multiple of 128, TA 1 or 2"
 #endif
@@ -68,6 +93,10 @@ struct Shared {
     __align__(16) float state[DK][CH];  // this block's slice of the head's state
 #if RING
     unsigned long long full[RING];      // per ring slot: its task's rows have landed
+#endif
+#if OPROJ
+    u32 oh[D / 2];                      // the gated RMSNorm of the whole o, as f16 pairs
+    float opart[OSL][OCH * 16];         // per K slice, row: the output projection's sums
 #endif
 };
 
@@ -109,7 +138,19 @@ __device__ __forceinline__ void ask_l2_task(const unsigned char *__restrict__ w,
 // registers held (the register path holds 41 KB an SM at TA 1). Warp 0 fills the first RING slots before the wait
 // and refills a slot with the task RING later once every warp has read it. Same products, order and results.
 __device__ __forceinline__ void fill_slot(unsigned char *ring, unsigned long long *full,
-                                          const unsigned char *__restrict__ w, int task, int h, int j, int lane) {
+                                          const unsigned char *__restrict__ w, int task, int h, int j, int lane,
+                                          const unsigned char *__restrict__ ow) {
+#if OPROJ
+    if (task >= NT && task < NT + OSLOTS) {  // piece p of this block's output projection rows
+        const int p = task - NT, first = p * ORPS, rows = min(ORPS, OR - first);
+        const u32 bar = smem_addr(&full[task % RING]);
+        const u32 dst = smem_addr(ring + (size_t)(task % RING) * SLOT);
+        if (lane == 0) bar_expect_bytes(bar, (u32)(rows * D));
+        __syncwarp();
+        if (lane < rows) bulk_to_shared(dst + lane * RS2, ow + (size_t)(blockIdx.x * OR + first + lane) * D, (u32)D, bar);
+        return;
+    }
+#endif
     if (task >= NT) return;
     const int rows = task < NT - 1 ? 16 : 1;
     const u32 bar = smem_addr(&full[task % RING]);
@@ -126,7 +167,7 @@ __device__ __forceinline__ void fill_slot(unsigned char *ring, unsigned long lon
 template <int HALF>
 __device__ __forceinline__ void run_task(Shared &sm, uint4 (&ra)[PF], uint4 (&rb)[PF], const unsigned char *__restrict__ w,
                                          const float *__restrict__ s, u16 *__restrict__ proj, int task, int h, int j,
-                                         int warp, int lane, unsigned char *ring) {
+                                         int warp, int lane, unsigned char *ring, const unsigned char *__restrict__ ow) {
     const int g = lane >> 2, t = lane & 3;
 #if RING
     bar_wait_parity(smem_addr(&sm.full[task % RING]), (u32)(task / RING) & 1u);
@@ -171,7 +212,7 @@ __device__ __forceinline__ void run_task(Shared &sm, uint4 (&ra)[PF], uint4 (&rb
 #if RING
     if (warp == 0) {  // every warp has read this task's slot: refill it with the task RING later
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        fill_slot(ring, sm.full, w, task + RING, h, j, lane);
+        fill_slot(ring, sm.full, w, task + RING, h, j, lane, ow);
     }
 #endif
     if (warp == 0 && lane < 16) {
@@ -196,7 +237,7 @@ __device__ __forceinline__ void run_task(Shared &sm, uint4 (&ra)[PF], uint4 (&rb
 #endif
 
 extern "C" __global__ void CLUSTER_DIMS __launch_bounds__(THREADS, MIN_BLOCKS)
-kda_front(const u16 *__restrict__ x,            // [K] bf16: the layer's input
+kda_front(u16 *x,                               // [K] bf16: the layer's input (OPROJ: its output, in place)
           const u16 *__restrict__ nw,           // [K] bf16: the attention norm's weight
           const unsigned char *__restrict__ w,  // [5 D + H, K] e4m3: q|k|v|f|g|b rows
           const float *__restrict__ s,          // [ceil((5 D + H) / 128), KB] block scales
@@ -212,7 +253,11 @@ kda_front(const u16 *__restrict__ x,            // [K] bf16: the layer's input
           int *__restrict__ count,              // launch counter
           float *__restrict__ xch,              // XCHG: [H, 3, DK] the heads' q, k and decay, exchanged
           int *__restrict__ flags,              // XCHG: [2 H] arrivals and departures a head, zeros between launches
-          float eps, float lower_bound) {
+          float eps, float lower_bound,
+          const unsigned char *__restrict__ ow, // OPROJ: [HID, D] e4m3, the output projection
+          const float *__restrict__ os,         // OPROJ: [ceil(HID / 128), D / 128] its block scales
+          const u16 *__restrict__ onw,          // OPROJ: [DK] bf16, the output norm's weight
+          float oeps) {                         // OPROJ: the output norm's epsilon
     __shared__ Shared sm;
     extern __shared__ __align__(128) unsigned char ring[];  // RING: the slots (dynamic shared memory)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
@@ -236,7 +281,7 @@ kda_front(const u16 *__restrict__ x,            // [K] bf16: the layer's input
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         }
         __syncwarp();
-        for (int i = 0; i < RING; ++i) fill_slot(ring, sm.full, w, i, h, j, lane);  // tasks 0 .. RING - 1
+        for (int i = 0; i < RING; ++i) fill_slot(ring, sm.full, w, i, h, j, lane, ow);  // tasks 0 .. RING - 1
     }
 #else
 #pragma unroll
@@ -309,11 +354,11 @@ kda_front(const u16 *__restrict__ x,            // [K] bf16: the layer's input
     // ---- the stream: NT tasks of 16 rows, TA tasks' loads in flight a lane
 #pragma unroll 1
     for (int task = 0; task < NT - 1; task += 2) {
-        run_task<0>(sm, ra, rb, w, s, proj, task, h, j, warp, lane, ring);
-        run_task<1>(sm, ra, rb, w, s, proj, task + 1, h, j, warp, lane, ring);
+        run_task<0>(sm, ra, rb, w, s, proj, task, h, j, warp, lane, ring, ow);
+        run_task<1>(sm, ra, rb, w, s, proj, task + 1, h, j, warp, lane, ring, ow);
     }
     asm volatile("griddepcontrol.launch_dependents;");  // (the b row is left)
-    run_task<0>(sm, ra, rb, w, s, proj, NT - 1, h, j, warp, lane, ring);
+    run_task<0>(sm, ra, rb, w, s, proj, NT - 1, h, j, warp, lane, ring, ow);
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
 
@@ -424,5 +469,134 @@ kda_front(const u16 *__restrict__ x,            // [K] bf16: the layer's input
 #pragma unroll
         for (int i = 0; i < 8; ++i) y += sm.part_o[i][lane];
         o[h * DK + j * CH + lane] = to_bf16(y);
+#if OPROJ
+        __threadfence();  // (warp 0 also stored this block's g rows of proj)
+#endif
     }
+#if OPROJ
+    // ---- every block's o and g: a grid-wide count (flags[2 H]: arrivals, [2 H + 1]: departures), then the gated
+    // per-head RMSNorm of all of o into f16 pairs, exactly as the output projection GEMV's prologue (NORM 2)
+    __syncthreads();
+    int *grid = flags + 2 * H;
+    if (tid == 0) {
+        __threadfence();
+        atomicAdd(grid, 1);
+        int arrived;
+        do {
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(arrived) : "l"(grid) : "memory");
+        } while (arrived < (int)gridDim.x);
+    }
+    __syncthreads();
+    {
+        uint4 xv[OPIECES], gv[OPIECES], nv[OPIECES];
+#pragma unroll
+        for (int p = 0; p < OPIECES; ++p) {
+            const int i = p * THREADS + tid;
+            const bool ok = i < D / 8;
+            xv[p] = ok ? ld_fresh(o + i * 8) : uint4{0u, 0u, 0u, 0u};
+            gv[p] = ok ? ld_fresh(proj + 4 * D + i * 8) : uint4{0u, 0u, 0u, 0u};
+            nv[p] = ok ? *reinterpret_cast<const uint4 *>(onw + (i * 8) % DK) : uint4{0u, 0u, 0u, 0u};
+        }
+#pragma unroll
+        for (int p = 0; p < OPIECES; ++p) {
+            const int i = p * THREADS + tid;
+            float v[8];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                v[2 * q] = bf16_to_float(word(xv[p], q) & 0xFFFFu);
+                v[2 * q + 1] = bf16_to_float(word(xv[p], q) >> 16);
+            }
+            // a head's DK columns are DK / 8 consecutive pieces: consecutive lanes of one warp
+            float sq = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) sq = fmaf(v[e], v[e], sq);
+#pragma unroll
+            for (int m = 1; m < DK / 8; m <<= 1) sq += __shfl_xor_sync(0xFFFFFFFFu, sq, m);
+            const float rs = __frcp_rn(__fsqrt_rn(__fdiv_rn(sq, (float)DK) + oeps));
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const u32 gq = word(gv[p], q), nq = word(nv[p], q);
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float gg = bf16_to_float(e ? gq >> 16 : gq & 0xFFFFu);
+                    const float wn = bf16_to_float(e ? nq >> 16 : nq & 0xFFFFu);
+                    const float sig = 1.0f / (1.0f + __expf(-gg));
+                    v[2 * q + e] = round_bf16(wn * (v[2 * q + e] * rs) * sig);
+                }
+            }
+            if (i < D / 8)
+                *reinterpret_cast<uint4 *>(sm.oh + i * 4) =
+                    uint4{f16x2(v[0], v[1]), f16x2(v[2], v[3]), f16x2(v[4], v[5]), f16x2(v[6], v[7])};
+        }
+    }
+    __syncthreads();
+    if (tid == 0 && atomicAdd(grid + 1, 1) == (int)gridDim.x - 1) {  // the last to have read them resets the count
+        grid[0] = 0;
+        grid[1] = 0;
+    }
+    // ---- this block's OR rows: 16-row products (rows g and g + 8 of each), K slice sl of OSL taken by warp
+    // sl % WARPS, its OSTEPS steps summed in order as the GEMV's warp sl sums them, the slices in order after
+#pragma unroll
+    for (int p = 0; p < OSLOTS; ++p) bar_wait_parity(smem_addr(&sm.full[(NT + p) % RING]), (u32)((NT + p) / RING) & 1u);
+    const unsigned char *orow[OCH][2];
+    const float *oscale[OCH][2];
+    bool oval[OCH][2];
+#pragma unroll
+    for (int c = 0; c < OCH; ++c)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int r = c * 16 + e * 8 + g;
+            oval[c][e] = r < OR;
+            const int rr = oval[c][e] ? r : 0;
+            orow[c][e] = ring + (size_t)((NT + rr / ORPS) % RING) * SLOT + (size_t)(rr % ORPS) * RS2;
+            oscale[c][e] = os + ((blockIdx.x * OR + rr) / 128) * (D / 128);
+        }
+    for (int sl = warp; sl < OSL; sl += WARPS) {
+        float acc[OCH][2];
+#pragma unroll
+        for (int c = 0; c < OCH; ++c) acc[c][0] = acc[c][1] = 0.0f;
+#pragma unroll
+        for (int st = 0; st < OSTEPS; ++st) {
+            const int col = (sl * OSTEPS + st) * 64 + t * 16;
+            const uint4 xa = *reinterpret_cast<const uint4 *>(sm.oh + col / 2);
+            const uint4 xb = *reinterpret_cast<const uint4 *>(sm.oh + col / 2 + 4);
+            const u32 xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+            const int kb = ((sl * OSTEPS + st) * 64) / 128;
+#pragma unroll
+            for (int c = 0; c < OCH; ++c) {
+                const uint4 va = oval[c][0] ? *reinterpret_cast<const uint4 *>(orow[c][0] + col) : uint4{0u, 0u, 0u, 0u};
+                const uint4 vb = oval[c][1] ? *reinterpret_cast<const uint4 *>(orow[c][1] + col) : uint4{0u, 0u, 0u, 0u};
+                const u32 wa[4] = {va.x, va.y, va.z, va.w}, wb[4] = {vb.x, vb.y, vb.z, vb.w};
+                float c0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const u32 a0 = e4m3x2_to_f16x2(wa[q]), a2 = e4m3x2_to_f16x2(wa[q] >> 16);
+                    const u32 a1 = e4m3x2_to_f16x2(wb[q]), a3 = e4m3x2_to_f16x2(wb[q] >> 16);
+                    mma(q & 1 ? c1 : c0, a0, a1, a2, a3, xw[2 * q], xw[2 * q + 1]);
+                }
+                const float sa = oval[c][0] ? __ldg(oscale[c][0] + kb) : 0.0f;
+                const float sb = oval[c][1] ? __ldg(oscale[c][1] + kb) : 0.0f;
+                acc[c][0] = fmaf(c0[0] + c1[0], sa, acc[c][0]);
+                acc[c][1] = fmaf(c0[2] + c1[2], sb, acc[c][1]);
+            }
+        }
+        if (t == 0) {
+#pragma unroll
+            for (int c = 0; c < OCH; ++c) {
+                sm.opart[sl][c * 16 + g] = acc[c][0];
+                sm.opart[sl][c * 16 + 8 + g] = acc[c][1];
+            }
+        }
+    }
+    __syncthreads();
+    if (warp == 0 && lane < OR) {
+        float y = 0.0f;
+#pragma unroll
+        for (int sl = 0; sl < OSL; ++sl) y += sm.opart[sl][lane];
+        const int row = blockIdx.x * OR + lane;
+        // the reference adds in the stream's dtype: the projection's output is rounded first
+        const float sum = bf16_to_float(ld_fresh_u16(x + row)) + round_bf16(y);
+        x[row] = to_bf16(sum);
+    }
+#endif
 }
