@@ -590,7 +590,7 @@ def test_the_fused_kda_front_computes_what_the_two_kernels_do(setup):
     input, states and windows, with the state in the cache and lazily in a verification slot: the layer's
     contribution, the states, the windows and the slots to fp32 summation order (the projection's bf16 roundings may
     differ in their last bit), on every KDA layer, four builds (both exchanges, the register path and the ring); its
-    launches counted. With the output projection inside the launch (rings of 4 and 2): the same bits as the same
+    launches counted. With the output projection inside the launch (rings of 4 and 3): the same bits as the same
     front followed by the output projection's GEMV."""
     from solo.kernels.cuda_step import CudaGemv
 
@@ -621,7 +621,7 @@ def test_the_fused_kda_front_computes_what_the_two_kernels_do(setup):
     worst = 0.0
     # (tasks ahead, blocks an SM the build is for, tasks asked of the L2, the exchange, ring slots)
     builds = ((2, 1, 0, "cluster", 0), (1, 2, 2, "cluster", 0), (2, 1, 0, "global", 0), (1, 1, 0, "global", 4))
-    for ring in (4, 2):  # the output projection inside: the same bits as the front and the GEMV after it
+    for ring in (4, 3):  # the output projection inside: the same bits as the front and the GEMV after it
         for fused_layer in kdas:
             for window in (None, 4):
                 before = step.launches()

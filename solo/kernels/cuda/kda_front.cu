@@ -95,7 +95,7 @@ struct Shared {
     unsigned long long full[RING];      // per ring slot: its task's rows have landed
 #endif
 #if OPROJ
-    u32 oh[D / 2];                      // the gated RMSNorm of the whole o, as f16 pairs
+    __align__(16) u32 oh[D / 2];        // the gated RMSNorm of the whole o, as f16 pairs (read as uint4)
     float opart[OSL][OCH * 16];         // per K slice, row: the output projection's sums
 #endif
 };
