@@ -95,6 +95,33 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
         "kda_front_ring": 2,
         "kda_front_oproj": True,
     },
+    # (thirty-third session) the g rows streamed after the exchange and the recurrence (their bytes land meanwhile)
+    "KDA front fused, ring of 4, g last": {
+        "kda_front": 1,
+        "kda_front_exchange": "global",
+        "kda_front_ring": 4,
+        "kda_front_g_last": True,
+    },
+    "KDA front fused, ring of 3, g last": {
+        "kda_front": 1,
+        "kda_front_exchange": "global",
+        "kda_front_ring": 3,
+        "kda_front_g_last": True,
+    },
+    "KDA front fused, ring of 4, g last, again": {
+        "kda_front": 1,
+        "kda_front_exchange": "global",
+        "kda_front_ring": 4,
+        "kda_front_g_last": True,
+    },
+    "KDA front fused, ring of 3, g last, o_proj inside": {
+        "kda_front": 1,
+        "kda_front_exchange": "global",
+        "kda_front_ring": 3,
+        "kda_front_g_last": True,
+        "kda_front_oproj": True,
+    },
+    "KDA front fused, ring of 4, again": {"kda_front": 1, "kda_front_exchange": "global", "kda_front_ring": 4},
     "KDA front fused, 2/SM build, L2 2 tasks ahead": {"kda_front": 1, "kda_front_min_blocks": 2, "kda_front_l2": 2},
     "KDA front fused, 2/SM build, L2 4 tasks ahead": {"kda_front": 1, "kda_front_min_blocks": 2, "kda_front_l2": 4},
     "KDA front fused, 20 warps, 1 task ahead": {"kda_front": 1, "kda_front_warps": 20},
@@ -496,6 +523,7 @@ NOT_LAUNCH = (
     "kda_front_exchange",
     "kda_front_ring",
     "kda_front_oproj",
+    "kda_front_g_last",
     "shared_inside",
     "mla",
     "mla_one",
@@ -658,8 +686,17 @@ def main() -> int:
         front_exchange = VARIANTS[name].get("kda_front_exchange", "cluster")
         front_ring = VARIANTS[name].get("kda_front_ring", 0)
         front_oproj = VARIANTS[name].get("kda_front_oproj", False)
+        front_g_last = VARIANTS[name].get("kda_front_g_last", False)
         step.fuse_kda_front(
-            front > 0, front or 2, front_blocks, front_warps, front_l2, front_exchange, front_ring, front_oproj
+            front > 0,
+            front or 2,
+            front_blocks,
+            front_warps,
+            front_l2,
+            front_exchange,
+            front_ring,
+            front_oproj,
+            front_g_last,
         )
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])

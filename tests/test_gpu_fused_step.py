@@ -590,8 +590,8 @@ def test_the_fused_kda_front_computes_what_the_two_kernels_do(setup):
     input, states and windows, with the state in the cache and lazily in a verification slot: the layer's
     contribution, the states, the windows and the slots to fp32 summation order (the projection's bf16 roundings may
     differ in their last bit), on every KDA layer, four builds (both exchanges, the register path and the ring); its
-    launches counted. With the output projection inside the launch (rings of 4 and 3): the same bits as the same
-    front followed by the output projection's GEMV."""
+    launches counted. With the output projection inside the launch and with the g rows streamed last (rings of 4 and
+    3): the same bits as the same front followed by the output projection's GEMV."""
     from solo.kernels.cuda_step import CudaGemv
 
     config, _, fused = setup
@@ -621,23 +621,23 @@ def test_the_fused_kda_front_computes_what_the_two_kernels_do(setup):
     worst = 0.0
     # (tasks ahead, blocks an SM the build is for, tasks asked of the L2, the exchange, ring slots)
     builds = ((2, 1, 0, "cluster", 0), (1, 2, 2, "cluster", 0), (2, 1, 0, "global", 0), (1, 1, 0, "global", 4))
-    for ring in (4, 3):  # the output projection inside: the same bits as the front and the GEMV after it
+    for ring in (4, 3):  # the output projection inside, the g rows last: the same bits as the front and the GEMV
+        builds_exact = [
+            (1, 1, 10, 0, "global", ring, o_proj, g_last) for g_last in (False, True) for o_proj in (False, True)
+        ]
         for fused_layer in kdas:
             for window in (None, 4):
                 before = step.launches()
-                apart, inside = layer_runs(
-                    config,
-                    attention_only(fused_layer),
-                    1,
-                    window,
-                    [front(True, (1, 1, 10, 0, "global", ring)), front(True, (1, 1, 10, 0, "global", ring, True))],
+                runs = layer_runs(
+                    config, attention_only(fused_layer), 1, window, [front(True, b) for b in builds_exact]
                 )
                 after = step.launches()
-                assert after["cuda_kda_front"] == before["cuda_kda_front"] + 2
-                assert after["cuda_gemv"] == before["cuda_gemv"] + 1  # (only the front without it ran the GEMV)
-                assert not torch.equal(inside[0], inside[-1])  # (the layer added something)
-                for a, b in zip(apart, inside, strict=True):
-                    assert torch.equal(a, b)
+                assert after["cuda_kda_front"] == before["cuda_kda_front"] + len(builds_exact)
+                assert after["cuda_gemv"] == before["cuda_gemv"] + 2  # (only the fronts without it ran the GEMV)
+                assert not torch.equal(runs[0][0], runs[0][-1])  # (the layer added something)
+                for run in runs[1:]:
+                    for a, b in zip(runs[0], run, strict=True):
+                        assert torch.equal(a, b)
     for ahead, blocks, l2, exchange, ring in builds:
         build = (ahead, blocks, 10, l2, exchange, ring)
         for fused_layer in kdas:

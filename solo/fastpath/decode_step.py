@@ -636,6 +636,7 @@ class FusedDecodeStep:
         exchange: str = "global",
         ring: int = 0,
         o_proj: bool = False,
+        g_last: bool = False,
     ) -> int:
         """A lab switch (bench modifier `kdafront`): one token's KDA layer front (norm, q|k|v|f|g|b, the short
         convolutions, the gates and the recurrence) as one launch of 4 blocks a head (solo.kernels.cuda_kda), instead
@@ -643,8 +644,8 @@ class FusedDecodeStep:
         kernels. The build's fields are CudaKdaFront's; the defaults are the build that measured best on the H100
         (2 tasks' loads in flight, the global exchange: +24 us a step at 32K; the cluster builds +98 us and more,
         docs/performance.md section 0). `o_proj`: the layer's output projection inside the same launch too (with a
-        ring and the global exchange). All KDA layers or an error naming why not; returns how many run it (0 with
-        `on` False)."""
+        ring and the global exchange); `g_last`: the g rows streamed after the recurrence (with a ring). All KDA
+        layers or an error naming why not; returns how many run it (0 with `on` False)."""
         from solo.kernels.cuda_kda import CudaKdaFront, fp32_gate_params
 
         kdas = [layer.attention for layer in self.layers if isinstance(layer.attention, _KDAAttention)]
@@ -678,6 +679,7 @@ class FusedDecodeStep:
                     ring=ring,
                     scale_mode=fused.scale_mode,
                     o_proj=attention.dense if o_proj else None,
+                    g_last=g_last,
                 )
             except ValueError as exc:
                 raise StepKernelsUnavailable(f"layer {attention.index}: {exc}") from None

@@ -80,6 +80,7 @@ class CudaKdaFront:
         ring: int = 0,
         scale_mode: int = 1,
         o_proj=None,
+        g_last: bool = False,
     ) -> None:
         if (reason := kda_front_unavailable(weight, scales, scale_mode, attn)) is not None:
             raise ValueError(f"the fused KDA front cannot run: {reason}")
@@ -113,6 +114,11 @@ class CudaKdaFront:
         if not 0 <= ring <= MAX_RING:
             raise ValueError(f"the fused KDA front's ring holds 0..{MAX_RING} task slots, not {ring}")
         self.ring = ring
+        # the g rows (only the output projection reads them) streamed last, after the exchange and the recurrence, so
+        # that HBM serves their bytes while the block waits for its head's other blocks (kda_front.cu GLAST; a ring's)
+        if g_last and not ring:
+            raise ValueError("the fused KDA front streams its g rows last with a ring of task slots (ring > 0)")
+        self.g_last = g_last
         self.l2_ahead = l2_ahead  # tasks (40 KB each) a block asks the L2 for beyond its registers' loads
         self.warps = warps  # (they split K: its 64-column steps must be a multiple of them, at least 8)
         if warps < 8 or (self.k // 64) % warps:
@@ -169,6 +175,7 @@ class CudaKdaFront:
                 "L2A": self.l2_ahead,
                 "XCHG": int(self.exchange == "global"),
                 "RING": self.ring,
+                "GLAST": int(self.g_last),
             }
             if self.o_proj is not None:
                 defines.update(OPROJ=1, HID=self.o_proj.fused.weight.shape[0], OSL=self.o_proj.k_slices(1))

@@ -64,6 +64,14 @@
 #ifndef OPROJ
 #define OPROJ 0
 #endif
+#ifndef GLAST
+#define GLAST 0
+#endif
+#if GLAST && !RING
+#error "GLAST: the g tasks last, with a ring"
+#endif
+// the task at position pos of the block's stream (GLAST: q k v f, b, then the g tasks after the recurrence)
+#define TASK_OF(pos) (GLAST ? ((pos) < NT - 3 ? (pos) : (pos) == NT - 3 ? NT - 1 : (pos) - 1) : (pos))
 #if OPROJ
 #define OR (HID / (H * SPLIT))          // output projection rows a block
 #define RS2 (D + 64)                    // a row's bytes in a slot (opposite halves of the banks for rows g, g + 1)
@@ -152,9 +160,11 @@ __device__ __forceinline__ void fill_slot(unsigned char *ring, unsigned long lon
     }
 #endif
     if (task >= NT) return;
+    const int pos = task;  // (a position in the stream: the slot's; the rows are its task's)
+    task = TASK_OF(pos);
     const int rows = task < NT - 1 ? 16 : 1;
-    const u32 bar = smem_addr(&full[task % RING]);
-    const u32 dst = smem_addr(ring + (size_t)(task % RING) * SLOT);
+    const u32 bar = smem_addr(&full[pos % RING]);
+    const u32 dst = smem_addr(ring + (size_t)(pos % RING) * SLOT);
     if (lane == 0) bar_expect_bytes(bar, (u32)(rows * K));
     __syncwarp();
     if (lane < rows) bulk_to_shared(dst + lane * RS, w + (size_t)(task_row(task, h, j) + lane) * K, (u32)K, bar);
@@ -166,12 +176,13 @@ __device__ __forceinline__ void fill_slot(unsigned char *ring, unsigned long lon
 // warps' K slices summed in warp order, rounded to bf16 and stored (shared memory and proj).
 template <int HALF>
 __device__ __forceinline__ void run_task(Shared &sm, uint4 (&ra)[PF], uint4 (&rb)[PF], const unsigned char *__restrict__ w,
-                                         const float *__restrict__ s, u16 *__restrict__ proj, int task, int h, int j,
+                                         const float *__restrict__ s, u16 *__restrict__ proj, int pos, int h, int j,
                                          int warp, int lane, unsigned char *ring, const unsigned char *__restrict__ ow) {
     const int g = lane >> 2, t = lane & 3;
+    const int task = TASK_OF(pos);
 #if RING
-    bar_wait_parity(smem_addr(&sm.full[task % RING]), (u32)(task / RING) & 1u);
-    const unsigned char *slot_rows = ring + (size_t)(task % RING) * SLOT + g * RS;
+    bar_wait_parity(smem_addr(&sm.full[pos % RING]), (u32)(pos / RING) & 1u);
+    const unsigned char *slot_rows = ring + (size_t)(pos % RING) * SLOT + g * RS;
     const bool lo = task < NT - 1 || g == 0, hi = task < NT - 1;  // (the b task's slot holds its row 0 only)
 #endif
     const float *scales = s + (task_row(task, h, j) / 128) * KB;  // (the 16 rows share one 128-row scale block)
@@ -212,7 +223,7 @@ __device__ __forceinline__ void run_task(Shared &sm, uint4 (&ra)[PF], uint4 (&rb
 #if RING
     if (warp == 0) {  // every warp has read this task's slot: refill it with the task RING later
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        fill_slot(ring, sm.full, w, task + RING, h, j, lane, ow);
+        fill_slot(ring, sm.full, w, pos + RING, h, j, lane, ow);
     }
 #endif
     if (warp == 0 && lane < 16) {
@@ -352,13 +363,14 @@ kda_front(u16 *x,                               // [K] bf16: the layer's input (
     }
 
     // ---- the stream: NT tasks of 16 rows, TA tasks' loads in flight a lane
+    constexpr int PAIRED = GLAST ? NT - 3 : NT - 1;  // (GLAST: the g tasks run after the recurrence)
 #pragma unroll 1
-    for (int task = 0; task < NT - 1; task += 2) {
-        run_task<0>(sm, ra, rb, w, s, proj, task, h, j, warp, lane, ring, ow);
-        run_task<1>(sm, ra, rb, w, s, proj, task + 1, h, j, warp, lane, ring, ow);
+    for (int pos = 0; pos < PAIRED; pos += 2) {
+        run_task<0>(sm, ra, rb, w, s, proj, pos, h, j, warp, lane, ring, ow);
+        run_task<1>(sm, ra, rb, w, s, proj, pos + 1, h, j, warp, lane, ring, ow);
     }
-    asm volatile("griddepcontrol.launch_dependents;");  // (the b row is left)
-    run_task<0>(sm, ra, rb, w, s, proj, NT - 1, h, j, warp, lane, ring, ow);
+    asm volatile("griddepcontrol.launch_dependents;");  // (the b row is left, and GLAST's g rows)
+    run_task<0>(sm, ra, rb, w, s, proj, PAIRED, h, j, warp, lane, ring, ow);
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
 
@@ -469,13 +481,17 @@ kda_front(u16 *x,                               // [K] bf16: the layer's input (
 #pragma unroll
         for (int i = 0; i < 8; ++i) y += sm.part_o[i][lane];
         o[h * DK + j * CH + lane] = to_bf16(y);
-#if OPROJ
-        __threadfence();  // (warp 0 also stored this block's g rows of proj)
-#endif
     }
+#if GLAST
+    // ---- the g rows, which only the output projection reads: their slots filled while the block exchanged and ran
+    // the recurrence
+    run_task<1>(sm, ra, rb, w, s, proj, NT - 2, h, j, warp, lane, ring, ow);
+    run_task<0>(sm, ra, rb, w, s, proj, NT - 1, h, j, warp, lane, ring, ow);
+#endif
 #if OPROJ
     // ---- every block's o and g: a grid-wide count (flags[2 H]: arrivals, [2 H + 1]: departures), then the gated
     // per-head RMSNorm of all of o into f16 pairs, exactly as the output projection GEMV's prologue (NORM 2)
+    if (warp == 0) __threadfence();  // (warp 0 stored this block's o and its g rows of proj)
     __syncthreads();
     int *grid = flags + 2 * H;
     if (tid == 0) {
