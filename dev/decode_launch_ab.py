@@ -122,6 +122,8 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
         "kda_front_oproj": True,
     },
     "KDA front fused, ring of 4, again": {"kda_front": 1, "kda_front_exchange": "global", "kda_front_ring": 4},
+    "KDA front off (the two kernels)": {"kda_front": 0},
+    "KDA front off, again": {"kda_front": 0},
     "KDA front fused, 2/SM build, L2 2 tasks ahead": {"kda_front": 1, "kda_front_min_blocks": 2, "kda_front_l2": 2},
     "KDA front fused, 2/SM build, L2 4 tasks ahead": {"kda_front": 1, "kda_front_min_blocks": 2, "kda_front_l2": 4},
     "KDA front fused, 20 warps, 1 task ahead": {"kda_front": 1, "kda_front_warps": 20},
@@ -636,6 +638,7 @@ def main() -> int:
     kda_splits = (fused_kda.VALUE_SPLITS, fused_kda.WINDOW_VALUE_SPLITS)
     product_ahead = {k: step.l2_next[k] for k in ("megabytes", "shared", "at")}  # (its MoE kernels' L2 asks)
     product_window = step.gate_up_window()  # (its MoE kernels' gate_up window on this card)
+    product_front = step.kda_front_build  # (its fused KDA front's build on this card, or None: the two kernels)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     print(f"loaded in {times}; {len(gemvs)} CUDA GEMVs", flush=True)
     cache = HybridCache(model.config, args.context + 16, device, model.dtype, with_nextn=True)
@@ -679,25 +682,21 @@ def main() -> int:
         step.prefetch_next_weights(**ahead)
         step.shared_late_wait = VARIANTS[name].get("shared_late_wait", False)
         step.kda_l2_ahead = VARIANTS[name].get("kda_l2_ahead", False)
-        front = VARIANTS[name].get("kda_front", 0)
-        front_blocks = VARIANTS[name].get("kda_front_min_blocks", 1)
-        front_warps = VARIANTS[name].get("kda_front_warps", 10)
-        front_l2 = VARIANTS[name].get("kda_front_l2", 0)
-        front_exchange = VARIANTS[name].get("kda_front_exchange", "cluster")
-        front_ring = VARIANTS[name].get("kda_front_ring", 0)
-        front_oproj = VARIANTS[name].get("kda_front_oproj", False)
-        front_g_last = VARIANTS[name].get("kda_front_g_last", False)
-        step.fuse_kda_front(
-            front > 0,
-            front or 2,
-            front_blocks,
-            front_warps,
-            front_l2,
-            front_exchange,
-            front_ring,
-            front_oproj,
-            front_g_last,
-        )
+        if "kda_front" in VARIANTS[name]:  # (0: the two kernels; else a build of the fused KDA front)
+            front = VARIANTS[name]["kda_front"]
+            step.fuse_kda_front(
+                front > 0,
+                front or 2,
+                VARIANTS[name].get("kda_front_min_blocks", 1),
+                VARIANTS[name].get("kda_front_warps", 10),
+                VARIANTS[name].get("kda_front_l2", 0),
+                VARIANTS[name].get("kda_front_exchange", "cluster"),
+                VARIANTS[name].get("kda_front_ring", 0),
+                VARIANTS[name].get("kda_front_oproj", False),
+                VARIANTS[name].get("kda_front_g_last", False),
+            )
+        else:  # the product's: this card's build or the two kernels
+            step.fuse_kda_front(product_front is not None, **(product_front or {}))
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])
         fused_kda.WINDOW_VALUE_SPLITS = splits.get("window", kda_splits[1])

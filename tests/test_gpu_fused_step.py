@@ -615,8 +615,8 @@ def test_the_fused_kda_front_computes_what_the_two_kernels_do(setup):
             assert kda.attention.front.a_log is kda.attention.gate_params[0]
         try:
             yield
-        finally:
-            step.fuse_kda_front(False)
+        finally:  # (the product's again: this card's build or the two kernels)
+            step.fuse_kda_front(step.kda_front_build is not None, **(step.kda_front_build or {}))
 
     worst = 0.0
     # (tasks ahead, blocks an SM the build is for, tasks asked of the L2, the exchange, ring slots)
@@ -702,7 +702,8 @@ def test_greedy_decode_in_graphs_replays_the_fused_step_exactly(setup):
     prompt = torch.randint(0, VOCAB, (int(torch.randint(5, 40, ())),)).tolist()
     out = engine.generate(prompt, GenerationParams(max_tokens=64, ignore_eos=True))
     after = fused.decode_step.launches()
-    assert after["kda"] - before["kda"] >= 63 * len(config.kda_layers)  # every decode step ran the fused kernels
+    ran = sum(after[f] - before[f] for f in ("kda", "cuda_kda_front"))  # (the recurrence or the fused KDA front)
+    assert ran >= 63 * len(config.kda_layers)  # every decode step ran the fused kernels
     cache = HybridCache(config, 256, "cuda", torch.bfloat16, with_nextn=True)
     eager = []
     with torch.inference_mode():

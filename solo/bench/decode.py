@@ -89,8 +89,8 @@ STEPS = ("fused", "reference", "auto")
 # too, --moe-shared fused; measured slower, for A/B runs), handoff and latewait (the lab switches
 # FusedDecodeStep.handoff and .shared_late_wait, for A/B runs until measured), bulk (the lab switch
 # FusedDecodeStep.ring_big_projections: the big projections' weights through bulk rings, 2 blocks of 8 warps an SM),
-# kdafront (the lab switch FusedDecodeStep.fuse_kda_front: one token's KDA norm, projection and recurrence in one
-# launch, its best build on the H100: +24 us a step at 32K, docs/performance.md section 0)
+# kdafront / nokdafront (FusedDecodeStep.fuse_kda_front: one token's KDA norm, projection and recurrence in one launch,
+# the product's build KDA_FRONT_BUILD, on or off whatever the card's product: it is on the cards of KDA_FRONT_CARDS)
 STEP_MODIFIERS = (
     "pdl",
     "pdlall",
@@ -103,6 +103,7 @@ STEP_MODIFIERS = (
     "latewait",
     "bulk",
     "kdafront",
+    "nokdafront",
 )
 LAB_SWITCHES = {"handoff": "handoff", "latewait": "shared_late_wait"}  # modifier -> FusedDecodeStep attribute
 
@@ -168,6 +169,8 @@ def parse_configs(text: str) -> list[Config]:
             raise ValueError(f"--configs item '{item}': the step kernels are one of triton, cuda, cuda1")
         if "pdl" in mods and "pdlall" in mods:
             raise ValueError(f"--configs item '{item}': pdlall includes pdl; give one")
+        if "kdafront" in mods and "nokdafront" in mods:
+            raise ValueError(f"--configs item '{item}': kdafront turns the KDA front on, nokdafront off; give one")
         configs.append(config)
     return configs
 
@@ -307,14 +310,18 @@ def load(args: argparse.Namespace, config: Config):
     accelerate(model, options)
     switches = [LAB_SWITCHES[m] for m in config.modifiers if m in LAB_SWITCHES]
     step = model.decode_step
-    lab = switches or {"bulk", "kdafront"} & set(config.modifiers)
+    lab = switches or {"bulk", "kdafront", "nokdafront"} & set(config.modifiers)
     if lab and step is not None:  # (modifiers come with the fused step only)
         for switch in switches:
             setattr(step, switch, True)
         if "bulk" in config.modifiers and not step.ring_big_projections():
             raise ValueError(f"{config.name}: bulk rings the CUDA step kernels' projections; this step has none")
         if "kdafront" in config.modifiers:
-            step.fuse_kda_front()  # (all KDA layers or a StepKernelsUnavailable naming why not)
+            from solo.fastpath.decode_step import KDA_FRONT_BUILD
+
+            step.fuse_kda_front(True, **KDA_FRONT_BUILD)  # (all KDA layers or a StepKernelsUnavailable naming why not)
+        if "nokdafront" in config.modifiers:
+            step.fuse_kda_front(False)
         step.warmup()  # (their kernels compiled before any capture)
     return model, {"load_s": round(loaded, 1), "accelerate_s": round(time.perf_counter() - t0 - loaded, 1)}
 

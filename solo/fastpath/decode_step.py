@@ -135,6 +135,23 @@ GATE_UP_WINDOW_CARDS = ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
 GATE_UP_WINDOW = 3
 
 
+# Cards on which one token's KDA layer front (norm, q|k|v|f|g|b, the short convolutions, the gates and the recurrence)
+# runs as one launch of 4 blocks a head (FusedDecodeStep.fuse_kda_front with KDA_FRONT_BUILD: the weights through a
+# ring of 3 task slots of shared memory, the heads' blocks exchanging through global memory, the g rows streamed after
+# the recurrence) instead of the CUDA GEMV and the Triton recurrence. Measured in the whole decode step at full shape,
+# 32K, on H100s (thirty-third session, dev/decode_launch_ab.py): -41.1 us (g rows last), and without them last -29.7,
+# -47 and -59 us over four device calls (docs/results/h100_ab_kda_front_lab83.log). Not on the H200 until measured
+# there. The layer's output projection inside the same launch (`o_proj`) measured +7 to +21 us against the same build
+# without it, and stays a lab switch.
+KDA_FRONT_CARDS = ("NVIDIA H100 80GB HBM3",)
+KDA_FRONT_BUILD: dict[str, Any] = {"tasks_ahead": 1, "exchange": "global", "ring": 3, "g_last": True}
+
+
+def kda_front_for(card: str) -> dict[str, Any] | None:
+    """The fused KDA front's build on this card (fuse_kda_front's arguments), or None: the two kernels run there."""
+    return dict(KDA_FRONT_BUILD) if card in KDA_FRONT_CARDS else None
+
+
 def gate_up_window_for(card: str) -> int:
     """The gate_up tiles each MoE kernel keeps in flight on this card (0: all at once)."""
     return GATE_UP_WINDOW if card in GATE_UP_WINDOW_CARDS else 0
@@ -494,8 +511,17 @@ class FusedDecodeStep:
         self.moe_shared = moe_shared
         self._shared_into_experts()
         self.l2_next: dict[str, Any] = {"megabytes": 0.0, "shared": False, "at": 0, "layers": 0}
+        card = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else ""
+        # the fused KDA front's build where this card runs it (None: the two kernels), and why not where it could not
+        self.kda_front_build: dict[str, Any] | None = None
+        self.kda_front_note = ""
+        if self.kernels == "cuda" and not self.kernels_note and (build := kda_front_for(card)) is not None:
+            try:
+                self.fuse_kda_front(True, **build)
+                self.kda_front_build = build
+            except StepKernelsUnavailable as exc:  # (a shape or a GPU it cannot run: the two kernels, said so)
+                self.kda_front_note = str(exc)
         if self.routers_in_experts():  # (the persistent MoE kernels: this card's choices)
-            card = torch.cuda.get_device_name(model.device)
             if ahead := l2_next_for(card):
                 self.prefetch_next_weights(ahead, shared=True, at=1)
             if window := gate_up_window_for(card):
@@ -681,6 +707,8 @@ class FusedDecodeStep:
                     o_proj=attention.dense if o_proj else None,
                     g_last=g_last,
                 )
+                for lazy in (False, True):  # (built now: a GPU the build cannot run is refused here, not mid-step)
+                    front.kernel(lazy)
             except ValueError as exc:
                 raise StepKernelsUnavailable(f"layer {attention.index}: {exc}") from None
             fronts.append((attention, front))
@@ -858,6 +886,8 @@ class FusedDecodeStep:
             "shared_late_wait": self.shared_late_wait,
             "kda_l2_ahead": self.kda_l2_ahead,
             "kda_fronts": self.kda_fronts(),
+            "kda_front_build": self.kda_front_build,
+            **({"kda_front_note": self.kda_front_note} if self.kda_front_note else {}),
             "l2_next": dict(self.l2_next),
             "mla_early_chunks": self.mla_early_chunks(),
             "mla_gluon": self.mla_gluon(),
