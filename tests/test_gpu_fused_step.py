@@ -235,7 +235,8 @@ def test_the_handoffs_compute_what_the_plain_waits_do(setup):
     """The KDA and MLA layers with their input projection handing the rows the next kernel reads over
     before it ends (the output gate last; the KDA kernel and the MLA prep wait for the blocks' signals):
     the same outputs, states, windows, history and latent caches bit for bit as with the plain wait (one
-    token and a verification window, copying and lazy), and the counters zero again after each layer."""
+    token and a verification window, copying and lazy), and the counters zero again after each layer. (With the two
+    kernels: the fused KDA front, where this card runs it, has no hand-off.)"""
     from solo.kernels.cuda_step import CudaGemv
 
     config, _, fused = setup
@@ -254,14 +255,18 @@ def test_the_handoffs_compute_what_the_plain_waits_do(setup):
         assert (fused_layer.attention.proj.last_signals > 0) == handoff, (kind, index)
         assert step.handoff_counters.tolist() == [0, 0]
 
-    for kind in ("kda", "mla"):
-        layers = [(i, f) for i, (f, layer) in enumerate(pairs) if layer.is_mla == (kind == "mla")]
-        for tokens, window in ((1, None), (4, None), (4, 4), (1, 4)):
-            index, fused_layer = layers[int(torch.randint(0, len(layers), ()))]
-            variants = [handing_over(handoff, fused_layer, kind, index) for handoff in (False, True)]
-            results = layer_runs(config, fused_layer, tokens, window, variants, mla=True)
-            for a, b in zip(*results, strict=True):
-                assert torch.equal(a, b), (kind, index, tokens, window)
+    step.fuse_kda_front(False)
+    try:
+        for kind in ("kda", "mla"):
+            layers = [(i, f) for i, (f, layer) in enumerate(pairs) if layer.is_mla == (kind == "mla")]
+            for tokens, window in ((1, None), (4, None), (4, 4), (1, 4)):
+                index, fused_layer = layers[int(torch.randint(0, len(layers), ()))]
+                variants = [handing_over(handoff, fused_layer, kind, index) for handoff in (False, True)]
+                results = layer_runs(config, fused_layer, tokens, window, variants, mla=True)
+                for a, b in zip(*results, strict=True):
+                    assert torch.equal(a, b), (kind, index, tokens, window)
+    finally:  # (the product's again)
+        step.fuse_kda_front(step.kda_front_build is not None, **(step.kda_front_build or {}))
 
 
 def test_the_shared_expert_inside_the_moe_kernel_matches_the_reference_layers(setup):
@@ -752,7 +757,9 @@ def test_speculation_on_the_fused_step_in_graphs_replays_it_exactly_and_is_check
     assert graphed.acceptance.accepted_at == eager.acceptance.accepted_at
     assert after["cuda_router"] > before["cuda_router"]  # verification's routers ran on the CUDA router
     check = check_decode_step(plain, "fused")
-    assert check.status == ACTIVE and check.evidence["kda_launches"] > 0, check
+    ran_kda = check.evidence["kda_launches"] + check.evidence["cuda_kda_front_launches"]  # (the front: one token)
+    assert check.status == ACTIVE and ran_kda > 0, check
+    assert check.evidence.get("kda_front") == fused.decode_step.kda_front_build, check
 
 
 def test_pdl_launches_compute_exactly_what_plain_launches_do_and_are_proven_at_start_up(setup):
