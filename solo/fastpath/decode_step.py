@@ -139,10 +139,10 @@ GATE_UP_WINDOW = 3
 # runs as one launch of 4 blocks a head (FusedDecodeStep.fuse_kda_front with KDA_FRONT_BUILD: the weights through a
 # ring of 3 task slots of shared memory, the heads' blocks exchanging through global memory, the g rows streamed after
 # the recurrence) instead of the CUDA GEMV and the Triton recurrence. Measured in the whole decode step at full shape,
-# 32K, on H100s (thirty-third session, dev/decode_launch_ab.py): -41.1 us (g rows last), and without them last -29.7,
-# -47 and -59 us over four device calls (docs/results/h100_ab_kda_front_lab83.log). Not on the H200 until measured
-# there. The layer's output projection inside the same launch (`o_proj`) measured +7 to +21 us against the same build
-# without it, and stays a lab switch.
+# 32K, on H100s (thirty-third session, dev/decode_launch_ab.py): -41.1 us with the g rows last, against -29.7 and
+# about -47 without (docs/results/h100_kda_front_lab83.log); the bench -50 us at 32K, -38 at 4K (h100_bench_lab84.log).
+# Not on the H200 until measured there. The layer's output projection inside the same launch (`o_proj`) measured +7 to
+# +21 us against the same build without it in three of four comparisons (-6.9 once), and stays a lab switch.
 KDA_FRONT_CARDS = ("NVIDIA H100 80GB HBM3",)
 KDA_FRONT_BUILD: dict[str, Any] = {"tasks_ahead": 1, "exchange": "global", "ring": 3, "g_last": True}
 
@@ -664,14 +664,14 @@ class FusedDecodeStep:
         o_proj: bool = False,
         g_last: bool = False,
     ) -> int:
-        """A lab switch (bench modifier `kdafront`): one token's KDA layer front (norm, q|k|v|f|g|b, the short
-        convolutions, the gates and the recurrence) as one launch of 4 blocks a head (solo.kernels.cuda_kda), instead
-        of the CUDA GEMV and the Triton recurrence with a grid-wide boundary between them; verification keeps the two
-        kernels. The build's fields are CudaKdaFront's; the defaults are the build that measured best on the H100
-        (2 tasks' loads in flight, the global exchange: +24 us a step at 32K; the cluster builds +98 us and more,
-        docs/performance.md section 0). `o_proj`: the layer's output projection inside the same launch too (with a
-        ring and the global exchange); `g_last`: the g rows streamed after the recurrence (with a ring). All KDA
-        layers or an error naming why not; returns how many run it (0 with `on` False)."""
+        """One token's KDA layer front (norm, q|k|v|f|g|b, the short convolutions, the gates and the recurrence) as one
+        launch of 4 blocks a head (solo.kernels.cuda_kda), instead of the CUDA GEMV and the Triton recurrence with a
+        grid-wide boundary between them; verification keeps the two kernels. The product's on the cards of
+        KDA_FRONT_CARDS with KDA_FRONT_BUILD (set at construction; bench modifiers kdafront / nokdafront). The build's
+        fields are CudaKdaFront's; the defaults are the thirty-second session's best register build (+24 us a step
+        at 32K on the H100, docs/performance.md section 0). `o_proj`: the layer's output projection inside the same
+        launch too (with a ring and the global exchange); `g_last`: the g rows streamed after the recurrence (with a
+        ring). All KDA layers or an error naming why not; returns how many run it (0 with `on` False)."""
         from solo.kernels.cuda_kda import CudaKdaFront, fp32_gate_params
 
         kdas = [layer.attention for layer in self.layers if isinstance(layer.attention, _KDAAttention)]

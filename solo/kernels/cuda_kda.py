@@ -1,16 +1,19 @@
-"""One token's KDA layer front as one CUDA launch (solo/kernels/cuda/kda_front.cu; Hopper, NVRTC). A lab switch.
+"""One token's KDA layer front as one CUDA launch (solo/kernels/cuda/kda_front.cu; Hopper, NVRTC). The H100's product.
 
 The decode step's KDA layer runs its input projection (norm + q|k|v|f|g|b, a GEMV over every SM) and then the
 recurrence (fused_kda.kda_decode) with a grid-wide boundary between them. `CudaKdaFront` runs both in one launch of
 4 blocks a head: each block projects the rows its slice of the recurrence needs, the head's blocks exchange q, k
 and the decay (through a thread-block cluster's distributed shared memory, or through global memory and counters),
 and each block updates its slice of the head's state. It returns the projection (its g rows feed the output
-projection's gated norm, which stays its own kernel) and writes o, the conv windows and the state as the two
-kernels did, to fp32 summation order. One token, no verification history (the window's calls keep the two kernels).
+projection's gated norm, its own kernel unless `o_proj` puts it inside too) and writes o, the conv windows and the
+state as the two kernels did, to fp32 summation order. One token, no verification history (the window's calls keep the
+two kernels).
 
-Measured on the H100 (thirty-second session, docs/performance.md section 0) it does not pay: its best build is +24 us
-a decode step at 32K. The clusters of 4 fit 30 at a time at one block an SM (two waves for 32 heads); at two blocks an
-SM (96 registers) the 41 KB of loads in flight an SM stream slower than the GEMV's 61 KB.
+Measured on the H100 (docs/performance.md section 0): the register builds do not pay (thirty-second session: +24 us a
+decode step at 32K at best; the clusters of 4 fit 30 at a time at one block an SM, and at two blocks an SM the 41 KB of
+loads in flight an SM stream slower than the GEMV's 61 KB). The weights through a ring of 3 task slots of shared memory
+with the g rows last do (thirty-third session: -41 us in the A/B, -50 in the bench): the product's build there
+(solo.fastpath.decode_step.KDA_FRONT_BUILD).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 // One token's KDA layer front in one launch: RMSNorm, the q|k|v|f|g|b projection (FP8, 128x128 block
-// scales), the short convolutions, the gates and the delta-rule recurrence (solo/kernels/cuda_kda.py). A lab
-// kernel: on the H100 it lost to the GEMV + Triton recurrence it replaces (docs/performance.md section 0).
+// scales), the short convolutions, the gates and the delta-rule recurrence (solo/kernels/cuda_kda.py). The H100's
+// product with RING 3 and GLAST (-41 us a decode step at 32K against the GEMV + Triton recurrence it replaces; its
+// register builds lost: docs/performance.md section 0).
 //
 // Why: the decode step runs the projection (a GEMV over every SM) and then the recurrence (a kernel per head)
 // with a grid-wide boundary between them, though everything the recurrence of a head needs is that head's 641
@@ -23,7 +24,9 @@
 // of the L2 beyond them), RING (task slots of shared memory filled by bulk copies instead of the registers' loads),
 // MIN_BLOCKS (the build's blocks an SM), XCHG (1: the exchange through global memory
 // and counters, no cluster: the grid must be one wave), SAFE_GATE, LAZY (the state lives in slot
-// source - 1 of the history when the int32 *source is not 0), OPROJ (below: HID, OSL).
+// source - 1 of the history when the int32 *source is not 0), GLAST (with a ring: the g tasks, which only the output
+// projection reads, after the exchange and the recurrence, their slots filled meanwhile; the same bits), OPROJ (below:
+// HID, OSL; a lab build, it lost 7-21 us).
 //
 // OPROJ (thirty-third session; with XCHG and RING): the layer's output projection inside the same launch. Block b owns
 // output rows [OR b, OR (b + 1)) of o_proj (OR = HID / (H SPLIT): 20 at Ling's shape); their weights stream into the
