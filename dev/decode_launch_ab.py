@@ -122,6 +122,11 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
         "kda_front_oproj": True,
     },
     "KDA front fused, ring of 4, again": {"kda_front": 1, "kda_front_exchange": "global", "kda_front_ring": 4},
+    # (thirty-third session) the KDA layers' output projection at 8 warps (18 K registers a block): beside a KDA front's
+    # block (36 K) it fits on the SM, so under PDL it can load its first task's weights while the front ends
+    "o_proj: 8 warps": {"for": {("o_proj",): {"warps": 8}}},
+    "o_proj: 8 warps, again": {"for": {("o_proj",): {"warps": 8}}},
+    "o_proj: 8 warps, 4 in flight": {"for": {("o_proj",): {"warps": 8, "max_in_flight": 4}}},
     "KDA front off (the two kernels)": {"kda_front": 0},
     "KDA front off, again": {"kda_front": 0},
     "KDA front fused, 2/SM build, L2 2 tasks ahead": {"kda_front": 1, "kda_front_min_blocks": 2, "kda_front_l2": 2},
