@@ -47,6 +47,8 @@ from solo.kernels.cuda_moe_plan import DecodeKernelConfig  # noqa: E402
 from solo.kernels.cuda_step import WINDOW_RING, CudaGemv, CudaRouter, GemvLaunch, choose_launch  # noqa: E402
 from solo.model.cache import HybridCache  # noqa: E402
 
+# the H100's product build of the fused KDA front (solo.fastpath.decode_step.KDA_FRONT_BUILD) as variant fields
+FRONT_PRODUCT = {"kda_front": 1, "kda_front_exchange": "global", "kda_front_ring": 3, "kda_front_g_last": True}
 VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the product's), and under "for" more
     # fields for the GEMVs whose names end with one of a tuple's suffixes
     "product": {},
@@ -127,6 +129,16 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "o_proj: 8 warps": {"for": {("o_proj",): {"warps": 8}}},
     "o_proj: 8 warps, again": {"for": {("o_proj",): {"warps": 8}}},
     "o_proj: 8 warps, 4 in flight": {"for": {("o_proj",): {"warps": 8, "max_in_flight": 4}}},
+    # ... and both preferring all of the shared memory (an SM runs blocks of one shared-memory configuration at a time;
+    # the GEMV prefers 50%, the front the driver's choice)
+    "KDA front ring of 3, g last, carveout 100; o_proj 8 warps, carveout 100": {
+        **FRONT_PRODUCT,
+        "kda_front_carveout": 100,
+        "for": {("o_proj",): {"warps": 8, "carveout": 100}},
+    },
+    "KDA front ring of 3, g last, carveout 100": {**FRONT_PRODUCT, "kda_front_carveout": 100},
+    "o_proj: 8 warps, carveout 100": {"for": {("o_proj",): {"warps": 8, "carveout": 100}}},
+    "o_proj: carveout 100": {"for": {("o_proj",): {"carveout": 100}}},
     "KDA front off (the two kernels)": {"kda_front": 0},
     "KDA front off, again": {"kda_front": 0},
     "KDA front fused, 2/SM build, L2 2 tasks ahead": {"kda_front": 1, "kda_front_min_blocks": 2, "kda_front_l2": 2},
@@ -531,6 +543,7 @@ NOT_LAUNCH = (
     "kda_front_ring",
     "kda_front_oproj",
     "kda_front_g_last",
+    "kda_front_carveout",
     "shared_inside",
     "mla",
     "mla_one",
@@ -699,6 +712,7 @@ def main() -> int:
                 VARIANTS[name].get("kda_front_ring", 0),
                 VARIANTS[name].get("kda_front_oproj", False),
                 VARIANTS[name].get("kda_front_g_last", False),
+                VARIANTS[name].get("kda_front_carveout", -1),
             )
         else:  # the product's: this card's build or the two kernels
             step.fuse_kda_front(product_front is not None, **(product_front or {}))

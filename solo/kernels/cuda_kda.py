@@ -84,6 +84,7 @@ class CudaKdaFront:
         scale_mode: int = 1,
         o_proj=None,
         g_last: bool = False,
+        carveout: int = -1,
     ) -> None:
         if (reason := kda_front_unavailable(weight, scales, scale_mode, attn)) is not None:
             raise ValueError(f"the fused KDA front cannot run: {reason}")
@@ -122,6 +123,10 @@ class CudaKdaFront:
         if g_last and not ring:
             raise ValueError("the fused KDA front streams its g rows last with a ring of task slots (ring > 0)")
         self.g_last = g_last
+        # the share (%) of the SM's shared memory the kernel prefers (-1: the driver's choice): blocks of kernels whose
+        # shared-memory configurations differ cannot share an SM, so a successor meant to become resident beside the
+        # front's blocks under PDL must prefer the same
+        self.carveout = carveout
         self.l2_ahead = l2_ahead  # tasks (40 KB each) a block asks the L2 for beyond its registers' loads
         self.warps = warps  # (they split K: its 64-column steps must be a multiple of them, at least 8)
         if warps < 8 or (self.k // 64) % warps:
@@ -186,6 +191,8 @@ class CudaKdaFront:
             shared = self.ring * 16 * (self.k + 64)  # (the ring's slots: dynamic shared memory)
             if shared:
                 kernel.set_shared_bytes(shared)
+            if self.carveout >= 0:
+                kernel.set_carveout(self.carveout)
             if kernel.max_blocks_per_sm(32 * self.warps, shared) < 1:
                 raise ValueError(f"the fused KDA front with a ring of {self.ring} slots does not fit on an SM")
             if self.exchange == "global":  # (a block waiting for one that cannot become resident would wait forever)
