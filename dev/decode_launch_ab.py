@@ -131,7 +131,7 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "o_proj: 8 warps, 4 in flight": {"for": {("o_proj",): {"warps": 8, "max_in_flight": 4}}},
     # ... and both preferring all of the shared memory (an SM runs blocks of one shared-memory configuration at a time;
     # the GEMV prefers 50%, the front the driver's choice)
-    "KDA front ring of 3, g last, carveout 100; o_proj 8 warps, carveout 100": {
+    "KDA front ring of 3, g last, carveout 100, o_proj 8 warps, carveout 100": {
         **FRONT_PRODUCT,
         "kda_front_carveout": 100,
         "for": {("o_proj",): {"warps": 8, "carveout": 100}},

@@ -12,6 +12,6 @@ if nvidia-smi -L | grep -q H200; then
     ab ab "product;$f, ring of 3, g last;$f, ring of 4, g last;product again;$f, ring of 4, g last, again" \
         --deadline "$(($(left) - 70))"
 else
-    ab ab "product;KDA front ring of 3, g last, carveout 100; o_proj 8 warps, carveout 100;KDA front ring of 3, g last, carveout 100;o_proj: 8 warps, carveout 100;product again;o_proj: carveout 100" \
+    ab ab "product;KDA front ring of 3, g last, carveout 100, o_proj 8 warps, carveout 100;KDA front ring of 3, g last, carveout 100;o_proj: 8 warps, carveout 100;product again;o_proj: carveout 100" \
         --deadline "$(($(left) - 70))"
 fi
