@@ -139,6 +139,9 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "KDA front ring of 3, g last, carveout 100": {**FRONT_PRODUCT, "kda_front_carveout": 100},
     "o_proj: 8 warps, carveout 100": {"for": {("o_proj",): {"warps": 8, "carveout": 100}}},
     "o_proj: carveout 100": {"for": {("o_proj",): {"carveout": 100}}},
+    # (thirty-third session, not yet run) the front's blocks asking the L2 for the output projection's weights
+    "KDA front, o_proj weights asked of the L2 after the b task": {**FRONT_PRODUCT, "kda_front_l2_o_proj": 1},
+    "KDA front, o_proj weights asked of the L2 before the wait": {**FRONT_PRODUCT, "kda_front_l2_o_proj": 2},
     "KDA front off (the two kernels)": {"kda_front": 0},
     "KDA front off, again": {"kda_front": 0},
     "KDA front fused, 2/SM build, L2 2 tasks ahead": {"kda_front": 1, "kda_front_min_blocks": 2, "kda_front_l2": 2},
@@ -544,6 +547,7 @@ NOT_LAUNCH = (
     "kda_front_oproj",
     "kda_front_g_last",
     "kda_front_carveout",
+    "kda_front_l2_o_proj",
     "shared_inside",
     "mla",
     "mla_one",
@@ -713,6 +717,7 @@ def main() -> int:
                 VARIANTS[name].get("kda_front_oproj", False),
                 VARIANTS[name].get("kda_front_g_last", False),
                 VARIANTS[name].get("kda_front_carveout", -1),
+                VARIANTS[name].get("kda_front_l2_o_proj", 0),
             )
         else:  # the product's: this card's build or the two kernels
             step.fuse_kda_front(product_front is not None, **(product_front or {}))

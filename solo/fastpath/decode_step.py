@@ -664,6 +664,7 @@ class FusedDecodeStep:
         o_proj: bool = False,
         g_last: bool = False,
         carveout: int = -1,
+        l2_o_proj: int = 0,
     ) -> int:
         """One token's KDA layer front (norm, q|k|v|f|g|b, the short convolutions, the gates and the recurrence) as one
         launch of 4 blocks a head (solo.kernels.cuda_kda), instead of the CUDA GEMV and the Triton recurrence with a
@@ -672,8 +673,9 @@ class FusedDecodeStep:
         fields are CudaKdaFront's; the defaults are the thirty-second session's best register build (+24 us a step
         at 32K on the H100, docs/performance.md section 0). `o_proj`: the layer's output projection inside the same
         launch too (with a ring and the global exchange); `g_last`: the g rows streamed after the recurrence (with a
-        ring); `carveout`: the shared-memory share the kernel prefers. All KDA layers or an error naming why not;
-        returns how many run it (0 with `on` False)."""
+        ring); `carveout`: the shared-memory share the kernel prefers; `l2_o_proj` 1 / 2: the blocks ask the L2 for
+        the output projection's weight after the b task / before the wait (a hint). All KDA layers or an error naming
+        why not; returns how many run it (0 with `on` False)."""
         from solo.kernels.cuda_kda import CudaKdaFront, fp32_gate_params
 
         kdas = [layer.attention for layer in self.layers if isinstance(layer.attention, _KDAAttention)]
@@ -709,6 +711,7 @@ class FusedDecodeStep:
                     o_proj=attention.dense if o_proj else None,
                     g_last=g_last,
                     carveout=carveout,
+                    l2_next=(_weight(attention.dense), l2_o_proj) if l2_o_proj else None,
                 )
                 for lazy in (False, True):  # (built now: a GPU the build cannot run is refused here, not mid-step)
                     front.kernel(lazy)

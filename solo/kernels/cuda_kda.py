@@ -85,6 +85,7 @@ class CudaKdaFront:
         o_proj=None,
         g_last: bool = False,
         carveout: int = -1,
+        l2_next: tuple[torch.Tensor, int] | None = None,
     ) -> None:
         if (reason := kda_front_unavailable(weight, scales, scale_mode, attn)) is not None:
             raise ValueError(f"the fused KDA front cannot run: {reason}")
@@ -127,6 +128,13 @@ class CudaKdaFront:
         # shared-memory configurations differ cannot share an SM, so a successor meant to become resident beside the
         # front's blocks under PDL must prefer the same
         self.carveout = carveout
+        # (weight, when): each block asks the L2 for its share of this weight (the next kernel's, which cannot become
+        # resident beside the front's blocks to load it early), when 1: after the b task, 2: before the wait
+        if l2_next is not None and (l2_next[1] not in (1, 2) or l2_next[0].data_ptr() % 16):
+            raise ValueError(
+                "the fused KDA front asks the L2 at 1 (after the b task) or 2 (before the wait), 16-byte aligned"
+            )
+        self.l2_next = l2_next
         self.l2_ahead = l2_ahead  # tasks (40 KB each) a block asks the L2 for beyond its registers' loads
         self.warps = warps  # (they split K: its 64-column steps must be a multiple of them, at least 8)
         if warps < 8 or (self.k // 64) % warps:
@@ -184,6 +192,7 @@ class CudaKdaFront:
                 "XCHG": int(self.exchange == "global"),
                 "RING": self.ring,
                 "GLAST": int(self.g_last),
+                "L2O": self.l2_next[1] if self.l2_next is not None else 0,
             }
             if self.o_proj is not None:
                 defines.update(OPROJ=1, HID=self.o_proj.fused.weight.shape[0], OSL=self.o_proj.k_slices(1))
@@ -269,6 +278,11 @@ class CudaKdaFront:
                     (self.o_proj.fused.weight, self.o_proj.fused.scale, o_norm[0], float(o_norm[1]))
                     if o_norm is not None
                     else (None, None, None, 0.0)
+                ),
+                *(
+                    (self.l2_next[0], self.l2_next[0].numel() * self.l2_next[0].element_size() // 16 * 16)
+                    if self.l2_next is not None
+                    else (None, 0)
                 ),
             ],
             dependent=launch.pdl,

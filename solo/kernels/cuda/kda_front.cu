@@ -26,7 +26,9 @@
 // and counters, no cluster: the grid must be one wave), SAFE_GATE, LAZY (the state lives in slot
 // source - 1 of the history when the int32 *source is not 0), GLAST (with a ring: the g tasks, which only the output
 // projection reads, after the exchange and the recurrence, their slots filled meanwhile; the same bits), OPROJ (below:
-// HID, OSL; a lab build, it lost 7-21 us).
+// HID, OSL; a lab build, it lost 7-21 us), L2O (1: after the b task, 2: before the wait, each block asks the L2 for its
+// share of l2_bytes at l2w, the weights of the next kernel (the output projection's), which cannot become resident
+// beside the front's blocks to load them itself; a hint, no result changes).
 //
 // OPROJ (thirty-third session; with XCHG and RING): the layer's output projection inside the same launch. Block b owns
 // output rows [OR b, OR (b + 1)) of o_proj (OR = HID / (H SPLIT): 20 at Ling's shape); their weights stream into the
@@ -69,6 +71,9 @@
 #endif
 #ifndef GLAST
 #define GLAST 0
+#endif
+#ifndef L2O
+#define L2O 0
 #endif
 #if GLAST && !RING
 #error "GLAST: the g tasks last, with a ring"
@@ -141,6 +146,13 @@ __device__ __forceinline__ void ask_l2_task(const unsigned char *__restrict__ w,
     const u32 bytes = (u32)((task < NT - 1 ? 16 : 1) * K);
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + (size_t)task_row(task, h, j) * K), "r"(bytes)
                  : "memory");
+}
+
+// L2O: this block's share of the l2_bytes at l2w (one bulk prefetch: a hint)
+__device__ __forceinline__ void ask_l2_share(const unsigned char *l2w, int l2_bytes) {
+    const int share = (l2_bytes / (int)gridDim.x + 15) / 16 * 16, first = (int)blockIdx.x * share;
+    const int n = min(share, l2_bytes - first);
+    if (n > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(l2w + first), "r"(n) : "memory");
 }
 
 #if RING
@@ -271,7 +283,9 @@ kda_front(u16 *x,                               // [K] bf16: the layer's input (
           const unsigned char *__restrict__ ow, // OPROJ: [HID, D] e4m3, the output projection
           const float *__restrict__ os,         // OPROJ: [ceil(HID / 128), D / 128] its block scales
           const u16 *__restrict__ onw,          // OPROJ: [DK] bf16, the output norm's weight
-          float oeps) {                         // OPROJ: the output norm's epsilon
+          float oeps,                           // OPROJ: the output norm's epsilon
+          const unsigned char *__restrict__ l2w,  // L2O: the weights asked of the L2 (the next kernel's)
+          int l2_bytes) {                       // L2O: how many (a multiple of 16)
     __shared__ Shared sm;
     extern __shared__ __align__(128) unsigned char ring[];  // RING: the slots (dynamic shared memory)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
@@ -303,6 +317,7 @@ kda_front(u16 *x,                               // [K] bf16: the layer's input (
 #endif
     if (L2A > 0 && tid == 0)
         for (int i = TA; i < TA + L2A; ++i) ask_l2_task(w, i, h, j);
+    if (L2O == 2 && tid == 0) ask_l2_share(l2w, l2_bytes);
     float *st_base = state;
 #if LAZY
     const int src = *source;
@@ -373,6 +388,7 @@ kda_front(u16 *x,                               // [K] bf16: the layer's input (
         run_task<1>(sm, ra, rb, w, s, proj, pos + 1, h, j, warp, lane, ring, ow);
     }
     asm volatile("griddepcontrol.launch_dependents;");  // (the b row is left, and GLAST's g rows)
+    if (L2O == 1 && tid == 0) ask_l2_share(l2w, l2_bytes);
     run_task<0>(sm, ra, rb, w, s, proj, PAIRED, h, j, warp, lane, ring, ow);
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
