@@ -266,7 +266,7 @@ def test_the_handoffs_compute_what_the_plain_waits_do(setup):
                 for a, b in zip(*results, strict=True):
                     assert torch.equal(a, b), (kind, index, tokens, window)
     finally:  # (the product's again)
-        step.fuse_kda_front(step.kda_front_build is not None, **(step.kda_front_build or {}))
+        step.fuse_kda_front(step.kda_front_product is not None, **(step.kda_front_product or {}))
 
 
 def test_the_shared_expert_inside_the_moe_kernel_matches_the_reference_layers(setup):
@@ -622,7 +622,7 @@ def test_the_fused_kda_front_computes_what_the_two_kernels_do(setup):
         try:
             yield
         finally:  # (the product's again: this card's build or the two kernels)
-            step.fuse_kda_front(step.kda_front_build is not None, **(step.kda_front_build or {}))
+            step.fuse_kda_front(step.kda_front_product is not None, **(step.kda_front_product or {}))
 
     worst = 0.0
     # (tasks ahead, blocks an SM the build is for, tasks asked of the L2, the exchange, ring slots)
@@ -764,6 +764,8 @@ def test_speculation_on_the_fused_step_in_graphs_replays_it_exactly_and_is_check
     ran_kda = check.evidence["kda_launches"] + check.evidence["cuda_kda_front_launches"]  # (the front: one token)
     assert check.status == ACTIVE and ran_kda > 0, check
     assert check.evidence.get("kda_front") == fused.decode_step.kda_front_build, check
+    product = fused.decode_step.kda_front_product
+    assert (product is None) == (fused.decode_step.kda_front_build is None), check  # (this card's choice runs)
 
 
 def test_pdl_launches_compute_exactly_what_plain_launches_do_and_are_proven_at_start_up(setup):

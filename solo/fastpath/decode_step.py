@@ -512,13 +512,15 @@ class FusedDecodeStep:
         self._shared_into_experts()
         self.l2_next: dict[str, Any] = {"megabytes": 0.0, "shared": False, "at": 0, "layers": 0}
         card = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else ""
-        # the fused KDA front's build where this card runs it (None: the two kernels), and why not where it could not
+        # the fused KDA front: the build running now (fuse_kda_front's arguments; None: the two kernels), the product's
+        # on this card (what the step was made with), and why not where this card's could not run
         self.kda_front_build: dict[str, Any] | None = None
+        self.kda_front_product: dict[str, Any] | None = None
         self.kda_front_note = ""
         if self.kernels == "cuda" and not self.kernels_note and (build := kda_front_for(card)) is not None:
             try:
                 self.fuse_kda_front(True, **build)
-                self.kda_front_build = build
+                self.kda_front_product = build
             except StepKernelsUnavailable as exc:  # (a shape or a GPU it cannot run: the two kernels, said so)
                 self.kda_front_note = str(exc)
         if self.routers_in_experts():  # (the persistent MoE kernels: this card's choices)
@@ -682,6 +684,7 @@ class FusedDecodeStep:
         if not on:
             for attention in kdas:
                 attention.front = None
+            self.kda_front_build = None
             return 0
         fronts = []
         for attention in kdas:
@@ -720,6 +723,9 @@ class FusedDecodeStep:
             fronts.append((attention, front))
         for attention, front in fronts:
             attention.front = front
+        build = {"tasks_ahead": tasks_ahead, "min_blocks": min_blocks, "warps": warps, "l2_ahead": l2_ahead}
+        build |= {"exchange": exchange, "ring": ring, "o_proj": o_proj, "g_last": g_last, "carveout": carveout}
+        self.kda_front_build = {**build, "l2_o_proj": l2_o_proj} if fronts else None
         return len(fronts)
 
     def kda_fronts(self) -> int:

@@ -356,7 +356,7 @@ def check_decode_step(engine: Engine, requested: str) -> Check:
         evidence["mla_gluon"] = True
     if window := step.gate_up_window():  # the MoE kernels' gate_up tiles in a window (this card's choice)
         evidence["gate_up_window"] = window
-    if step.kda_front_build is not None:  # one token's KDA front as one launch (this card's choice)
+    if step.kda_front_build is not None:  # one token's KDA front as one launch (this card's choice, or asked for)
         evidence["kda_front"] = step.kda_front_build
     if step.kda_front_note:  # this card's choice, which could not run here: the two kernels, and why
         evidence["kda_front_note"] = step.kda_front_note
