@@ -142,6 +142,15 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # (thirty-third session, not yet run) the front's blocks asking the L2 for the output projection's weights
     "KDA front, o_proj weights asked of the L2 after the b task": {**FRONT_PRODUCT, "kda_front_l2_o_proj": 1},
     "KDA front, o_proj weights asked of the L2 before the wait": {**FRONT_PRODUCT, "kda_front_l2_o_proj": 2},
+    # (not yet run) the shared expert's down before the front with both preferring all of the shared memory: a front
+    # block (36 K registers, 153 KB) then fits beside two of its blocks (14 K registers each) and fills its ring while
+    # they end; with the GEMV's 50% the SM's configuration cannot hold the front's 153 KB until they have left
+    "shared down carveout 100, KDA front carveout 100": {
+        **FRONT_PRODUCT,
+        "kda_front_carveout": 100,
+        "for": {("shared down",): {"carveout": 100}},
+    },
+    "shared down carveout 100": {"for": {("shared down",): {"carveout": 100}}},
     "KDA front off (the two kernels)": {"kda_front": 0},
     "KDA front off, again": {"kda_front": 0},
     "KDA front fused, 2/SM build, L2 2 tasks ahead": {"kda_front": 1, "kda_front_min_blocks": 2, "kda_front_l2": 2},
