@@ -429,8 +429,9 @@ def test_the_shared_expert_inside_the_moe_kernel_is_refused_where_it_cannot_run_
 
 
 def test_the_fused_kda_front_is_refused_where_it_cannot_run_naming_why(models):
-    """The fused KDA front (one launch of norm, q|k|v|f|g|b and recurrence; a lab switch) needs the CUDA step
-    kernels: on the Triton ones it is refused naming the layer and why, nothing changed; off is always fine."""
+    """The fused KDA front (one launch of norm, q|k|v|f|g|b and recurrence; the product on the cards of
+    KDA_FRONT_CARDS) needs the CUDA step kernels: on the Triton ones it is refused naming the layer and why, nothing
+    changed (no build running, none chosen for this machine); off is always fine."""
     from solo.fastpath.availability import StepKernelsUnavailable
     from solo.kernels.cuda_kda import CudaKdaFront, kda_front_unavailable
 
@@ -439,6 +440,7 @@ def test_the_fused_kda_front_is_refused_where_it_cannot_run_naming_why(models):
     with pytest.raises(StepKernelsUnavailable, match=r"fused KDA front runs with the CUDA step kernels; layer 0"):
         step.fuse_kda_front(True)
     assert step.kda_fronts() == 0 and step.describe()["kda_fronts"] == 0
+    assert step.describe()["kda_front_build"] is None and step.kda_front_product is None
     assert "cuda_kda_front" not in step.families_per_step() and "kda" in step.families_per_step()
     assert step.fuse_kda_front(False) == 0
     attention = step.layers[0].attention
