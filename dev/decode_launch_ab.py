@@ -475,6 +475,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "L2 next: shared + 32 MB, after the copies": {"l2_next": {"megabytes": 32, "at": 1}},
     "L2 next: shared + 32 MB, after the copies, again": {"l2_next": {"megabytes": 32, "at": 1}},
     "L2 next: shared expert, after the copies": {"l2_next": {"megabytes": 0, "at": 1}},
+    # (thirty-third session, not yet run) with the fused KDA front a block's first three ring tasks are q0, q1 and k0
+    # of its head: all of q and a half of every head's k rows, which the product's first 16 MB (all of q, k of heads
+    # 0-17) cover only in part; 21 MB is all of q and k
+    "L2 next: shared + 21 MB, after the copies": {"l2_next": {"megabytes": 21, "at": 1}},
     "L2 next: shared expert, after the exchange": {"l2_next": {"megabytes": 0, "at": 2}},
     "L2 next: shared + 8 MB, after the copies": {"l2_next": {"megabytes": 8, "at": 1}},
     "L2 next: shared + 8 MB, after the exchange": {"l2_next": {"megabytes": 8, "at": 2}},
