@@ -189,24 +189,7 @@ __device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, 
                 v[2 * q + 1] = rms_value(xq >> 16, rstd[r], nq >> 16);
             }
 #elif NORM == 2
-            // a group of GROUP columns is GROUP / 8 consecutive pieces: consecutive lanes of one warp
-            float sq = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) sq = fmaf(v[j], v[j], sq);
-#pragma unroll
-            for (int o = 1; o < GROUP / 8; o <<= 1) sq += __shfl_xor_sync(0xFFFFFFFFu, sq, o);
-            const float rs = __frcp_rn(__fsqrt_rn(__fdiv_rn(sq, (float)GROUP) + eps));
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const u32 gq = word(gv[r][p], q), nq = word(nv[p], q);
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const float g = bf16_to_float(h ? gq >> 16 : gq & 0xFFFFu);
-                    const float wn = bf16_to_float(h ? nq >> 16 : nq & 0xFFFFu);
-                    const float sig = 1.0f / (1.0f + __expf(-g));
-                    v[2 * q + h] = round_bf16(wn * (v[2 * q + h] * rs) * sig);
-                }
-            }
+            gated_rms_piece<GROUP>(v, gv[r][p], nv[p], eps);
 #endif
             if (i < K / 8) {
                 uint4 packed;

@@ -138,6 +138,23 @@ __device__ __forceinline__ void issue(uint4 &a, uint4 &b, const unsigned char *_
     b = hi ? ld_stream(w + (size_t)(row + 8) * K + col) : uint4{0u, 0u, 0u, 0u};
 }
 
+// One 64-column step's products of two rows (lane (g, t): va of row g, vb of row g + 8, columns 16t..16t+15 of the
+// step at col) with x's f16 pairs in xh (gemv_decode.cu's scheme): c0 and c1 hold the even and odd k-chunks' sums,
+// rows g in [0], g + 8 in [2].
+__device__ __forceinline__ void step_products(const uint4 &va, const uint4 &vb, const u32 *xh, int col, float (&c0)[4],
+                                              float (&c1)[4]) {
+    const uint4 xa = *reinterpret_cast<const uint4 *>(xh + col / 2);
+    const uint4 xb = *reinterpret_cast<const uint4 *>(xh + col / 2 + 4);
+    const u32 xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+    const u32 wa[4] = {va.x, va.y, va.z, va.w}, wb[4] = {vb.x, vb.y, vb.z, vb.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const u32 a0 = e4m3x2_to_f16x2(wa[q]), a2 = e4m3x2_to_f16x2(wa[q] >> 16);
+        const u32 a1 = e4m3x2_to_f16x2(wb[q]), a3 = e4m3x2_to_f16x2(wb[q] >> 16);
+        mma(q & 1 ? c1 : c0, a0, a1, a2, a3, xw[2 * q], xw[2 * q + 1]);
+    }
+}
+
 // L2A > 0: the registers hold TA tasks' loads (about 41 KB an SM at TA 1), too few to stream at the copy rate from
 // HBM; a task's 16 rows are 40 KB in one piece, so thread 0 also asks the L2 for the task L2A beyond the registers'
 // reach, one bulk prefetch (no registers, a hint: no result changes).
@@ -161,22 +178,21 @@ __device__ __forceinline__ void ask_l2_share(const unsigned char *l2w, int l2_by
 // registers held (the register path holds 41 KB an SM at TA 1). Warp 0 fills the first RING slots before the wait
 // and refills a slot with the task RING later once every warp has read it. Same products, order and results.
 __device__ __forceinline__ void fill_slot(unsigned char *ring, unsigned long long *full,
-                                          const unsigned char *__restrict__ w, int task, int h, int j, int lane,
+                                          const unsigned char *__restrict__ w, int pos, int h, int j, int lane,
                                           const unsigned char *__restrict__ ow) {
 #if OPROJ
-    if (task >= NT && task < NT + OSLOTS) {  // piece p of this block's output projection rows
-        const int p = task - NT, first = p * ORPS, rows = min(ORPS, OR - first);
-        const u32 bar = smem_addr(&full[task % RING]);
-        const u32 dst = smem_addr(ring + (size_t)(task % RING) * SLOT);
+    if (pos >= NT && pos < NT + OSLOTS) {  // piece p of this block's output projection rows
+        const int p = pos - NT, first = p * ORPS, rows = min(ORPS, OR - first);
+        const u32 bar = smem_addr(&full[pos % RING]);
+        const u32 dst = smem_addr(ring + (size_t)(pos % RING) * SLOT);
         if (lane == 0) bar_expect_bytes(bar, (u32)(rows * D));
         __syncwarp();
         if (lane < rows) bulk_to_shared(dst + lane * RS2, ow + (size_t)(blockIdx.x * OR + first + lane) * D, (u32)D, bar);
         return;
     }
 #endif
-    if (task >= NT) return;
-    const int pos = task;  // (a position in the stream: the slot's; the rows are its task's)
-    task = TASK_OF(pos);
+    if (pos >= NT) return;
+    const int task = TASK_OF(pos);  // (the slot is the position's; the rows are its task's)
     const int rows = task < NT - 1 ? 16 : 1;
     const u32 bar = smem_addr(&full[pos % RING]);
     const u32 dst = smem_addr(ring + (size_t)(pos % RING) * SLOT);
@@ -215,17 +231,8 @@ __device__ __forceinline__ void run_task(Shared &sm, uint4 (&ra)[PF], uint4 (&rb
         const uint4 va = ra[slot], vb = rb[slot];
         if (task + TA < NT) issue(ra[slot], rb[slot], w, task + TA, st, h, j, warp, lane);
 #endif
-        const uint4 xa = *reinterpret_cast<const uint4 *>(sm.xh + col / 2);
-        const uint4 xb = *reinterpret_cast<const uint4 *>(sm.xh + col / 2 + 4);
-        const u32 xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-        const u32 wa[4] = {va.x, va.y, va.z, va.w}, wb[4] = {vb.x, vb.y, vb.z, vb.w};
         float c0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const u32 a0 = e4m3x2_to_f16x2(wa[q]), a2 = e4m3x2_to_f16x2(wa[q] >> 16);
-            const u32 a1 = e4m3x2_to_f16x2(wb[q]), a3 = e4m3x2_to_f16x2(wb[q] >> 16);
-            mma(q & 1 ? c1 : c0, a0, a1, a2, a3, xw[2 * q], xw[2 * q + 1]);
-        }
+        step_products(va, vb, sm.xh, col, c0, c1);
         const float sc = __ldg(scales + ((warp * SPW + st) * 64) / 128);
         acc = fmaf(c0[0] + c1[0], sc, acc);
         acc_hi = fmaf(c0[2] + c1[2], sc, acc_hi);
@@ -541,24 +548,7 @@ kda_front(u16 *x,                               // [K] bf16: the layer's input (
                 v[2 * q] = bf16_to_float(word(xv[p], q) & 0xFFFFu);
                 v[2 * q + 1] = bf16_to_float(word(xv[p], q) >> 16);
             }
-            // a head's DK columns are DK / 8 consecutive pieces: consecutive lanes of one warp
-            float sq = 0.0f;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) sq = fmaf(v[e], v[e], sq);
-#pragma unroll
-            for (int m = 1; m < DK / 8; m <<= 1) sq += __shfl_xor_sync(0xFFFFFFFFu, sq, m);
-            const float rs = __frcp_rn(__fsqrt_rn(__fdiv_rn(sq, (float)DK) + oeps));
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const u32 gq = word(gv[p], q), nq = word(nv[p], q);
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float gg = bf16_to_float(e ? gq >> 16 : gq & 0xFFFFu);
-                    const float wn = bf16_to_float(e ? nq >> 16 : nq & 0xFFFFu);
-                    const float sig = 1.0f / (1.0f + __expf(-gg));
-                    v[2 * q + e] = round_bf16(wn * (v[2 * q + e] * rs) * sig);
-                }
-            }
+            gated_rms_piece<DK>(v, gv[p], nv[p], oeps);  // (a head's DK columns: DK / 8 lanes of one warp)
             if (i < D / 8)
                 *reinterpret_cast<uint4 *>(sm.oh + i * 4) =
                     uint4{f16x2(v[0], v[1]), f16x2(v[2], v[3]), f16x2(v[4], v[5]), f16x2(v[6], v[7])};
@@ -593,22 +583,13 @@ kda_front(u16 *x,                               // [K] bf16: the layer's input (
 #pragma unroll
         for (int st = 0; st < OSTEPS; ++st) {
             const int col = (sl * OSTEPS + st) * 64 + t * 16;
-            const uint4 xa = *reinterpret_cast<const uint4 *>(sm.oh + col / 2);
-            const uint4 xb = *reinterpret_cast<const uint4 *>(sm.oh + col / 2 + 4);
-            const u32 xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
             const int kb = ((sl * OSTEPS + st) * 64) / 128;
 #pragma unroll
             for (int c = 0; c < OCH; ++c) {
                 const uint4 va = oval[c][0] ? *reinterpret_cast<const uint4 *>(orow[c][0] + col) : uint4{0u, 0u, 0u, 0u};
                 const uint4 vb = oval[c][1] ? *reinterpret_cast<const uint4 *>(orow[c][1] + col) : uint4{0u, 0u, 0u, 0u};
-                const u32 wa[4] = {va.x, va.y, va.z, va.w}, wb[4] = {vb.x, vb.y, vb.z, vb.w};
                 float c0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const u32 a0 = e4m3x2_to_f16x2(wa[q]), a2 = e4m3x2_to_f16x2(wa[q] >> 16);
-                    const u32 a1 = e4m3x2_to_f16x2(wb[q]), a3 = e4m3x2_to_f16x2(wb[q] >> 16);
-                    mma(q & 1 ? c1 : c0, a0, a1, a2, a3, xw[2 * q], xw[2 * q + 1]);
-                }
+                step_products(va, vb, sm.oh, col, c0, c1);
                 const float sa = oval[c][0] ? __ldg(oscale[c][0] + kb) : 0.0f;
                 const float sb = oval[c][1] ? __ldg(oscale[c][1] + kb) : 0.0f;
                 acc[c][0] = fmaf(c0[0] + c1[0], sa, acc[c][0]);

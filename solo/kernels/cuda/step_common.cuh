@@ -140,6 +140,31 @@ __device__ __forceinline__ float rms_value(u32 x_bits, float rstd, u32 w_bits) {
     return round_bf16(round_bf16(bf16_to_float(x_bits) * rstd) * bf16_to_float(w_bits));
 }
 
+// The gated per-group RMSNorm of 8 consecutive values v (one 16-byte piece of bf16; the KDA output norm): a group of
+// GN columns is GN / 8 consecutive pieces held by consecutive lanes of one warp (every lane must call it), g and
+// w the piece's gate and norm weight (bf16); each value normalised in fp32, times w and sigmoid(g), rounded to bf16.
+// (gemv_decode.cu's NORM 2 prologue and the KDA front's output projection: the same bits.)
+template <int GN>
+__device__ __forceinline__ void gated_rms_piece(float (&v)[8], const uint4 &g, const uint4 &w, float eps) {
+    float sq = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sq = fmaf(v[j], v[j], sq);
+#pragma unroll
+    for (int o = 1; o < GN / 8; o <<= 1) sq += __shfl_xor_sync(0xFFFFFFFFu, sq, o);
+    const float rs = __frcp_rn(__fsqrt_rn(__fdiv_rn(sq, (float)GN) + eps));
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const u32 gq = word(g, q), nq = word(w, q);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float gate = bf16_to_float(h ? gq >> 16 : gq & 0xFFFFu);
+            const float wn = bf16_to_float(h ? nq >> 16 : nq & 0xFFFFu);
+            const float sig = 1.0f / (1.0f + __expf(-gate));
+            v[2 * q + h] = round_bf16(wn * (v[2 * q + h] * rs) * sig);
+        }
+    }
+}
+
 // Two bf16-exact fp32 values -> a packed bf16 pair (low first)
 __device__ __forceinline__ u32 bf16_pair(float lo, float hi) {
     return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xFFFF0000u);
