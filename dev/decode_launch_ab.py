@@ -673,7 +673,6 @@ def main() -> int:
     kda_splits = (fused_kda.VALUE_SPLITS, fused_kda.WINDOW_VALUE_SPLITS)
     product_ahead = {k: step.l2_next[k] for k in ("megabytes", "shared", "at")}  # (its MoE kernels' L2 asks)
     product_window = step.gate_up_window()  # (its MoE kernels' gate_up window on this card)
-    product_front = step.kda_front_product  # (its fused KDA front's build on this card, or None: the two kernels)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     print(f"loaded in {times}; {len(gemvs)} CUDA GEMVs", flush=True)
     cache = HybridCache(model.config, args.context + 16, device, model.dtype, with_nextn=True)
@@ -733,7 +732,7 @@ def main() -> int:
                 VARIANTS[name].get("kda_front_l2_o_proj", 0),
             )
         else:  # the product's: this card's build or the two kernels
-            step.fuse_kda_front(product_front is not None, **(product_front or {}))
+            step.restore_kda_front()
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])
         fused_kda.WINDOW_VALUE_SPLITS = splits.get("window", kda_splits[1])

@@ -266,7 +266,7 @@ def test_the_handoffs_compute_what_the_plain_waits_do(setup):
                 for a, b in zip(*results, strict=True):
                     assert torch.equal(a, b), (kind, index, tokens, window)
     finally:  # (the product's again)
-        step.fuse_kda_front(step.kda_front_product is not None, **(step.kda_front_product or {}))
+        step.restore_kda_front()
 
 
 def test_the_shared_expert_inside_the_moe_kernel_matches_the_reference_layers(setup):
@@ -622,7 +622,7 @@ def test_the_fused_kda_front_computes_what_the_two_kernels_do(setup):
         try:
             yield
         finally:  # (the product's again: this card's build or the two kernels)
-            step.fuse_kda_front(step.kda_front_product is not None, **(step.kda_front_product or {}))
+            step.restore_kda_front()
 
     worst = 0.0
     # (tasks ahead, blocks an SM the build is for, tasks asked of the L2, the exchange, ring slots)

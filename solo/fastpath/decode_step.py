@@ -728,6 +728,10 @@ class FusedDecodeStep:
         self.kda_front_build = {**build, "l2_o_proj": l2_o_proj} if fronts else None
         return len(fronts)
 
+    def restore_kda_front(self) -> int:
+        """This card's KDA front again (kda_front_product, or the two kernels where it has none), after a lab build."""
+        return self.fuse_kda_front(self.kda_front_product is not None, **(self.kda_front_product or {}))
+
     def kda_fronts(self) -> int:
         """How many KDA layers run one token's front as one launch (fuse_kda_front)."""
         return sum(
