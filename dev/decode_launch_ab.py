@@ -412,6 +412,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # weights (DecodeKernelConfig.early_ids): the traces put 0.58 us between every rank written and the selection done
     "MoE experts before the weights": {"moe": {"early_ids": True}},
     "MoE experts before the weights, again": {"moe": {"early_ids": True}},
+    # (thirty-fourth session) the producer warp alone chooses from every expert's key and score (warp reductions,
+    # no barrier between the selection's steps; DecodeKernelConfig.warp_select)
+    "MoE warp selection": {"moe": {"warp_select": True}},
+    "MoE warp selection, again": {"moe": {"warp_select": True}},
     "MoE gate_up window 2": {"moe": {"gate_up_window": 2}},
     "MoE gate_up window 3": {"moe": {"gate_up_window": 3}},
     "MoE gate_up window 4": {"moe": {"gate_up_window": 4}},

@@ -143,14 +143,14 @@ def test_kernel_config_defines_name_every_variant():
         "REFRESH_PENDING": 0, "UNROLL_PAIRS": 0, "FAST_SELECT": 0, "DOWN_AFTER": 2, "BIAS_EARLY": 0,
         "X_EARLY": 0, "L2_NEXT_AT": 3, "X_IN_TILES": 0, "GU_WINDOW": 0,
         "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0, "SELECT_TWICE": 0, "LEAN_SELECT": 0,
-        "EARLY_IDS": 0,
+        "EARLY_IDS": 0, "WARP_SELECT": 0,
     }  # fmt: skip
     assert DecodeKernelConfig().defines() == {
         "EVICT_FIRST": 1, "TRACE": 0, "POLL_NS": 64, "SCORE_POLL_NS": 64, "ACT_COPIES": 8, "PROBE": 0,
         "REFRESH_PENDING": 1, "UNROLL_PAIRS": 1, "FAST_SELECT": 1, "DOWN_AFTER": 7, "BIAS_EARLY": 1,
         "X_EARLY": 1, "L2_NEXT_AT": 0, "X_IN_TILES": 0, "GU_WINDOW": 0,
         "WINDOW_DOWNS": 0, "EARLY_PAIRS": 0, "SCORE_STAGGER": 0, "SELECT_TWICE": 0, "LEAN_SELECT": 1,
-        "EARLY_IDS": 0,
+        "EARLY_IDS": 0, "WARP_SELECT": 0,
     }  # fmt: skip
     assert DecodeKernelConfig(balance="gate_up", x_in_tiles=True).defines()["X_IN_TILES"] == 1
     assert DecodeKernelConfig(gate_up_window=3).defines()["GU_WINDOW"] == 3
@@ -177,6 +177,26 @@ def test_kernel_config_defines_name_every_variant():
     for clash in ({"l2_next_at": 5}, {"l2_next_at": 6}, {"trace": True, "select_twice": True}):
         with pytest.raises(ValueError, match="early_ids cannot run with"):
             DecodeKernelConfig(early_ids=True, **clash).defines()
+    assert DecodeKernelConfig(warp_select=True).defines()["WARP_SELECT"] == 1
+    for clash in ({"early_ids": True}, {"trace": True, "select_twice": True}):
+        with pytest.raises(ValueError, match="warp_select: the producer chooses"):
+            DecodeKernelConfig(warp_select=True, **clash).defines()
+
+
+def test_warp_select_where_groups_are_whole_columns():
+    """The producer warp chooses (moe_decode.cu WARP_SEL) where each group is whole 32-expert columns or there is no
+    group limit; its shared memory then holds every expert's key and score (the rest of the block's shared memory
+    stays larger at Ling shapes, so the block's footprint does not change there)."""
+    from solo.kernels.cuda_moe import RouterSpec, _router_scratch_bytes, _shared_bytes, warp_selects
+
+    ling = RouterSpec(512, 8, 4, True, 132)
+    assert warp_selects(ling, True) and not warp_selects(ling, False)
+    assert warp_selects(RouterSpec(64, 1, 1, True, 20), True)  # no group limit
+    assert warp_selects(RouterSpec(256, 4, 2, True, 20), True)  # groups of two columns
+    assert not warp_selects(RouterSpec(64, 8, 4, True, 20), True)  # groups of 8 inside a column
+    assert _router_scratch_bytes(2560, ling, True) - _router_scratch_bytes(2560, ling) == 8 * 512 - 12 * 8 * 16
+    sched = decode_schedule(132, 2560, 768, 8, "gate_up_first", "bytes")
+    assert _shared_bytes(sched, 2560, 768, 8, ling, 4, warp_select=True) == _shared_bytes(sched, 2560, 768, 8, ling, 4)
 
 
 def test_cuda_backend_on_cpu_is_a_clear_error():
@@ -436,22 +456,23 @@ def test_gpu_only_one_token_calls_take_the_persistent_kernel(experts):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
-    ("fast_select", "bias_early", "x_early", "score_stagger", "lean_select", "early_ids"),
+    ("fast_select", "bias_early", "x_early", "score_stagger", "lean_select", "early_ids", "warp_select"),
     [
-        (False, False, False, 0, False, False),
-        (True, False, True, 0, False, False),
-        (True, True, True, 0, False, False),
-        (True, True, True, 128, False, False),
-        (True, True, True, 0, True, False),
-        pytest.param(True, True, True, 0, True, True, id="early_ids"),
-        pytest.param(False, True, True, 0, False, True, id="early_ids_full_ranking"),
+        (False, False, False, 0, False, False, False),
+        (True, False, True, 0, False, False, False),
+        (True, True, True, 0, False, False, False),
+        (True, True, True, 128, False, False, False),
+        (True, True, True, 0, True, False, False),
+        pytest.param(True, True, True, 0, True, True, False, id="early_ids"),
+        pytest.param(False, True, True, 0, False, True, False, id="early_ids_full_ranking"),
+        pytest.param(True, True, True, 0, True, False, True, id="warp_select"),
     ],
 )
 @pytest.mark.parametrize(
     "num_experts,groups,keep", [(512, 8, 4), (64, 8, 4), (64, 1, 1), (256, 4, 2)]
 )  # Ling's router; groups inside a warp; no group limit; groups of two warps each
 def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
-    num_experts, groups, keep, fast_select, bias_early, x_early, score_stagger, lean_select, early_ids
+    num_experts, groups, keep, fast_select, bias_early, x_early, score_stagger, lean_select, early_ids, warp_select
 ):
     """One launch: RMSNorm of the residual stream, router scores, grouped top-k in every block, then the
     experts it chose. Against the model's Router in fp32 on the CPU (the same experts where the draw is
@@ -461,7 +482,8 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
     `bias_early` each selection lane reads its expert's bias before the kernel's wait; with `x_early` x is
     loaded before the inputs' barrier; with `score_stagger` each selection lane keeps four loads of its score in
     flight; with `lean_select` the groups are ranked once; with `early_ids` the producer starts its copies from
-    the ranking's own writes, before the weights are summed."""
+    the ranking's own writes, before the weights are summed; with `warp_select` the producer warp chooses (where
+    groups are whole 32-expert columns)."""
     from solo.checkpoint.synthetic import synthetic_config
     from solo.kernels.cuda_moe import PersistentDecodeMoE
     from solo.kernels.fused_router import FusedRouter
@@ -480,6 +502,7 @@ def test_gpu_router_inside_the_kernel_chooses_as_the_reference(
             score_stagger=score_stagger,
             lean_select=lean_select,
             early_ids=early_ids,
+            warp_select=warp_select,
         )
     )
     config = synthetic_config(num_layers=1, num_experts=num_experts)
@@ -561,6 +584,53 @@ def test_gpu_router_inside_the_kernel_refuses_what_it_cannot_run():
     moe.set_kernel_config(DecodeKernelConfig(probe="copy_only"))
     with pytest.raises(ValueError, match="copy_only"):
         moe.kernel_for(8, False, moe.router_spec(grouped))
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("num_experts,groups,keep", [(512, 8, 4), (64, 1, 1), (256, 4, 2)])
+def test_gpu_warp_select_breaks_ties_as_the_selection_warps(num_experts, groups, keep):
+    """Exact ties, which the reference test draws away from: experts share router rows and biases, 8 at a time
+    (lanes 4q..4q+3 of two columns: ties within a lane and across lanes, and groups whose two best are equal), and
+    on every other draw every group has the same rows (groups whose sums tie). The producer warp's choice
+    (warp_select) must be the selection warps' (the lower index first among equal keys, the lower group among equal
+    sums): the same experts, weights, normalised input and output bit for bit, on fresh draws."""
+    from solo.kernels.cuda_moe import PersistentDecodeMoE
+    from solo.kernels.fused_router import FusedRouter
+
+    experts = random_mxfp4_experts(num_experts, H, I, scales=(116, 126))
+    kernels = {
+        ws: PersistentDecodeMoE(experts, swiglu_limit=7.0, kernel_config=DecodeKernelConfig(warp_select=ws))
+        for ws in (False, True)
+    }
+    e = torch.arange(num_experts)
+    count = torch.zeros(1, dtype=torch.int32, device="cuda")
+    for draw in range(4):
+        # 8 distinct rows a group, each for 8 of its experts (odd draws: the same 8 rows in every group)
+        row = (e % 32) // 4 + (0 if draw % 2 else 8 * (e // (num_experts // groups)))
+        unique, unique_bias = torch.randn(int(row.max()) + 1, H) * 0.02, torch.randn(int(row.max()) + 1) * 0.01
+        router = FusedRouter(
+            unique[row].to(torch.bfloat16).cuda(),
+            unique_bias[row].cuda(),
+            (1 + 0.1 * torch.randn(H)).to(torch.bfloat16).cuda(),
+            1e-6,
+            8,
+            groups,
+            keep,
+            True,
+            2.5,
+            torch.zeros(1, dtype=torch.int32, device="cuda"),
+        )
+        x = (3 * torch.randn(1, H)).to(torch.bfloat16).cuda()
+        results = []
+        for moe in kernels.values():
+            results.append([t.clone() for t in moe.routed_forward(x, router, count)])
+            torch.cuda.synchronize()
+        for a, b in zip(*results, strict=True):
+            assert torch.equal(a, b)
+        ids = results[0][2].long().cpu().view(-1)
+        assert ids.unique().numel() == 8
+        assert row[ids].unique().numel() < 8  # tied experts among the chosen: the draw tests the ties
 
 
 def test_the_router_inside_the_kernel_states_what_it_runs():

@@ -63,15 +63,23 @@ SH_COPIES = 8  # copies of the shared expert's activations the blocks exchange (
 MAX_ACT_COPIES = 16
 
 
-def _router_scratch_bytes(hidden: int, router: RouterSpec | None) -> int:
-    """moe_decode.cu's Smem::rt (ROUTER): norm and score partials, group tops, the warps' sorted lists."""
+def warp_selects(router: RouterSpec, warp_select: bool) -> bool:
+    """Whether the producer warp chooses the experts (moe_decode.cu WARP_SEL): asked for, and groups are whole
+    32-expert columns or there is no group limit."""
+    return warp_select and (router.keep == router.groups or router.experts // router.groups % 32 == 0)
+
+
+def _router_scratch_bytes(hidden: int, router: RouterSpec | None, warp_select: bool = False) -> int:
+    """moe_decode.cu's Smem::rt (ROUTER): norm and score partials, group tops, the warps' sorted lists (or, with
+    WARP_SEL, every expert's key and score)."""
     if router is None:
         return 0
     gu_warps = hidden // 128
     per_block = -(-router.experts // router.blocks)
     pieces = -(-per_block * (hidden // 256) // gu_warps)
     group_size = router.experts // router.groups
-    lists = 12 * 8 * router.experts // 32 + 8 * 8  # the warps' best (key, index, score) and the block's top-k
+    # every expert's key and score (WARP_SEL), or the warps' best (key, index, score); then the block's top-k
+    lists = (8 * router.experts if warp_selects(router, warp_select) else 12 * 8 * router.experts // 32) + 8 * 8
     return 4 * (gu_warps + gu_warps * pieces + 2 * router.groups * -(-group_size // 32)) + lists
 
 
@@ -83,12 +91,13 @@ def _shared_bytes(
     router: RouterSpec | None = None,
     l2_regions: int = 0,
     x_in_tiles: bool = False,
+    warp_select: bool = False,
 ) -> int:
     """Dynamic shared memory of one block: the Smem struct of moe_decode.cu (rounded up), then the tiles
     (x_in_tiles: x lives in the tiles' down area, DecodeKernelConfig.x_in_tiles)."""
     gu_warps, dn_warps = hidden // 128, inter // 128
     bars = sched.max_gate_up + top_k // 2 + 2  # (+ SH_BAR, SH_FREE: counted always, 16 bytes)
-    gate_up_or_router = max(sched.max_gate_up * gu_warps * 16 * 4, _router_scratch_bytes(hidden, router))
+    gate_up_or_router = max(sched.max_gate_up * gu_warps * 16 * 4, _router_scratch_bytes(hidden, router, warp_select))
     partials = gate_up_or_router + sched.max_down * dn_warps * 8 * 4
     staged_act = top_k * inter * 2
     # bars, experts, launch number (+ padding), x, activations, the selected weights, partials
@@ -367,7 +376,9 @@ class PersistentDecodeMoE(TritonMoE):
             )
         kernel = CudaKernel(SOURCE, "moe_decode", defines, self.device)
         _BUILT.append({"seconds": kernel.compile.seconds, "cached": kernel.compile.cached, "path": kernel.compile.path})
-        smem = _shared_bytes(sched, self.hidden, self.inter, top_k, router, self._l2_regions(), kc.x_in_tiles)
+        smem = _shared_bytes(
+            sched, self.hidden, self.inter, top_k, router, self._l2_regions(), kc.x_in_tiles, kc.warp_select
+        )
         limit = torch.cuda.get_device_properties(self.device).shared_memory_per_block_optin
         if smem > limit:
             raise RuntimeError(

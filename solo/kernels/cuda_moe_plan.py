@@ -95,6 +95,12 @@ class DecodeKernelConfig:
     # its copies after the ranking's barrier, not after warp 0 has also summed and divided the weights (moe_decode.cu
     # EARLY_IDS; the same results). Not with l2_next_at 5 or 6 (named barrier 1) or select_twice
     early_ids: bool = False
+    # with the router inside: the producer warp alone chooses the experts from every expert's key and score, which the
+    # selection warps write into shared memory (moe_decode.cu WARP_SELECT: warp reductions instead of ranks and
+    # barriers, and the producer holds the experts it copies; the same choices and weights). Where groups are whole
+    # 32-expert columns or there is no group limit (elsewhere the selection warps choose). Not with early_ids or
+    # select_twice
+    warp_select: bool = False
     probe: str = ""  # diagnostics, WRONG results, timing only: one of PROBES
 
     @property
@@ -119,6 +125,8 @@ class DecodeKernelConfig:
             raise ValueError(f"score_stagger is 0 (off) or ns between a lane's score loads, got {self.score_stagger}")
         if self.select_twice and not self.trace:
             raise ValueError("select_twice is a probe of the traced kernel: set trace too")
+        if self.warp_select and (self.early_ids or self.select_twice):
+            raise ValueError("warp_select: the producer chooses the experts; not with early_ids or select_twice")
         if self.early_ids and (self.l2_next_at in (5, 6) or self.select_twice):
             raise ValueError(
                 "early_ids cannot run with l2_next_at 5 or 6 (both take named barrier 1) or with select_twice"
@@ -145,6 +153,7 @@ class DecodeKernelConfig:
             "SELECT_TWICE": int(self.select_twice),
             "LEAN_SELECT": int(self.lean_select),
             "EARLY_IDS": int(self.early_ids),
+            "WARP_SELECT": int(self.warp_select),
         }
 
 

@@ -202,6 +202,15 @@
 #ifndef FAST_SELECT
 #define FAST_SELECT 0
 #endif
+// WARP_SELECT (a variant, DecodeKernelConfig.warp_select; with ROUTER, where groups are whole lane columns or there is
+// no group limit): the selection warps only write their experts' keys and scores into shared memory and arrive on
+// BAR_SELECT; the producer warp alone chooses, lane l holding experts l + 32 j: the groups' two best by two warp
+// reductions a group (redux.sync), the groups' ranks without a shuffle, then TOPK rounds of a warp maximum and a warp
+// minimum of the tied indices. No barrier between the selection's steps, and the producer holds the experts it
+// copies; the same choices and weights bit for bit.
+#ifndef WARP_SELECT
+#define WARP_SELECT 0
+#endif
 // DOWN_AFTER (a variant, DecodeKernelConfig.down_after): the producer issues the first down copy only once
 // this many of the gate_up tiles it issued before have landed (0: at once). Every block asks for its whole
 // share at the selection, so HBM serves the blocks' down bytes beside other blocks' gate_up tiles, and the
@@ -254,9 +263,18 @@
 #endif
 #define GSIZE (E / GROUPS)
 #define FAST_SEL (FAST_SELECT && KEEP < GROUPS && GSIZE >= 32)  // (elsewhere the full ranking runs)
+#define WARP_SEL (WARP_SELECT && (KEEP == GROUPS || GSIZE % 32 == 0))  // (elsewhere the selection warps choose)
+#if WARP_SEL && (EARLY_IDS || SELECT_TWICE)
+#error "WARP_SELECT: the producer chooses; not with EARLY_IDS or SELECT_TWICE"
+#endif
+#if WARP_SEL && TOPK > (KEEP < GROUPS ? KEEP * GSIZE : E)
+#error "WARP_SELECT needs at least TOPK experts in the kept groups"
+#endif
 #if E % 32 || SEL_WARPS > GU_WARPS || SEL_WARPS > 32 || H / 8 > GU_WARPS * 32
 #error "ROUTER needs E a multiple of 32, E / 32 <= H / 128 gate_up warps, E <= 1024"
 #endif
+#else
+#define WARP_SEL 0
 #endif
 #if SHARED && !ROUTER
 #error "SHARED runs with ROUTER (the gate_up warps normalise x)"
@@ -315,7 +333,8 @@
 #if EARLY_IDS && L2_LINES
 #error "EARLY_IDS takes named barrier 1, which L2_NEXT_AT 5 and 6 use"
 #endif
-#define ROUTED_THREADS (EARLY_IDS ? 64 : 96)  // BAR_ROUTED: warp 0 of the selection, the publisher (and the producer)
+#define ROUTED_THREADS (EARLY_IDS || WARP_SEL ? 64 : 96)  // BAR_ROUTED: warp 0 of the selection (not with WARP_SEL),
+                                                        // the publisher (and the producer)
 #define L2_PIECE 32768u                 // bytes per bulk prefetch
 
 // u32, warp_sum, ld_stream, rms_value, bf16_pair: the helpers router_decode.cu uses too
@@ -346,8 +365,13 @@ struct __align__(16) Smem {
             float red[GU_WARPS];                 // RMSNorm: sums of squares per warp
             float part[GU_WARPS * RCH];          // router scores: warp chunk partial dot products
             float gtop[2][GROUPS][(GSIZE + 31) / 32];  // groups: their two best biased scores, per warp
+#if WARP_SEL
+            u32 skey[E];                         // every expert's key (rt_key of its biased score)
+            float sscore[E];                     //   ... unbiased score
+#else
             u64 key[SEL_WARPS][8];               // each selection warp's best, in order: key << 32 | ~index
             float score[SEL_WARPS][8];           //   ... unbiased score
+#endif
             int sel_idx[8];                      // the block's top-k in order: expert index
             float sel_score[8];                  //   ... unbiased score
         } rt;
@@ -644,6 +668,114 @@ __device__ __forceinline__ unsigned long long rt_ld_relaxed(const unsigned long 
     asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
+
+#if WARP_SEL
+#define WS_COLS (E / 32)                                  // experts a lane holds: lane l, column j: expert l + 32 j
+#define WS_GCOLS (KEEP < GROUPS ? GSIZE / 32 : 1)         // columns of a group (groups are whole columns)
+#define WS_CANDS (KEEP < GROUPS ? KEEP * WS_GCOLS : WS_COLS)  // columns left after the groups' cut
+
+// rt_key's inverse (a key of -0 comes back +0)
+__device__ __forceinline__ float rt_key_value(u32 k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
+}
+
+// The largest of N values, as a tree of pairs (N - 1 steps, log2 N deep)
+template <int N>
+__device__ __forceinline__ u32 ws_max(const u32 (&v)[N]) {
+    u32 t[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) t[i] = v[i];
+#pragma unroll
+    for (int s = 1; s < N; s <<= 1) {
+#pragma unroll
+        for (int i = 0; i + s < N; i += 2 * s) t[i] = max(t[i], t[i + s]);
+    }
+    return t[0];
+}
+
+// WARP_SELECT: one warp's grouped top-k over the keys and scores in shared memory; lane r < TOPK gets the r-th expert
+// (the largest key first, ties: the lower index) and its weight (renormalised if RENORM, before the routed scaling),
+// summed in rank order as the selection warps' path sums them.
+__device__ __forceinline__ int warp_select(const u32 *skey, const float *sscore, int lane, float &weight) {
+    u32 c[WS_CANDS];  // the candidates' keys (0: taken)
+    u32 col[WS_CANDS];  // their columns (warp-uniform)
+#if KEEP < GROUPS
+    u32 k[WS_COLS];
+#pragma unroll
+    for (int j = 0; j < WS_COLS; ++j) k[j] = skey[32 * j + lane];
+    // each group's two largest keys: the largest by one warp reduction, the second by another, where the lowest lane
+    // holding the largest offers its own second
+    float gs[GROUPS];
+#pragma unroll
+    for (int g = 0; g < GROUPS; ++g) {
+        u32 l1 = k[g * WS_GCOLS], l2 = 0u;
+#pragma unroll
+        for (int w = 1; w < WS_GCOLS; ++w) {
+            const u32 v = k[g * WS_GCOLS + w], hi = max(l1, v), lo = max(min(l1, v), l2);
+            l1 = hi;
+            l2 = lo;
+        }
+        const u32 m1 = __reduce_max_sync(0xFFFFFFFFu, l1);
+        const u32 holders = __ballot_sync(0xFFFFFFFFu, l1 == m1);
+        const u32 m2 = __reduce_max_sync(0xFFFFFFFFu, lane == __ffs(holders) - 1 ? l2 : l1);
+        gs[g] = rt_key_value(m1) + rt_key_value(m2);
+    }
+    // lane g < GROUPS ranks group g (ties: the lower group first); every lane holds every group's sum
+    float mine = gs[0];
+#pragma unroll
+    for (int g = 1; g < GROUPS; ++g) mine = lane == g ? gs[g] : mine;
+    int rank = 0;
+#pragma unroll
+    for (int g = 0; g < GROUPS; ++g) rank += (gs[g] > mine || (gs[g] == mine && g < lane)) ? 1 : 0;
+    u32 left = __ballot_sync(0xFFFFFFFFu, lane < GROUPS && rank < KEEP);
+    // the kept groups' columns, in group order
+#pragma unroll
+    for (int i = 0; i < KEEP; ++i) {
+        const int g = __ffs(left) - 1;
+        left &= left - 1u;
+#pragma unroll
+        for (int w = 0; w < WS_GCOLS; ++w) {
+            u32 v = k[w];
+#pragma unroll
+            for (int h = 1; h < GROUPS; ++h) v = g == h ? k[h * WS_GCOLS + w] : v;
+            c[i * WS_GCOLS + w] = v;
+            col[i * WS_GCOLS + w] = (u32)(g * WS_GCOLS + w);
+        }
+    }
+#else
+#pragma unroll
+    for (int j = 0; j < WS_COLS; ++j) {
+        c[j] = skey[32 * j + lane];
+        col[j] = (u32)j;
+    }
+#endif
+    // TOPK rounds: the largest key left, then the lowest index holding it, which leaves the running
+    int my_id = 0;
+#pragma unroll
+    for (int r = 0; r < TOPK; ++r) {
+        const u32 top = __reduce_max_sync(0xFFFFFFFFu, ws_max(c));
+        u32 idx[WS_CANDS];
+#pragma unroll
+        for (int i = 0; i < WS_CANDS; ++i) idx[i] = c[i] == top ? 32u * col[i] + (u32)lane : 0xFFFFFFFFu;
+        u32 low = idx[0];
+#pragma unroll
+        for (int i = 1; i < WS_CANDS; ++i) low = min(low, idx[i]);
+        const u32 id = __reduce_min_sync(0xFFFFFFFFu, low);
+#pragma unroll
+        for (int i = 0; i < WS_CANDS; ++i) c[i] = idx[i] == id ? 0u : c[i];
+        my_id = lane == r ? (int)id : my_id;
+    }
+    const float sc = lane < TOPK ? sscore[my_id] : 0.f;
+    float wsum = 0.f;
+#pragma unroll
+    for (int r = 0; r < TOPK; ++r) wsum += __shfl_sync(0xFFFFFFFFu, sc, r);
+    weight = sc;
+#if RENORM
+    weight = weight / (wsum + 1e-20f);
+#endif
+    return my_id;
+}
+#endif
 #endif
 
 
@@ -932,7 +1064,30 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         if (lane == 0) l2_next_prefetch(sm.l2_table);
 #endif
 #if ROUTER
-#if EARLY_IDS
+#if WARP_SEL
+        // every expert's key and score, then this warp's choice
+        asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"((SEL_WARPS + 1) * 32) : "memory");
+#if TRACE
+        if (lane == 0) trow[T_SEEN] = globaltimer();
+#endif
+        {
+            float my_w;
+            const int my_id = warp_select(sm.rt.skey, sm.rt.sscore, lane, my_w);
+            if (lane < TOPK) {
+                sm.experts[lane] = my_id;
+                sm.wts[lane] = my_w * scaling;
+                if (blockIdx.x == 0) {
+                    ids_out[lane] = my_id;
+                    wts_out[lane] = my_w * scaling;
+                }
+            }
+            __syncwarp();
+#if TRACE
+            if (lane == 0) trow[T_SELECTED] = globaltimer();
+#endif
+            asm volatile("bar.arrive %0, %1;" ::"r"(BAR_ROUTED), "r"(ROUTED_THREADS) : "memory");  // the publisher
+        }
+#elif EARLY_IDS
         asm volatile("bar.sync %0, %1;" ::"r"(BAR_IDS), "r"((SEL_WARPS + 1) * 32) : "memory");  // its experts
 #else
         asm volatile("bar.sync %0, %1;" ::"r"(BAR_ROUTED), "r"(96) : "memory");  // the block's own selection
@@ -1246,6 +1401,12 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #if TRACE
                 if (threadIdx.x == 0) trow[T_BIASED] = globaltimer_after(__float_as_uint(biased));
 #endif
+#if WARP_SEL
+                // the producer chooses (warp_select): this expert's key and score for it
+                sm.rt.skey[me] = rt_key(biased);
+                sm.rt.sscore[me] = sc;
+                asm volatile("bar.arrive %0, %1;" ::"r"(BAR_SELECT), "r"((SEL_WARPS + 1) * 32) : "memory");
+#else
                 u32 key = rt_key(biased);
 #if FAST_SEL
                 u32 kept_groups = 0xFFFFFFFFu;  // bit g: group g is kept
@@ -1441,6 +1602,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #endif
                     asm volatile("bar.arrive %0, %1;" ::"r"(BAR_ROUTED), "r"(ROUTED_THREADS) : "memory");
                 }
+#endif
             }
 #if SELECT_TWICE
             }
