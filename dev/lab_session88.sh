@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# For the thirty-fourth session's last device time. On an H200: the fused KDA front (the H100's product, never run
+# there): its GPU test, then its A/B at 32K beside the H200's product. On an H100: why the producer warp's selection
+# (warp_select) wins alone and loses in the step (dev/lab_session87.sh): the MoE kernel alone with the step's gate_up
+# window of 3 tiles, with and without it. Results under $OUT: [gpu_tests.log, ab.{log,json}] or moe_router.log.
+# timeout_s LAB_SECONDS + 20.
+LAB_DEFAULT_SECONDS=240
+source dev/lab_prelude.sh
+if nvidia-smi -L | grep -q H200; then
+    gpu_tests 80 tests/test_gpu_fused_step.py -k fused_kda_front -s
+    grep -E "worst rel" "$OUT/gpu_tests.log" | head -1
+    ab ab "product;KDA front fused, ring of 3, g last;product again" --deadline "$(($(left) - 30))"
+else
+    moe_router 120 "selection done|producer has|first gate_up|last gate_up|block end|router|checks" --rounds 3 \
+        --configs "gate_up_window=3;gate_up_window=3,warp_select=1"
+fi
