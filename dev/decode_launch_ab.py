@@ -416,6 +416,8 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # no barrier between the selection's steps; DecodeKernelConfig.warp_select)
     "MoE warp selection": {"moe": {"warp_select": True}},
     "MoE warp selection, again": {"moe": {"warp_select": True}},
+    "MoE no gate_up window": {"moe": {"gate_up_window": 0}},
+    "MoE warp selection, no gate_up window": {"moe": {"warp_select": True, "gate_up_window": 0}},
     "MoE gate_up window 2": {"moe": {"gate_up_window": 2}},
     "MoE gate_up window 3": {"moe": {"gate_up_window": 3}},
     "MoE gate_up window 4": {"moe": {"gate_up_window": 4}},
