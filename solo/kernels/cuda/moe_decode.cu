@@ -1405,6 +1405,8 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 // the producer chooses (warp_select): this expert's key and score for it
                 sm.rt.skey[me] = rt_key(biased);
                 sm.rt.sscore[me] = sc;
+                __syncwarp();  // (the lanes left the poll loop, and the traced build's thread 0 its stamp, apart: an
+                               // aligned barrier needs the warp converged)
                 asm volatile("bar.arrive %0, %1;" ::"r"(BAR_SELECT), "r"((SEL_WARPS + 1) * 32) : "memory");
 #else
                 u32 key = rt_key(biased);
