@@ -14,6 +14,10 @@ NVRTC options as the product, reads the registers and the stack frame from the c
 gives the blocks an SM the registers allow. `--defines` adds lab switches (one JSON object a column);
 `--moe` also builds the persistent MoE kernel with its router (registers an SM left beside it: what a
 successor under PDL would need to become resident while it runs).
+
+`--sass FOLDER` also writes each column's MoE kernel (with `--moe`) as SASS, disassembled by `--nvdisasm` (an
+nvidia-cuda-nvdisasm wheel's `bin/nvdisasm`: `pip download --no-deps "nvidia-cuda-nvdisasm==13.*"`), to read what the
+device runs without a device: which barriers a path waits on, where a timer is read, how long a dependent chain is.
 """
 
 from __future__ import annotations
@@ -116,6 +120,18 @@ def moe_defines(extra: dict, blocks: int = 132) -> dict:
     return {**base, "ID64": 0, **kc.defines(), **router.defines(), **extra}
 
 
+def moe_sass(defines: dict, nvdisasm: str, out: Path) -> None:
+    """The MoE kernel built with `defines`, disassembled into `out` (nvdisasm -c: code only)."""
+    import subprocess
+    import tempfile
+
+    cubin = cuda_runtime.compile_cubin(cuda_runtime.expand_includes(cuda_moe.SOURCE), "moe_decode", defines, "sm_90")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out.write_text(subprocess.run([nvdisasm, "-c", f.name], check=True, capture_output=True, text=True).stdout)
+
+
 def moe_resources(defines: dict) -> tuple[int, int, int]:
     """(registers, stack frame bytes, registers an SM left beside one block) of moe_decode for sm_90."""
     regs, frame, per_warp = built(cuda_moe.SOURCE, "moe_decode", defines)
@@ -157,6 +173,8 @@ def main() -> int:
     p.add_argument("--launches", default=",".join(LAUNCHES))
     p.add_argument("--moe", action="store_true", help="also the persistent MoE kernel (moe_decode.cu) with its router")
     p.add_argument("--sweep", metavar="LAUNCH", help="instead: LAUNCH's warps x loads in flight x MIN_BLOCKS grid")
+    p.add_argument("--sass", metavar="FOLDER", help="with --moe: also each column's MoE kernel as SASS, moe_<n>.sass")
+    p.add_argument("--nvdisasm", default="nvdisasm", help="the nvdisasm to disassemble with (--sass)")
     args = p.parse_args()
     load_nvrtc(args.nvrtc)
     if args.sweep:
@@ -165,9 +183,13 @@ def main() -> int:
     print(f"NVRTC {'.'.join(map(str, cuda_runtime.nvrtc_version()))}, sm_90: registers / stack bytes / blocks an SM")
     if args.moe:
         print("the MoE kernel with its router (registers / stack bytes / registers an SM left beside it):")
-        for extra in columns:
+        for n, extra in enumerate(columns):
             regs, frame, left = moe_resources(moe_defines(extra))
             print(f"  {json.dumps(extra) if extra else 'product':>30s}  {regs} / {frame} / {left}")
+            if args.sass:
+                Path(args.sass).mkdir(parents=True, exist_ok=True)
+                moe_sass(moe_defines(extra), args.nvdisasm, Path(args.sass) / f"moe_{n}.sass")
+                print(f"  {'':>30s}  SASS in {Path(args.sass) / f'moe_{n}.sass'}")
     print(f"{'launch':16s}" + "".join(f"  {json.dumps(c) if c else 'product':>30s}" for c in columns))
     for name in args.launches.split(","):
         cells = []
