@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# For the thirty-fourth session's last device time. On an H200: the fused KDA front (the H100's product, never run
-# there): its GPU test, then its A/B at 32K beside the H200's product, with the producer warp's selection. On an H100: why the producer warp's selection
-# (warp_select) wins alone and loses in the step (dev/lab_session87.sh): the MoE kernel alone with the step's gate_up
-# window of 3 tiles, with and without it, then in the step without the window, with and without it. Results under
-# $OUT: [gpu_tests.log,] ab.{log,json}[, moe_router.log].
+# For the next session (written in the thirty-fourth, not yet run). On an H200: the fused KDA front (the H100's product,
+# never run there): its GPU test, then its A/B at 32K beside the H200's product, with the producer warp's selection. On
+# an H100: why the producer warp's selection (warp_select) wins alone and loses in the step (dev/lab_session87.sh): the
+# MoE kernel alone with the step's gate_up window of 3 tiles, with and without it, then in the step without the window,
+# with and without it. Results under $OUT: [gpu_tests.log,] ab.{log,json}[, moe_router.log].
 # timeout_s LAB_SECONDS + 20.
 LAB_DEFAULT_SECONDS=200
 source dev/lab_prelude.sh
