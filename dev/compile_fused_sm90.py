@@ -10,6 +10,7 @@ variant: registers, spills, shared memory. The local Triton (3.9) may be newer t
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -408,4 +409,6 @@ def main(out_dir: str | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else None))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir", nargs="?", help="also write each variant's PTX here")
+    sys.exit(main(parser.parse_args().out_dir))
