@@ -176,11 +176,7 @@ __device__ __forceinline__ void prologue(Shared &sm, const u16 *__restrict__ x, 
         for (int p = 0; p < PIECES; ++p) {
             const int i = p * THREADS + tid;
             float v[8];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                v[2 * q] = bf16_to_float(word(xv[r][p], q) & 0xFFFFu);
-                v[2 * q + 1] = bf16_to_float(word(xv[r][p], q) >> 16);
-            }
+            bf16x8_to_float(xv[r][p], v);
 #if NORM == 1
 #pragma unroll
             for (int q = 0; q < 4; ++q) {

@@ -543,11 +543,7 @@ kda_front(u16 *x,                               // [K] bf16: the layer's input (
         for (int p = 0; p < OPIECES; ++p) {
             const int i = p * THREADS + tid;
             float v[8];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                v[2 * q] = bf16_to_float(word(xv[p], q) & 0xFFFFu);
-                v[2 * q + 1] = bf16_to_float(word(xv[p], q) >> 16);
-            }
+            bf16x8_to_float(xv[p], v);
             gated_rms_piece<DK>(v, gv[p], nv[p], oeps);  // (a head's DK columns: DK / 8 lanes of one warp)
             if (i < D / 8)
                 *reinterpret_cast<uint4 *>(sm.oh + i * 4) =

@@ -16,6 +16,15 @@ __device__ __forceinline__ float round_bf16(float f) {
 // word q of a uint4 (q a compile-time constant after unrolling: no local-memory indexing)
 __device__ __forceinline__ u32 word(const uint4 &v, int q) { return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w; }
 
+// a piece of 8 bf16 values (low half of each word first) as floats
+__device__ __forceinline__ void bf16x8_to_float(const uint4 &w, float (&v)[8]) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        v[2 * q] = bf16_to_float(word(w, q) & 0xFFFFu);
+        v[2 * q + 1] = bf16_to_float(word(w, q) >> 16);
+    }
+}
+
 // Weights: read once per step, never written while a kernel runs; through the read-only path, no L1.
 // L2_FETCH (a lab variant: 128 or 256): a miss fetches that many bytes into the L2 (the PTX prefetch-size
 // qualifier), so a warp's later steps along the same rows find their bytes there
