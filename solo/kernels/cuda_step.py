@@ -254,13 +254,15 @@ class CudaGemv:
         except ValueError as exc:
             raise ValueError(f"{self.name}: {exc}") from None
 
+    def _launch_for(self, tokens: int) -> GemvLaunch:
+        """The launch of a call of `tokens` tokens: the window's for verification where it has one."""
+        cfg = self.launch_config
+        return cfg.window if tokens > 1 and cfg.window is not None else cfg
+
     def k_slices(self, tokens: int = 1) -> int:
         """The K slices (a block's warps) of a call of `tokens` tokens: each is summed over its 64-column steps in
         order, then the slices in order (a kernel that must give the same bits sums the same way: CudaKdaFront)."""
-        cfg = self.launch_config
-        if tokens > 1 and cfg.window is not None:
-            cfg = cfg.window
-        return warps_for(self.k, cfg.warps or choose_launch(self.rows).warps)
+        return warps_for(self.k, self._launch_for(tokens).warps or choose_launch(self.rows).warps)
 
     def _kernel(
         self,
@@ -276,9 +278,7 @@ class CudaGemv:
     ):
         key = (tokens, norm, epi, add, write_xn, out_f32, group, order, late_wait)
         if key not in self._kernels:
-            f, cfg = self.fused, self.launch_config
-            if tokens > 1 and cfg.window is not None:
-                cfg = cfg.window
+            f, cfg = self.fused, self._launch_for(tokens)
             warps = self.k_slices(tokens)
             defines = {
                 "NTOK": tokens,
