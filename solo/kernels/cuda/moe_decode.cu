@@ -776,6 +776,21 @@ __device__ __forceinline__ int warp_select(const u32 *skey, const float *sscore,
     return my_id;
 }
 #endif
+
+// Lane r < TOPK of the warp that chose: the r-th expert (into sm.experts unless the ranking wrote it there, EXPERTS
+// false) and its scaled weight in shared memory, and block 0's also into ids_out / wts_out
+template <bool EXPERTS>
+__device__ __forceinline__ void store_choice(Smem &sm, int lane, int id, float w, float scaling, int *ids_out,
+                                             float *wts_out) {
+    if (lane < TOPK) {
+        if (EXPERTS) sm.experts[lane] = id;
+        sm.wts[lane] = w * scaling;
+        if (blockIdx.x == 0) {
+            ids_out[lane] = id;
+            wts_out[lane] = w * scaling;
+        }
+    }
+}
 #endif
 
 
@@ -1073,14 +1088,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
         {
             float my_w;
             const int my_id = warp_select(sm.rt.skey, sm.rt.sscore, lane, my_w);
-            if (lane < TOPK) {
-                sm.experts[lane] = my_id;
-                sm.wts[lane] = my_w * scaling;
-                if (blockIdx.x == 0) {
-                    ids_out[lane] = my_id;
-                    wts_out[lane] = my_w * scaling;
-                }
-            }
+            store_choice<true>(sm, lane, my_id, my_w, scaling, ids_out, wts_out);
             __syncwarp();
 #if TRACE
             if (lane == 0) trow[T_SELECTED] = globaltimer();
@@ -1585,16 +1593,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #if RENORM
                     my_w = my_w / (wsum + 1e-20f);
 #endif
-                    if (lane < TOPK) {
-#if !EARLY_IDS
-                        sm.experts[lane] = my_id;
-#endif
-                        sm.wts[lane] = my_w * scaling;
-                        if (blockIdx.x == 0) {
-                            ids_out[lane] = my_id;
-                            wts_out[lane] = my_w * scaling;
-                        }
-                    }
+                    store_choice<!EARLY_IDS>(sm, lane, my_id, my_w, scaling, ids_out, wts_out);
                     SEL_CLOCK(9);  // the experts and weights in shared memory
 #if TRACE
                     if (lane == 0) trow[T_SELECTED] = globaltimer();
