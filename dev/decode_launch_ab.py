@@ -47,8 +47,10 @@ from solo.kernels.cuda_moe_plan import DecodeKernelConfig  # noqa: E402
 from solo.kernels.cuda_step import WINDOW_RING, CudaGemv, CudaRouter, GemvLaunch, choose_launch  # noqa: E402
 from solo.model.cache import HybridCache  # noqa: E402
 
-# the H100's product build of the fused KDA front (solo.fastpath.decode_step.KDA_FRONT_BUILD) as variant fields
-FRONT_PRODUCT = {"kda_front": 1, "kda_front_exchange": "global", "kda_front_ring": 3, "kda_front_g_last": True}
+# the fused KDA front's ring builds as variant fields (one task ahead, the global exchange), and the H100's product
+# build among them (solo.fastpath.decode_step.KDA_FRONT_BUILD)
+RING_FRONT = {"kda_front": 1, "kda_front_exchange": "global"}
+FRONT_PRODUCT = {**RING_FRONT, "kda_front_ring": 3, "kda_front_g_last": True}
 VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the product's), and under "for" more
     # fields for the GEMVs whose names end with one of a tuple's suffixes
     "product": {},
@@ -67,63 +69,37 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # (a head's 4 blocks exchanging through global memory: no cluster, so the 1/SM build's 128 blocks are one wave)
     "KDA front fused, global exchange": {"kda_front": 2, "kda_front_exchange": "global"},
     "KDA front fused, global exchange, 1 task ahead": {"kda_front": 1, "kda_front_exchange": "global"},
-    # (thirty-second session, not yet run) the weights through 4 / 3 task slots of shared memory filled by bulk copies
-    "KDA front fused, global exchange, ring of 4": {
-        "kda_front": 1,
-        "kda_front_exchange": "global",
-        "kda_front_ring": 4,
-    },
-    "KDA front fused, global exchange, ring of 3": {
-        "kda_front": 1,
-        "kda_front_exchange": "global",
-        "kda_front_ring": 3,
-    },
+    # (thirty-second session; run in the thirty-third) the weights through 4 / 3 task slots of shared memory filled by
+    # bulk copies
+    "KDA front fused, global exchange, ring of 4": {**RING_FRONT, "kda_front_ring": 4},
+    "KDA front fused, global exchange, ring of 3": {**RING_FRONT, "kda_front_ring": 3},
     # (thirty-third session) the layer's output projection inside the same launch, its weights into the ring's slots
     "KDA front fused, global exchange, ring of 4, o_proj inside": {
-        "kda_front": 1,
-        "kda_front_exchange": "global",
+        **RING_FRONT,
         "kda_front_ring": 4,
         "kda_front_oproj": True,
     },
     "KDA front fused, global exchange, ring of 3, o_proj inside": {
-        "kda_front": 1,
-        "kda_front_exchange": "global",
+        **RING_FRONT,
         "kda_front_ring": 3,
         "kda_front_oproj": True,
     },
     "KDA front fused, global exchange, ring of 2, o_proj inside": {
-        "kda_front": 1,
-        "kda_front_exchange": "global",
+        **RING_FRONT,
         "kda_front_ring": 2,
         "kda_front_oproj": True,
     },
     # (thirty-third session) the g rows streamed after the exchange and the recurrence (their bytes land meanwhile)
-    "KDA front fused, ring of 4, g last": {
-        "kda_front": 1,
-        "kda_front_exchange": "global",
-        "kda_front_ring": 4,
-        "kda_front_g_last": True,
-    },
-    "KDA front fused, ring of 3, g last": {
-        "kda_front": 1,
-        "kda_front_exchange": "global",
-        "kda_front_ring": 3,
-        "kda_front_g_last": True,
-    },
-    "KDA front fused, ring of 4, g last, again": {
-        "kda_front": 1,
-        "kda_front_exchange": "global",
-        "kda_front_ring": 4,
-        "kda_front_g_last": True,
-    },
+    "KDA front fused, ring of 4, g last": {**RING_FRONT, "kda_front_ring": 4, "kda_front_g_last": True},
+    "KDA front fused, ring of 3, g last": {**RING_FRONT, "kda_front_ring": 3, "kda_front_g_last": True},
+    "KDA front fused, ring of 4, g last, again": {**RING_FRONT, "kda_front_ring": 4, "kda_front_g_last": True},
     "KDA front fused, ring of 3, g last, o_proj inside": {
-        "kda_front": 1,
-        "kda_front_exchange": "global",
+        **RING_FRONT,
         "kda_front_ring": 3,
         "kda_front_g_last": True,
         "kda_front_oproj": True,
     },
-    "KDA front fused, ring of 4, again": {"kda_front": 1, "kda_front_exchange": "global", "kda_front_ring": 4},
+    "KDA front fused, ring of 4, again": {**RING_FRONT, "kda_front_ring": 4},
     # (thirty-third session) the KDA layers' output projection at 8 warps (18 K registers a block): beside a KDA front's
     # block (36 K) it fits on the SM, so under PDL it can load its first task's weights while the front ends
     "o_proj: 8 warps": {"for": {("o_proj",): {"warps": 8}}},
@@ -139,7 +115,8 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "KDA front ring of 3, g last, carveout 100": {**FRONT_PRODUCT, "kda_front_carveout": 100},
     "o_proj: 8 warps, carveout 100": {"for": {("o_proj",): {"warps": 8, "carveout": 100}}},
     "o_proj: carveout 100": {"for": {("o_proj",): {"carveout": 100}}},
-    # (thirty-third session, not yet run) the front's blocks asking the L2 for the output projection's weights
+    # (thirty-third session) the front's blocks asking the L2 for the output projection's weights (after the b task:
+    # +50.7 us at 32K on an H100, thirty-fourth session)
     "KDA front, o_proj weights asked of the L2 after the b task": {**FRONT_PRODUCT, "kda_front_l2_o_proj": 1},
     "KDA front, o_proj weights asked of the L2 before the wait": {**FRONT_PRODUCT, "kda_front_l2_o_proj": 2},
     # (not yet run) the shared expert's down before the front with both preferring all of the shared memory: a front
@@ -481,7 +458,8 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "L2 next: shared + 32 MB, after the copies": {"l2_next": {"megabytes": 32, "at": 1}},
     "L2 next: shared + 32 MB, after the copies, again": {"l2_next": {"megabytes": 32, "at": 1}},
     "L2 next: shared expert, after the copies": {"l2_next": {"megabytes": 0, "at": 1}},
-    # (thirty-third session, not yet run) with the fused KDA front a block's first three ring tasks are q0, q1 and k0
+    # (thirty-third session; +9.7 us at 32K on an H100 in the thirty-fourth) with the fused KDA front a block's first
+    # three ring tasks are q0, q1 and k0
     # of its head: all of q and a half of every head's k rows, which the product's first 16 MB (all of q, k of heads
     # 0-17) cover only in part; 21 MB is all of q and k
     "L2 next: shared + 21 MB, after the copies": {"l2_next": {"megabytes": 21, "at": 1}},
