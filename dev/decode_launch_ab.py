@@ -93,6 +93,7 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "KDA front fused, ring of 4, g last": {**RING_FRONT, "kda_front_ring": 4, "kda_front_g_last": True},
     "KDA front fused, ring of 3, g last": {**RING_FRONT, "kda_front_ring": 3, "kda_front_g_last": True},
     "KDA front fused, ring of 4, g last, again": {**RING_FRONT, "kda_front_ring": 4, "kda_front_g_last": True},
+    "KDA front fused, ring of 3, g last, again": {**RING_FRONT, "kda_front_ring": 3, "kda_front_g_last": True},
     "KDA front fused, ring of 3, g last, o_proj inside": {
         **RING_FRONT,
         "kda_front_ring": 3,

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Thirty-fifth session: the H200's agenda in one call, since machines come seldom. On an H200: the GPU tests of the
+# fused KDA front, of verification through the window rings and of the producer warp's selection; the A/B at 32K of
+# the front (rings of 3 and 4, g last) and of the window rings beside the product (twice); then, time allowing, the
+# bench at 32K of the product with the front forced on (kdafront) beside the product. On an H100: dev/lab_session88.sh's
+# H100 half (the producer warp's selection with and without the gate_up window, alone and in the step).
+# Results under $OUT: gpu_tests.log, ab.{log,json}, [bench.{log,json}], [moe_router.log]. timeout_s LAB_SECONDS + 20.
+LAB_DEFAULT_SECONDS=560
+source dev/lab_prelude.sh
+if nvidia-smi -L | grep -q H200; then
+    gpu_tests 150 tests/test_gpu_fused_step.py tests/test_cuda_moe.py -k "fused_kda_front or window_rings or warp_select"
+    grep -E "worst rel" "$OUT/gpu_tests.log" | head -4
+    f="KDA front fused, ring of 3, g last"
+    w="window ring: qkvfgb, q|kv_a|g, MLP"
+    ab ab "product;$f;$w;KDA front fused, ring of 4, g last;product again;$f, again;$w, again" \
+        --deadline "$(($(left) - 250))"
+    if [ "$(left)" -gt 200 ]; then
+        timeout $(($(left) - 5)) python3 -m solo bench decode --random-weights ling-3.0-flash \
+            --configs cuda:fp8:fused+cuda+pdl+kdafront,cuda:fp8:fused+cuda+pdl --context 32768 --prefill "" \
+            --loop-tokens 64 --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+        echo "[bench rc=$? at ${SECONDS}s]"; grep -E "^\| cuda|kda" "$OUT/bench.log" | head -8
+    fi
+else
+    moe_router 90 "selection done|producer has|first gate_up|last gate_up|block end|router|checks" --rounds 3 \
+        --configs "gate_up_window=3;gate_up_window=3,warp_select=1"
+    ab ab "product;MoE warp selection, no gate_up window;MoE no gate_up window;MoE warp selection;product again" \
+        --deadline "$(($(left) - 20))"
+fi
