@@ -177,12 +177,14 @@ def test_gsm8k_in_process_and_through_solo_serve_agree(tmp_path):
 
 
 def test_decode_traffic_counts_every_byte_once_with_the_routers_apart(tiny_checkpoints):
-    """The step's bytes: routers apart from the dense weights (each router's weight and bias once), the
-    MLA cache growing by one latent + rope row per MLA layer and position, the total their sum."""
+    """The step's bytes: routers apart from the dense weights (each router's weight and bias once), the KDA
+    layers' q|k|v|f|g|b apart too (a fused KDA front's bytes), the MLA cache growing by one latent + rope row per
+    MLA layer and position, the total their sum."""
     import torch
 
     from solo.checkpoint.loader import load_model
-    from solo.engine.traffic import decode_traffic
+    from solo.engine.traffic import KDA_INPUT_PROJECTIONS, decode_traffic
+    from solo.model.kda import KimiDeltaAttention
     from solo.model.moe import Router
 
     model = load_model(tiny_checkpoints["a"][0])
@@ -193,7 +195,12 @@ def test_decode_traffic_counts_every_byte_once_with_the_routers_apart(tiny_check
     context = int(torch.randint(8, 200, ()))
     traffic = decode_traffic(model, context)
     assert traffic.routers == sum(p.nbytes for m in routers for p in m.parameters(recurse=False))
-    assert traffic.dense_weights + traffic.routers <= sum(p.nbytes for p in trunk.parameters())
+    kda = [m for m in trunk.modules() if isinstance(m, KimiDeltaAttention)]
+    assert kda
+    inputs = sum(p.nbytes for m in kda for n in KDA_INPUT_PROJECTIONS for p in getattr(m, n).parameters())
+    assert traffic.kda_inputs == inputs
+    assert traffic.dense_weights + traffic.kda_inputs + traffic.routers <= sum(p.nbytes for p in trunk.parameters())
+    assert traffic.dense_weights > sum(p.nbytes for m in kda for p in m.dense.parameters())  # o_proj stays dense
     fields = traffic.to_dict()
     assert fields["total"] == sum(v for k, v in fields.items() if k != "total")
     row = (c.kv_lora_rank + c.qk_rope_head_dim) * model.dtype.itemsize * len(c.mla_layers)

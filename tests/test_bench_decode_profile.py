@@ -93,21 +93,32 @@ def test_the_report_lists_each_graphs_profile_by_critical_share() -> None:
 
 def test_component_bandwidth_divides_each_components_bytes_by_its_critical_share() -> None:
     """Bytes over critical-path time per component, against the copy bandwidth; the routers' bytes go to
-    the experts when no router kernel ran (the router inside the MoE kernel), else to the router."""
+    the experts when no router kernel ran (the router inside the MoE kernel), else to the router; the KDA
+    layers' input projections to the projections, or to the KDA front where it ran as one launch."""
     from solo.bench.decode import component_bandwidth
 
     rng = random.Random()
     traffic = {
         k: rng.randint(10**6, 10**9)
-        for k in ("dense_weights", "lm_head", "experts", "routers", "kda_states", "mla_cache", "embedding")
+        for k in (
+            "dense_weights",
+            "kda_inputs",
+            "lm_head",
+            "experts",
+            "routers",
+            "kda_states",
+            "mla_cache",
+            "embedding",
+        )
     }
     copy_gbs = rng.uniform(3000.0, 4500.0)
     us = {k: rng.uniform(10.0, 2000.0) for k in ("projections", "experts", "kda", "mla", "router", "norms")}
     inside = {k: {"critical_us": v} for k, v in us.items() if k != "router"}
     got = component_bandwidth(traffic, inside, copy_gbs)
     assert set(got) == {"projections", "experts", "kda", "mla"}  # norms: no bytes counted for them
-    projections = traffic["dense_weights"] + traffic["lm_head"]
+    projections = traffic["dense_weights"] + traffic["lm_head"] + traffic["kda_inputs"]
     assert got["projections"]["bytes"] == projections
+    assert got["kda"]["bytes"] == traffic["kda_states"]
     assert got["projections"]["gbs"] == pytest.approx(projections / us["projections"] / 1e3, abs=0.05)
     assert got["experts"]["bytes"] == traffic["experts"] + traffic["routers"]
     assert got["mla"]["of_copy"] == pytest.approx(traffic["mla_cache"] / us["mla"] / 1e3 / copy_gbs, abs=1e-4)
@@ -115,6 +126,14 @@ def test_component_bandwidth_divides_each_components_bytes_by_its_critical_share
     assert apart["experts"]["bytes"] == traffic["experts"]
     assert apart["router"]["bytes"] == traffic["routers"]
     assert "kda" not in component_bandwidth(traffic, {"kda": {"critical_us": 0.0}}, copy_gbs)
+    front = {**inside, "kda front": inside.pop("kda")}
+    fused = component_bandwidth(traffic, front, copy_gbs)
+    assert set(fused) == {"projections", "experts", "kda front", "mla"}
+    assert fused["kda front"]["bytes"] == traffic["kda_inputs"] + traffic["kda_states"]
+    assert fused["projections"]["bytes"] == traffic["dense_weights"] + traffic["lm_head"]
+    assert fused["kda front"]["gbs"] == pytest.approx(
+        fused["kda front"]["bytes"] / front["kda front"]["critical_us"] / 1e3, abs=0.05
+    )
 
 
 def test_the_report_gives_each_components_bandwidth() -> None:

@@ -41,6 +41,7 @@ GSM8K_SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 29}
 COMPONENTS = (  # kernel name patterns -> component (first match wins)
     ("experts", r"moe_decode|gemv_gate_up|gemv_down|grouped|humming|expert"),
     ("router", r"_router|router_decode|topk|sort|radix"),
+    ("kda front", r"kda_front"),  # one launch: the KDA layer's input projections and its recurrence
     ("kda", r"_kda|kda_"),
     ("mla", r"_mla"),
     ("norms", r"rmsnorm|_norm"),
@@ -51,7 +52,8 @@ COMPONENTS = (  # kernel name patterns -> component (first match wins)
 
 
 # what each component of a profiled step must read: StepTraffic's fields (solo.engine.traffic); the routers'
-# bytes count with the experts where no router kernel ran (the router inside the MoE kernel)
+# bytes count with the experts where no router kernel ran (the router inside the MoE kernel), the KDA layers' input
+# projections with the KDA front where it ran as one launch (with the states), else with the projections
 COMPONENT_BYTES = {
     "projections": ("dense_weights", "lm_head"),
     "experts": ("experts",),
@@ -71,6 +73,10 @@ def component_bandwidth(
     groups = {name: list(fields) for name, fields in COMPONENT_BYTES.items()}
     if "router" not in by_component:
         groups["experts"] += groups.pop("router")
+    if "kda front" in by_component:
+        groups["kda front"] = ["kda_inputs", *groups.pop("kda")]
+    else:
+        groups["projections"].append("kda_inputs")
     out: dict[str, dict[str, float]] = {}
     for name, fields in groups.items():
         nbytes = sum(traffic.get(f, 0) for f in fields)

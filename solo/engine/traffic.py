@@ -15,13 +15,17 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from solo.model.kda import KimiDeltaAttention
 from solo.model.ling import LingForCausalLM
 from solo.model.moe import Router, SparseMoE
+
+KDA_INPUT_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "f_proj", "g_proj", "b_proj")
 
 
 @dataclass
 class StepTraffic:
-    dense_weights: int  # attention, dense MLPs, shared experts, norms of the NEXTN-free trunk
+    dense_weights: int  # attention, dense MLPs, shared experts, norms of the NEXTN-free trunk, less kda_inputs
+    kda_inputs: int  # the KDA layers' q|k|v|f|g|b projections: what a fused KDA front reads beside the states
     lm_head: int
     experts: int  # the routed experts one token (or T tokens) read
     routers: int  # the MoE layers' router weights and biases
@@ -66,6 +70,15 @@ def decode_traffic(model: LingForCausalLM, context: int, tokens: int = 1) -> Ste
     folded = {id(t) for m in trunk.modules() if getattr(m, "folded", False) for t in m.parameters(recurse=False)}
     routers = [p for m in trunk.modules() if isinstance(m, Router) for p in m.parameters(recurse=False)]
     apart = folded | {id(p) for p in routers}
+    kda_inputs = [
+        p
+        for m in trunk.modules()
+        if isinstance(m, KimiDeltaAttention)
+        for name in KDA_INPUT_PROJECTIONS
+        for p in getattr(m, name).parameters()
+        if p.numel() > 0
+    ]
+    apart |= {id(p) for p in kda_inputs}
     dense = [p for p in trunk.parameters() if id(p) not in apart and p.numel() > 0]
     dense += [b for name, b in trunk.named_buffers() if name.endswith(("w_uk", "w_uv"))]
     c = config
@@ -76,6 +89,7 @@ def decode_traffic(model: LingForCausalLM, context: int, tokens: int = 1) -> Ste
     per_position = (c.kv_lora_rank + c.qk_rope_head_dim) * model.dtype.itemsize
     return StepTraffic(
         dense_weights=_storage_bytes(dense),
+        kda_inputs=_storage_bytes(kda_inputs),
         lm_head=sum(t.nbytes for t in model.lm_head.parameters()),
         experts=int(experts),
         routers=_storage_bytes([p for p in routers if p.numel() > 0]),
