@@ -3,8 +3,9 @@
 # fused KDA front, of verification through the window rings and of the producer warp's selection; the A/B at 32K of
 # the front (rings of 3 and 4, g last) and of the window rings beside the product (twice); then, time allowing, the
 # bench at 32K of the product with the front forced on (kdafront) beside the product. On an H100: dev/lab_session88.sh's
-# H100 half (the producer warp's selection with and without the gate_up window, alone and in the step).
-# Results under $OUT: gpu_tests.log, ab.{log,json}, [bench.{log,json}], [moe_router.log]. timeout_s LAB_SECONDS + 20.
+# H100 half (the producer warp's selection with and without the gate_up window, alone and in the step), then (once
+# that ran) the product's bench at 32K.
+# Results under $OUT: gpu_tests.log, ab.{log,json}, [bench.{log,json}]. timeout_s LAB_SECONDS + 20.
 LAB_DEFAULT_SECONDS=560
 source dev/lab_prelude.sh
 if nvidia-smi -L | grep -q H200; then
@@ -21,8 +22,8 @@ if nvidia-smi -L | grep -q H200; then
         echo "[bench rc=$? at ${SECONDS}s]"; grep -E "^\| cuda|kda" "$OUT/bench.log" | head -8
     fi
 else
-    moe_router 90 "selection done|producer has|first gate_up|last gate_up|block end|router|checks" --rounds 3 \
-        --configs "gate_up_window=3;gate_up_window=3,warp_select=1"
-    ab ab "product;MoE warp selection, no gate_up window;MoE no gate_up window;MoE warp selection;product again" \
-        --deadline "$(($(left) - 20))"
+    # (the first H100 of the session ran the warp selection's A/B: h100_warp_select_lab89.log) the product's bench at
+    # 32K, its components with the fused KDA front as one ('kda front', its q|k|v|f|g|b bytes and the states)
+    PREFILL="" product_bench 32768 64
+    grep -E "kda front" "$OUT/bench.log" | head -3
 fi
