@@ -24,6 +24,6 @@ if nvidia-smi -L | grep -q H200; then
 else
     # (the first H100 of the session ran the warp selection's A/B: h100_warp_select_lab89.log) the product's bench at
     # 32K, its components with the fused KDA front as one ('kda front', its q|k|v|f|g|b bytes and the states)
-    PREFILL="" product_bench 32768 64
+    PREFILL="" product_bench 32768 16
     grep -E "kda front" "$OUT/bench.log" | head -3
 fi
