@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Thirty-fifth session: the H200's agenda in one call, since machines come seldom. On an H200: the GPU tests of the
 # fused KDA front, of verification through the window rings and of the producer warp's selection; the A/B at 32K of
-# the front (rings of 3 and 4, g last) and of the window rings beside the product (twice); then, time allowing, the
+# the front (rings of 3 and 4, g last) and of the window rings beside the product (twice), and the L2 asks after
+# the MoE copies (the H100's; -6.8 us once on an H200, h200_ab_lab70.log); then, time allowing, the
 # bench at 32K of the product with the front forced on (kdafront) beside the product. On an H100: dev/lab_session88.sh's
 # H100 half (the producer warp's selection with and without the gate_up window, alone and in the step), then (once
 # that ran) the product's bench at 32K.
@@ -13,7 +14,7 @@ if nvidia-smi -L | grep -q H200; then
     grep -E "worst rel" "$OUT/gpu_tests.log" | head -4
     f="KDA front fused, ring of 3, g last"
     w="window ring: qkvfgb, q|kv_a|g, MLP"
-    ab ab "product;$f;$w;KDA front fused, ring of 4, g last;product again;$f, again;$w, again" \
+    ab ab "product;$f;$w;KDA front fused, ring of 4, g last;product again;$f, again;$w, again;L2 next: shared + 16 MB, after the copies" \
         --deadline "$(($(left) - 250))"
     if [ "$(left)" -gt 200 ]; then
         timeout $(($(left) - 5)) python3 -m solo bench decode --random-weights ling-3.0-flash \
