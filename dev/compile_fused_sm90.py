@@ -209,18 +209,9 @@ def other_variants():
             ACCEPT=accept,
         )
         yield f"greedy rows={rows} accept={accept}", greedy._greedy_kernel, greedy_ptrs, constexprs, 8, 3
-    topk_chunks = triton.cdiv(157184, topk.CHUNK)
     topk_ptrs = dict(x_ptr="fp32", key_ptr="i64", count_ptr="i32", value_ptr="fp32", index_ptr="i64")
     for rows, k in ((1, 29), (4, 29), (4, 64)):
-        k_pow2 = triton.next_power_of_2(k)
-        constexprs = dict(
-            K=k,
-            K_POW2=k_pow2,
-            ROWS=rows,
-            CHUNKS=topk_chunks,
-            CHUNK_SIZE=topk.CHUNK,
-            MERGE_POW2=triton.next_power_of_2(topk_chunks * k_pow2),
-        )
+        constexprs = topk.kernel_constexprs(rows, 157184, k, topk.CHUNK, topk.GROUP)
         yield f"top_k rows={rows} k={k}", topk._top_k_kernel, topk_ptrs, constexprs, 8, 3
     prep_ptrs = dict(
         proj_ptr="bf16",

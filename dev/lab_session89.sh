@@ -5,10 +5,16 @@
 # the MoE copies (the H100's; -6.8 us once on an H200, h200_ab_lab70.log); then, time allowing, the
 # bench at 32K of the product with the front forced on (kdafront) beside the product. On an H100: dev/lab_session88.sh's
 # H100 half (the producer warp's selection with and without the gate_up window, alone and in the step), then (once
-# that ran) the product's bench at 32K.
-# Results under $OUT: gpu_tests.log, ab.{log,json}, [bench.{log,json}]. timeout_s LAB_SECONDS + 20.
+# that ran) the product's bench at 32K; now the top-k sweep alone. Both first: the sampling top-k's sweep.
+# Results under $OUT: topk_tests.log, topk.log, gpu_tests.log, ab.{log,json}, [bench.{log,json}]. timeout_s LAB_SECONDS + 20.
 LAB_DEFAULT_SECONDS=560
 source dev/lab_prelude.sh
+# the sampling top-k (per-row merges since the thirty-fifth session): its tests at the real vocabulary, then its
+# chunking (dev/topk_sweep.py: two levels with a group)
+timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_topk_kernel.py > "$OUT/topk_tests.log" 2>&1
+echo "[top-k tests rc=$? at ${SECONDS}s]"; tail -1 "$OUT/topk_tests.log"
+timeout 90 python3 dev/topk_sweep.py --chunks 2048,4096,8192 --groups 0,4,8 > "$OUT/topk.log" 2>&1
+echo "[top-k sweep rc=$? at ${SECONDS}s]"; grep -E "torch.topk [0-9]|fastest|product|not the" "$OUT/topk.log"
 if nvidia-smi -L | grep -q H200; then
     gpu_tests 150 tests/test_gpu_fused_step.py tests/test_cuda_moe.py -k "fused_kda_front or window_rings or warp_select"
     grep -E "worst rel" "$OUT/gpu_tests.log" | head -4
@@ -23,8 +29,7 @@ if nvidia-smi -L | grep -q H200; then
         echo "[bench rc=$? at ${SECONDS}s]"; grep -E "^\| cuda|kda" "$OUT/bench.log" | head -8
     fi
 else
-    # (the first H100 of the session ran the warp selection's A/B: h100_warp_select_lab89.log) the product's bench at
-    # 32K, its components with the fused KDA front as one ('kda front', its q|k|v|f|g|b bytes and the states)
-    PREFILL="" product_bench 32768 16
-    grep -E "kda front" "$OUT/bench.log" | head -3
+    # (the session's first H100 ran the warp selection's A/B, h100_warp_select_lab89.log; its second the product's
+    # bench at 32K, h100_bench_lab89.log): the top-k sweep above only
+    :
 fi

@@ -40,9 +40,12 @@ def stable_top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     return values[..., :k], columns[..., :k]
 
 
-@pytest.mark.parametrize("k", [1, 29, 64])
+@pytest.mark.parametrize(("k", "group"), [(1, 0), (29, 0), (64, 0), (29, 2), (64, 4)])
 @pytest.mark.parametrize("rows", [1, 4])
-def test_the_top_k_equals_torch(rows, k):
+def test_the_top_k_equals_torch(rows, k, group, monkeypatch):
+    """Each row merged by its own last program (group 0), or in two levels: groups of `group` chunks first
+    (6 chunks under the interpreter: groups of 2, and of 4 with a partial last group)."""
+    monkeypatch.setattr(topk, "GROUP", group)
     logits = torch.randn(rows, VOCAB, device=DEVICE) * 2
     values, columns = topk.top_k_rows(logits, k)
     want = stable_top(logits, k)
@@ -61,6 +64,17 @@ def test_the_top_k_equals_torch(rows, k):
     want = stable_top(logits, k)
     assert torch.equal(values, want[0]) and torch.equal(columns, want[1])
     assert all(int(t.sum()) == 0 for key, t in topk._SCRATCH.items() if key[1] == "count")  # left at zero
+
+
+def test_the_launch_shapes():
+    """CPU: the chunks, groups and merge widths the kernel is compiled for, and the refused chunkings."""
+    c = topk.kernel_constexprs(4, 157184, 29, 4096, 8)
+    assert (c["CHUNKS"], c["GROUPS"], c["K_POW2"], c["GROUP_POW2"], c["MERGE_POW2"]) == (39, 5, 32, 256, 256)
+    c = topk.kernel_constexprs(1, 157184, 29, 2048, 0)
+    assert (c["CHUNKS"], c["GROUPS"], c["MERGE_POW2"]) == (77, 1, 4096)
+    for chunk, group in ((3000, 0), (4096, 3), (4096, -2), (1, 0)):
+        with pytest.raises(ValueError, match="power of two"):
+            topk.kernel_constexprs(1, 157184, 29, chunk, group)
 
 
 def test_the_dispatch_and_the_refusals():

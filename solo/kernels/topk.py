@@ -4,9 +4,13 @@
 passes of digit counts and scans, a gather and a sort: about 55 us on the critical path), once per draft
 step and once for the verification window of a sampled NEXTN round. Here every program takes one chunk
 of one row and keeps its best k as 64-bit keys (the logit's bits in an order-preserving integer, then
-the column, lower columns first among equal logits) with `tl.topk`; the last program to arrive (an
-acq_rel counter it resets, so a CUDA graph replays it without a memset) merges each row's candidates
-the same way and writes the values and their columns, in descending order.
+the column, lower columns first among equal logits) with `tl.topk`; the last program of a row to arrive
+(an acq_rel counter of the row, which it resets, so a CUDA graph replays it without a memset) merges the
+row's candidates the same way and writes the values and their columns, in descending order. The rows
+merge in parallel (before the thirty-fifth session one program merged every row in turn: about 19 us a
+row at 1,248 candidates on the H100, 96 us for the 4 rows of a verification window,
+`docs/results/h100_bench_lab89.log`). With `GROUP` the merge has two levels: the last program of each
+group of GROUP chunks merges the group's candidates, and the row's last group merger merges those.
 
 The values are torch.topk's exactly; among equal logits the lower column comes first (torch leaves that
 order unspecified). Registered as the custom op `solo::top_k_rows`, so `torch.compile` (the GPU's
@@ -24,6 +28,7 @@ from solo.kernels.triton_epilogues import split_scratch
 
 MOST_K = 64  # larger cuts stay on torch.topk
 CHUNK = 4096  # logits per program
+GROUP = 0  # chunks whose candidates one program merges first (0: the row's last program merges them all)
 FIRST_ROWS = 16  # the first scratch buffer holds this many rows
 _SCRATCH: dict[tuple, torch.Tensor] = {}
 
@@ -35,6 +40,14 @@ def _keys(x, cols):
     bits = x.to(tl.int32, bitcast=True)
     ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
     return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - cols).to(tl.int64)
+
+
+@triton.jit
+def _merge(src_ptr, n, dst_ptr, K_POW2: tl.constexpr, N_POW2: tl.constexpr):
+    """The best K_POW2 of the n keys at src_ptr (written by other programs: read from the L2) to dst_ptr."""
+    m = tl.arange(0, N_POW2)
+    cand = tl.load(src_ptr + m, mask=m < n, other=-(2**63), cache_modifier=".cg")
+    tl.store(dst_ptr + tl.arange(0, K_POW2), tl.topk(cand, K_POW2))
 
 
 @triton.jit
@@ -51,8 +64,15 @@ def _top_k_kernel(
     ROWS: tl.constexpr,
     CHUNKS: tl.constexpr,
     CHUNK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUPS: tl.constexpr,
+    GROUP_POW2: tl.constexpr,
     MERGE_POW2: tl.constexpr,
 ):
+    """Program (chunk, row): the chunk's best K_POW2 keys to key_ptr[row, chunk]. With GROUP, the last of a
+    group's programs to arrive merges the group's candidates into key_ptr[ROWS, ...] (the level above), and the
+    last group merger of the row merges those; without, the row's last program merges its CHUNKS candidates. The
+    counters (a row's groups', then the rows') are reset by the programs that merge, so a CUDA graph replays it."""
     chunk = tl.program_id(0)
     row = tl.program_id(1)
     LOWEST: tl.constexpr = -(2**63)  # past the vocabulary: below every logit's key, -inf's included
@@ -60,52 +80,79 @@ def _top_k_kernel(
     ok = cols < V
     x = tl.load(x_ptr + row * stride + cols, mask=ok, other=0.0).to(tl.float32)
     keys = tl.where(ok, _keys(x, cols), LOWEST)
-    best = tl.topk(keys, K_POW2)
-    tl.store(key_ptr + (row * CHUNKS + chunk) * K_POW2 + tl.arange(0, K_POW2), best)
+    tl.store(key_ptr + (row * CHUNKS + chunk) * K_POW2 + tl.arange(0, K_POW2), tl.topk(keys, K_POW2))
     tl.debug_barrier()
-    arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-    if arrived == ROWS * CHUNKS - 1:  # the last program: merge every row's candidates
+    row_count = count_ptr + ROWS * GROUPS + row
+    if GROUP > 0:
+        group = chunk // GROUP
+        members = tl.minimum(GROUP, CHUNKS - group * GROUP)
+        group_count = count_ptr + row * GROUPS + group
+        arrived = tl.atomic_add(group_count, 1, sem="acq_rel", scope="gpu")
+        last_in_row = arrived < 0  # (False, as the tensor the branch below assigns)
+        if arrived == members - 1:  # the group's last program: its members' candidates, merged one level up
+            upper = key_ptr + ROWS * CHUNKS * K_POW2 + row * GROUPS * K_POW2
+            first = key_ptr + (row * CHUNKS + group * GROUP) * K_POW2
+            _merge(first, members * K_POW2, upper + group * K_POW2, K_POW2, GROUP_POW2)
+            tl.atomic_xchg(group_count, 0, sem="relaxed", scope="gpu")
+            tl.debug_barrier()
+            last_in_row = tl.atomic_add(row_count, 1, sem="acq_rel", scope="gpu") == GROUPS - 1
+        src = key_ptr + ROWS * CHUNKS * K_POW2 + row * GROUPS * K_POW2
+        n = GROUPS * K_POW2
+    else:
+        last_in_row = tl.atomic_add(row_count, 1, sem="acq_rel", scope="gpu") == CHUNKS - 1
+        src = key_ptr + row * CHUNKS * K_POW2
+        n = CHUNKS * K_POW2
+    if last_in_row:  # the row's last: its values and columns, in descending order
         m = tl.arange(0, MERGE_POW2)
+        cand = tl.load(src + m, mask=m < n, other=LOWEST, cache_modifier=".cg")
+        top = tl.topk(cand, K_POW2)
+        high = (top >> 32).to(tl.int32)
+        value = tl.where(high < 0, high ^ 0x7FFFFFFF, high).to(tl.float32, bitcast=True)
+        column = 0x7FFFFFFF - (top & 0x7FFFFFFF)
         out = tl.arange(0, K_POW2)
-        for r in tl.static_range(ROWS):
-            cand = tl.load(
-                key_ptr + r * CHUNKS * K_POW2 + m, mask=m < CHUNKS * K_POW2, other=LOWEST, cache_modifier=".cg"
-            )
-            top = tl.topk(cand, K_POW2)
-            high = (top >> 32).to(tl.int32)
-            value = tl.where(high < 0, high ^ 0x7FFFFFFF, high).to(tl.float32, bitcast=True)
-            column = 0x7FFFFFFF - (top & 0x7FFFFFFF)
-            tl.store(value_ptr + r * K + out, value, mask=out < K)
-            tl.store(index_ptr + r * K + out, column, mask=out < K)
-        tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")
+        tl.store(value_ptr + row * K + out, value, mask=out < K)
+        tl.store(index_ptr + row * K + out, column, mask=out < K)
+        tl.atomic_xchg(row_count, 0, sem="relaxed", scope="gpu")
 
 
-def _launch(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, vocab = logits.shape
-    chunks = triton.cdiv(vocab, CHUNK)
+def kernel_constexprs(rows: int, vocab: int, k: int, chunk: int, group: int) -> dict[str, int]:
+    """The kernel's compile-time arguments for `rows` rows of `vocab` logits, the best `k`, `chunk` logits a
+    program and `group` chunks merged first (0: none)."""
+    if chunk < 2 or chunk & (chunk - 1) or group < 0 or group & (group - 1):
+        raise ValueError(
+            f"top_k: chunk must be a power of two >= 2 and group 0 or a power of two, got {chunk}, {group}"
+        )
+    chunks = triton.cdiv(vocab, chunk)
     k_pow2 = max(2, triton.next_power_of_2(k))  # tl.topk(x, 1) fails before triton-lang/triton#10952 (3.6)
-    device = logits.device
-    first = FIRST_ROWS * chunks * k_pow2
-    keys = split_scratch(_SCRATCH, (str(device), "keys"), rows * chunks * k_pow2, torch.int64, False, device, first)
-    count = split_scratch(_SCRATCH, (str(device), "count"), 1, torch.int32, True, device)
-    values = torch.empty((rows, k), dtype=torch.float32, device=device)
-    indices = torch.empty((rows, k), dtype=torch.int64, device=device)
-    _top_k_kernel[(chunks, rows)](
-        logits,
-        logits.stride(0),
-        vocab,
-        keys,
-        count,
-        values,
-        indices,
+    groups = triton.cdiv(chunks, group) if group else 1
+    return dict(
         K=k,
         K_POW2=k_pow2,
         ROWS=rows,
         CHUNKS=chunks,
-        CHUNK_SIZE=CHUNK,
-        MERGE_POW2=triton.next_power_of_2(chunks * k_pow2),
-        num_warps=8,
+        CHUNK_SIZE=chunk,
+        GROUP=group,
+        GROUPS=groups,
+        GROUP_POW2=max(2, group * k_pow2),
+        MERGE_POW2=triton.next_power_of_2((groups if group else chunks) * k_pow2),
     )
+
+
+def _launch(logits: torch.Tensor, k: int, chunk: int | None = None, group: int | None = None):
+    rows, vocab = logits.shape
+    c = kernel_constexprs(rows, vocab, k, CHUNK if chunk is None else chunk, GROUP if group is None else group)
+    device = logits.device
+    per_row = (c["CHUNKS"] + (c["GROUPS"] if c["GROUP"] else 0)) * c["K_POW2"]
+    keys = split_scratch(
+        _SCRATCH, (str(device), "keys"), rows * per_row, torch.int64, False, device, FIRST_ROWS * per_row
+    )
+    counters = rows * (c["GROUPS"] + 1)
+    count = split_scratch(
+        _SCRATCH, (str(device), "count"), counters, torch.int32, True, device, FIRST_ROWS * (c["GROUPS"] + 1)
+    )
+    values = torch.empty((rows, k), dtype=torch.float32, device=device)
+    indices = torch.empty((rows, k), dtype=torch.int64, device=device)
+    _top_k_kernel[(c["CHUNKS"], rows)](logits, logits.stride(0), vocab, keys, count, values, indices, **c, num_warps=8)
     return values, indices
 
 
