@@ -7,10 +7,11 @@ of one row and keeps its best k as 64-bit keys (the logit's bits in an order-pre
 the column, lower columns first among equal logits) with `tl.topk`; the last program of a row to arrive
 (an acq_rel counter of the row, which it resets, so a CUDA graph replays it without a memset) merges the
 row's candidates the same way and writes the values and their columns, in descending order. The rows
-merge in parallel (before the thirty-fifth session one program merged every row in turn: about 19 us a
-row at 1,248 candidates on the H100, 96 us for the 4 rows of a verification window,
-`docs/results/h100_bench_lab89.log`). With `GROUP` the merge has two levels: the last program of each
-group of GROUP chunks merges the group's candidates, and the row's last group merger merges those.
+merge in parallel (before the thirty-fifth session one program merged every row in turn: on the H100 a
+call took 96 us for the 4 rows of a verification window against 38 for one row, so about 19 us a row's
+merge of 1,248 candidates; `docs/results/h100_bench_lab89.json`). With `GROUP` the merge has two levels:
+the last program of each group of GROUP chunks merges the group's candidates, and the row's last group
+merger merges those.
 
 The values are torch.topk's exactly; among equal logits the lower column comes first (torch leaves that
 order unspecified). Registered as the custom op `solo::top_k_rows`, so `torch.compile` (the GPU's
