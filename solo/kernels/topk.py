@@ -28,8 +28,11 @@ import triton.language as tl
 from solo.kernels.triton_epilogues import split_scratch
 
 MOST_K = 64  # larger cuts stay on torch.topk
-CHUNK = 4096  # logits per program
-GROUP = 0  # chunks whose candidates one program merges first (0: the row's last program merges them all)
+# logits a program, and chunks whose candidates one program merges first (0: the row's last program merges them all):
+# on the H100, k = 29 over 157,184 logits, 1 row 25.8 -> 12.8 us and 4 rows 42.4 -> 22.6 us against 4,096 and 0, the
+# fastest of dev/topk_sweep.py's grid (docs/results/h100_topk_sweep_lab89.log; torch.topk 61.4 and 76.8 us)
+CHUNK = 1024
+GROUP = 8
 FIRST_ROWS = 16  # the first scratch buffer holds this many rows
 _SCRATCH: dict[tuple, torch.Tensor] = {}
 
