@@ -40,12 +40,14 @@ def stable_top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     return values[..., :k], columns[..., :k]
 
 
-@pytest.mark.parametrize(("k", "group"), [(1, 0), (29, 0), (64, 0), (29, 2), (64, 4)])
+@pytest.mark.parametrize(("k", "group"), [(1, None), (29, None), (64, None), (29, 0), (29, 2), (64, 4)])
 @pytest.mark.parametrize("rows", [1, 4])
 def test_the_top_k_equals_torch(rows, k, group, monkeypatch):
-    """Each row merged by its own last program (group 0), or in two levels: groups of `group` chunks first
-    (6 chunks under the interpreter: groups of 2, and of 4 with a partial last group)."""
-    monkeypatch.setattr(topk, "GROUP", group)
+    """The product's chunking (group None: topk.GROUP), each row merged by its own last program (group 0), or in
+    two levels with other groups (6 chunks under the interpreter: groups of 2, of 4 with a partial last group, and
+    the product's 8 as one partial group; on a GPU 154 chunks of 1,024, the last of 20 groups partial)."""
+    if group is not None:
+        monkeypatch.setattr(topk, "GROUP", group)
     logits = torch.randn(rows, VOCAB, device=DEVICE) * 2
     values, columns = topk.top_k_rows(logits, k)
     want = stable_top(logits, k)
