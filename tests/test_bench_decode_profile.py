@@ -51,6 +51,11 @@ def test_components_are_named_from_kernel_names() -> None:
     assert set(summary["by_component"]) == {"experts", "router", "projections"}
     assert summary["by_component"]["projections"]["critical_us"] == pytest.approx(8.0)
     assert summary["span_us"] == pytest.approx(20.0)
+    # the fused KDA front apart from KDA; the sampling kernels of solo.kernels.topk and .greedy as sampling
+    names = [("kda_front", 0.0, 3.0), ("fused_kda_recurrent", 3.0, 4.0), ("_top_k_kernel", 4.0, 5.0)]
+    summary = summarize_kernels([*names, ("_greedy_kernel", 5.0, 6.0)])
+    assert set(summary["by_component"]) == {"kda front", "kda", "sampling"}
+    assert summary["by_component"]["sampling"]["kernels"] == 2
 
 
 def test_the_report_lists_each_graphs_profile_by_critical_share() -> None:

@@ -46,7 +46,7 @@ COMPONENTS = (  # kernel name patterns -> component (first match wins)
     ("mla", r"_mla"),
     ("norms", r"rmsnorm|_norm"),
     ("projections", r"_fused_gemv|fp8_linear|gemm|gemv|sm90|cutlass|cublas|nvjet"),
-    ("sampling", r"argmax|exponential|softmax|reduce"),
+    ("sampling", r"argmax|exponential|softmax|reduce|_top_k_kernel|_greedy_kernel"),  # (solo.kernels.topk, .greedy)
     ("elementwise", r"elementwise|vectorized|unrolled|copy|fill|cat|index|where|mul|add"),
 )
 
