@@ -47,11 +47,10 @@ def _keys(x, cols):
 
 
 @triton.jit
-def _merge(src_ptr, n, dst_ptr, K_POW2: tl.constexpr, N_POW2: tl.constexpr):
-    """The best K_POW2 of the n keys at src_ptr (written by other programs: read from the L2) to dst_ptr."""
+def _best(src_ptr, n, K_POW2: tl.constexpr, N_POW2: tl.constexpr):
+    """The best K_POW2 of the n keys at src_ptr (written by other programs: read from the L2), descending."""
     m = tl.arange(0, N_POW2)
-    cand = tl.load(src_ptr + m, mask=m < n, other=-(2**63), cache_modifier=".cg")
-    tl.store(dst_ptr + tl.arange(0, K_POW2), tl.topk(cand, K_POW2))
+    return tl.topk(tl.load(src_ptr + m, mask=m < n, other=-(2**63), cache_modifier=".cg"), K_POW2)
 
 
 @triton.jit
@@ -96,20 +95,19 @@ def _top_k_kernel(
         if arrived == members - 1:  # the group's last program: its members' candidates, merged one level up
             upper = key_ptr + ROWS * CHUNKS * K_POW2 + row * GROUPS * K_POW2
             first = key_ptr + (row * CHUNKS + group * GROUP) * K_POW2
-            _merge(first, members * K_POW2, upper + group * K_POW2, K_POW2, GROUP_POW2)
+            dst = upper + group * K_POW2
+            tl.store(dst + tl.arange(0, K_POW2), _best(first, members * K_POW2, K_POW2, GROUP_POW2))
             tl.atomic_xchg(group_count, 0, sem="relaxed", scope="gpu")
             tl.debug_barrier()
             last_in_row = tl.atomic_add(row_count, 1, sem="acq_rel", scope="gpu") == GROUPS - 1
-        src = key_ptr + ROWS * CHUNKS * K_POW2 + row * GROUPS * K_POW2
+        src = key_ptr + ROWS * CHUNKS * K_POW2 + row * GROUPS * K_POW2  # the row's merged groups
         n = GROUPS * K_POW2
     else:
         last_in_row = tl.atomic_add(row_count, 1, sem="acq_rel", scope="gpu") == CHUNKS - 1
         src = key_ptr + row * CHUNKS * K_POW2
         n = CHUNKS * K_POW2
     if last_in_row:  # the row's last: its values and columns, in descending order
-        m = tl.arange(0, MERGE_POW2)
-        cand = tl.load(src + m, mask=m < n, other=LOWEST, cache_modifier=".cg")
-        top = tl.topk(cand, K_POW2)
+        top = _best(src, n, K_POW2, MERGE_POW2)
         high = (top >> 32).to(tl.int32)
         value = tl.where(high < 0, high ^ 0x7FFFFFFF, high).to(tl.float32, bitcast=True)
         column = 0x7FFFFFFF - (top & 0x7FFFFFFF)
