@@ -327,6 +327,16 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # verification's attention transposed (4 warps for both lost 540 us of verification on the H100)
     "MLA verification transposed": {"mla_window": {"transposed": True}},
     "MLA verification: 128 splits": {"mla_window": {"splits": 128}},
+    # (thirty-sixth session) verification's attention as the Gluon ring too: its 4 tokens x 32 heads in two programs
+    # of 64 rows a split (two warpgroups: 128 accumulators a thread, 229,904 B of shared memory), or four of 32; with
+    # 2 steps of old rows copied before the wait for the prep
+    "MLA verification: Gluon ring": {"mla_window": {"gluon": True}},
+    "MLA verification: Gluon ring, again": {"mla_window": {"gluon": True}},
+    "MLA verification: Gluon ring, 32 rows": {"mla_window": {"gluon": True, "rows_per_program": 32}},
+    "MLA verification: Gluon ring, 32 rows, 32 splits": {
+        "mla_window": {"gluon": True, "rows_per_program": 32, "splits": 32}
+    },
+    "MLA verification: Gluon ring, 2 early": {"mla_window": {"gluon": True, "early_chunks": 2}},
     # not a launch: one token's shared expert inside the persistent MoE kernel (--moe-shared fused) instead
     # of its own two kernels after it (docs/results/h200_shared_order_ab.log)
     "shared expert inside": {"shared_inside": True},

@@ -393,8 +393,9 @@ def test_an_attention_cut_the_kernels_cannot_run_is_refused_naming_it(splits):
 
 
 def test_the_gluon_attention_is_refused_where_it_cannot_run_naming_why():
-    """AttendLaunch.gluon (one token's attention on Hopper's TMA and warpgroup MMA) is refused when the layer is
-    built, naming why and the fix: here on the CPU, and for several tokens anywhere."""
+    """AttendLaunch.gluon (the attention on Hopper's TMA and warpgroup MMA, for one token or a window) is refused
+    when the layer is built, naming why and the fix: here on the CPU; launches it cannot take anywhere (rows a
+    program, warps, accumulators past the registers, the ring's buffers), before the device is asked."""
     from dataclasses import replace
 
     from solo.kernels.fused_mla import FusedMLA
@@ -405,8 +406,20 @@ def test_the_gluon_attention_is_refused_where_it_cannot_run_naming_why():
     with pytest.raises(ValueError, match="the Gluon MLA attention cannot run: .*leave AttendLaunch.gluon off"):
         one(*args, **offsets)
     several = type("Several", (FusedMLA,), {"WINDOW": replace(FusedMLA.WINDOW, gluon=True)})
-    with pytest.raises(ValueError, match="cannot run: (it attends for one token, not 2|.*CPU|.*GPU)"):
+    with pytest.raises(ValueError, match="cannot run: .*(CPU|GPU|interpreter)"):
         several(*args, **offsets)
+    for changes, why in [
+        ({"rows_per_program": 128}, "rows .* go 16, 32 or 64 to a program, not 128"),
+        ({"warps": 16}, "4 or 8 warps"),
+        ({"ring_buffers": 3}, "1 or 2 steps"),
+    ]:
+        bad = type("Bad", (FusedMLA,), {"WINDOW": replace(FusedMLA.WINDOW, gluon=True, **changes)})
+        with pytest.raises(ValueError, match=why):
+            bad(*args, **offsets)
+    args, offsets = small_mla_args(heads, rope, rank=512)
+    wide = type("Wide", (FusedMLA,), {"WINDOW": replace(FusedMLA.WINDOW, gluon=True, warps=4)})
+    with pytest.raises(ValueError, match="512 x 64 fp32 sums take more than 128 registers a thread of 4 warps"):
+        wide(*args, **offsets)
 
 
 def test_the_shared_expert_inside_the_moe_kernel_is_refused_where_it_cannot_run_naming_the_fix(models):

@@ -571,6 +571,28 @@ def test_the_gluon_ring_attention_matches_the_reference(setup, buffers, early, a
             assert worst < LONG_CONTEXT_BOUND
 
 
+@pytest.mark.parametrize("tokens,rows,early", [(4, 64, 0), (4, 32, 2), (3, 64, 2), (2, 64, 0)])
+def test_the_gluon_ring_attention_of_several_tokens_matches_the_reference(setup, tokens, rows, early):
+    """Verification's attention in Gluon (the window's launch with AttendLaunch.gluon): the tokens x heads rows in
+    programs of 64 or 32 (three tokens: the second program's last 32 rows padding), each row seeing the positions up
+    to its token's, so that a step, or a split's first steps, can hold nothing a row sees; over long contexts and
+    short ones (the window's rows in the only split's first step), old rows copied before the wait for the prep or
+    not; skipped, naming why, where Gluon cannot run."""
+    from solo.kernels.gluon_mla import gluon_unavailable
+    from solo.testing.attention import LONG_CONTEXT_BOUND, mla_launches, mla_layers_against_reference
+
+    _, _, fused = setup
+    why = gluon_unavailable("cuda")
+    if why:
+        pytest.skip(why)
+    changes = dict(gluon=True, rows_per_program=rows, early_chunks=early)
+    with mla_launches(fused, window=changes):
+        for context in (int(torch.randint(12000, 20000, ())), int(torch.randint(2, 200, ()))):
+            worst = mla_layers_against_reference(fused, context=context, tokens=tokens)
+            print(f"\nMLA (Gluon ring, {tokens} tokens, {changes}) at {context} positions: worst {worst:.1e}")
+            assert worst < LONG_CONTEXT_BOUND
+
+
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_the_combine_cut_by_latent_columns_matches_the_reference(setup, tokens):
     """The MLA combine cut by latent columns (AttendLaunch.combine_rank_parts, the product's) at full width: the

@@ -631,7 +631,7 @@ class FusedMLA:
         self._scratch: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
         self._combine_scratch: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         # the Gluon attention's TMA descriptors per cache, its length and the launch (checked once each)
-        self._descriptors: dict[tuple[int, int, int, AttendLaunch], tuple] = {}
+        self._descriptors: dict[tuple[int, int, int, AttendLaunch, int], tuple] = {}
 
     def _check_rank_parts(self, c: AttendLaunch) -> None:
         parts = c.combine_rank_parts
@@ -645,12 +645,14 @@ class FusedMLA:
             raise ValueError(f"{config}: the Gluon MLA attention cannot run: {why}; leave AttendLaunch.gluon off")
 
     def _gluon_refusal(self, config: AttendLaunch, tokens: int, device: torch.device) -> str | None:
-        """Why the Gluon attention cannot run `config` for `tokens` tokens on `device`, or None when it can."""
+        """Why the Gluon attention cannot run `config` for `tokens` tokens on `device`, or None when it can: the
+        launch's shape first (anywhere), then the device."""
         from solo.kernels.gluon_mla import gluon_unavailable
 
-        why = gluon_unavailable(device)
-        if tokens != 1:
-            why = f"it attends for one token, not {tokens}"
+        rows = self.heads if tokens == 1 else config.rows_per_program  # the products' N side
+        why = None
+        if tokens > 1 and rows not in (16, 32, 64):
+            why = f"{tokens} tokens' rows (token x head) go 16, 32 or 64 to a program, not {rows}"
         elif config.block_l != 64 or self.heads % 8 or self.heads > 256 or self.rank % 64 or self.rope % 64:
             why = (
                 f"it takes steps of 64 positions, 8 to 256 heads in eights and a rank and rope dimension in "
@@ -658,8 +660,16 @@ class FusedMLA:
             )
         elif config.warps not in (4, 8):
             why = f"it runs on one or two warpgroups (4 or 8 warps), not {config.warps} warps"
+        elif self.rank * rows > 128 * 32 * config.warps:
+            why = f"its {self.rank} x {rows} fp32 sums take more than 128 registers a thread of {config.warps} warps"
         elif not 1 <= config.ring_buffers <= 2:
             why = f"its ring holds 1 or 2 steps of 64 positions in shared memory, not {config.ring_buffers}"
+        why = why or gluon_unavailable(device)
+        if why is None:  # (the ring, the query and the probabilities in shared memory)
+            width = self.rank + self.rope
+            shared = (config.ring_buffers * config.block_l + rows) * width * 2 + config.block_l * rows * 2
+            if shared > torch.cuda.get_device_properties(device).shared_memory_per_block_optin:
+                why = f"its ring and query take {shared} bytes of shared memory, more than a block of this GPU has"
         return why
 
     def config(self, tokens: int) -> AttendLaunch:
@@ -814,15 +824,13 @@ class FusedMLA:
         ml: torch.Tensor,
         launch: LaunchPolicy,
     ) -> object:
-        """One token's attention as solo.kernels.gluon_mla's ring (AttendLaunch.gluon); refused, naming why, where
-        it cannot run."""
+        """The attention as solo.kernels.gluon_mla's ring (AttendLaunch.gluon; several tokens' rows in programs of
+        rows_per_program); refused, naming why, where it cannot run."""
         from solo.kernels import gluon_mla
 
-        if q.shape[0] != 1:  # (the only refusal that depends on the call, not on the launch)
-            self._check_gluon(config, q.shape[0], q.device)
-        key = (latent_cache.data_ptr(), rope_cache.data_ptr(), latent_cache.shape[0], config)
+        key = (latent_cache.data_ptr(), rope_cache.data_ptr(), latent_cache.shape[0], config, q.shape[0])
         if key not in self._descriptors:  # (graphs point at them; a launch is checked before its first use)
-            self._check_gluon(config, 1, q.device)
+            self._check_gluon(config, q.shape[0], q.device)
             self._descriptors[key] = gluon_mla.cache_descriptors(latent_cache, rope_cache, config.block_l)
         return gluon_mla.attend_ring(
             q,
@@ -843,6 +851,7 @@ class FusedMLA:
             warps=config.warps,
             pdl=launch.pdl,
             launch_options=launch.options,
+            rows=config.rows_per_program,
         )
 
     def combine(

@@ -123,13 +123,30 @@ if gluon is not None:
         PDL: gl.constexpr,
         AHEAD: gl.constexpr = 0,
         WARPS: gl.constexpr = 4,
+        T: gl.constexpr = 1,
+        T_POW2: gl.constexpr = 1,
+        ROWS: gl.constexpr = 0,
     ):
-        """Split s of one token's filled positions: scores^T = keys . q^T [BLOCK_L, HEADS] and out^T += values^T .
-        p^T [RANK, HEADS] per step of BLOCK_L positions, an online softmax between; the partial output, running max
-        and sum into part / ml as _mla_attend_t writes them. A box past the split's end reads rows that later
-        positions left (finite: the caches start zeroed) or zeros past the cache: the mask drops them."""
+        """Split s of the call's filled positions for the ROWS rows (token x head) of row block program_id(1):
+        scores^T = keys . q^T [BLOCK_L, ROWS] and out^T += values^T . p^T [RANK, ROWS] per step of BLOCK_L positions,
+        an online softmax between; the partial output, running max and sum into part / ml as _mla_attend_t writes
+        them. One token (T 1): its HEADS heads are the rows. Several (a verification window): each row sees the
+        positions up to its token's, rows past the T x HEADS are padding (masked, their partials never read). A box
+        past the split's end reads rows that later positions left (finite: the caches start zeroed) or zeros past
+        the cache: the mask drops them."""
+        N: gl.constexpr = HEADS if T == 1 else ROWS  # the products' N side
         s = gl.program_id(0)
-        pos = gl.load(pos_ptr).to(gl.int32)  # the token's position (final two kernels back: read before the wait)
+        # the call's positions (final two kernels back: read before the wait); the prep writes rows first..pos
+        if T == 1:
+            rp = 0
+            pos = gl.load(pos_ptr).to(gl.int32)
+            first = pos
+        else:
+            rp = gl.program_id(1)
+            tokens: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+            rt = gl.arange(0, T_POW2, layout=tokens)
+            pos = gl.max(gl.load(pos_ptr + rt, mask=rt < T, other=-1).to(gl.int32), axis=0)
+            first = gl.min(gl.load(pos_ptr + rt, mask=rt < T, other=2**30).to(gl.int32), axis=0)
         length = pos + 1
         used = gl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)
         chunk = (length + used - 1) // used
@@ -148,55 +165,61 @@ if gluon is not None:
         if EARLY > 0:
             for b in gl.static_range(BUFFERS):
                 row = start + b * BLOCK_L
-                early = (b < steps) & (row + BLOCK_L <= pos)
+                early = (b < steps) & (row + BLOCK_L <= first)
                 _copy_step(latent_desc, rope_desc, bars.index(b), kv_ring.index(b), kr_ring.index(b), row, early)
             for b in gl.static_range(BUFFERS, EARLY):  # (steps past the ring: asked of the L2, old rows only)
                 row = start + b * BLOCK_L
-                old_rows = gl.where(b < steps, gl.minimum(gl.minimum(end, pos) - row, BLOCK_L), 0)
+                old_rows = gl.where(b < steps, gl.minimum(gl.minimum(end, first) - row, BLOCK_L), 0)
                 _ask_l2(latent_ptr, rope_ptr, row, old_rows, RANK, ROPE, BLOCK_L, WARPS)
         _grid_dependency(PDL)
-        if s == 0:
+        if (s == 0) & (rp == 0):
             gl.atomic_add(count_ptr, 1)
         for b in gl.static_range(BUFFERS):
             row = start + b * BLOCK_L
-            late = (b < steps) & (row + BLOCK_L > pos) if EARLY > 0 else b < steps
+            late = (b < steps) & (row + BLOCK_L > first) if EARLY > 0 else b < steps
             _copy_step(latent_desc, rope_desc, bars.index(b), kv_ring.index(b), kr_ring.index(b), row, late)
 
-        # the products' layouts: positions (scores) or latent columns (output) on M, the heads on N; with two
-        # warpgroups each takes half of the output's columns and half of the scores' heads
-        mma: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, HEADS, 16]
-        )
+        # the products' layouts: positions (scores) or latent columns (output) on M, the rows on N; with two
+        # warpgroups each takes half of the output's columns and half of the scores' rows
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, N, 16])
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, WARPS // 4], instr_shape=[16, HEADS // (WARPS // 4), 16]
+            version=[3, 0], warps_per_cta=[4, WARPS // 4], instr_shape=[16, N // (WARPS // 4), 16]
         )
-        heads_of: gl.constexpr = gl.SliceLayout(0, mma)
-        heads_s: gl.constexpr = gl.SliceLayout(0, mma_s)
-        # the query once into shared memory, [HEADS, RANK] and [HEADS, ROPE] (the B operand, K-major)
+        rows_of: gl.constexpr = gl.SliceLayout(0, mma)
+        rows_s: gl.constexpr = gl.SliceLayout(0, mma_s)
+        # the query once into shared memory, [N, RANK] and [N, ROPE] (the B operand, K-major); q is [T, HEADS,
+        # RANK + ROPE], so the block's rows are consecutive rows of width RANK + ROPE
         q_load: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-        rq = gl.arange(0, HEADS, layout=gl.SliceLayout(1, q_load))
-        q_lat = gl.load(
-            q_ptr + rq[:, None] * (RANK + ROPE) + gl.arange(0, RANK, layout=gl.SliceLayout(0, q_load))[None, :]
-        )
-        q_rope = gl.load(
-            q_ptr + rq[:, None] * (RANK + ROPE) + RANK + gl.arange(0, ROPE, layout=gl.SliceLayout(0, q_load))[None, :]
-        )
+        rq = rp * N + gl.arange(0, N, layout=gl.SliceLayout(1, q_load))
+        q_at = q_ptr + rq[:, None] * (RANK + ROPE)
+        rd_q = gl.arange(0, RANK, layout=gl.SliceLayout(0, q_load))[None, :]
+        rr_q = RANK + gl.arange(0, ROPE, layout=gl.SliceLayout(0, q_load))[None, :]
+        if T == 1:
+            q_lat = gl.load(q_at + rd_q)
+            q_rope = gl.load(q_at + rr_q)
+        else:  # (padding rows past the window's T x HEADS: zeros)
+            q_ok = (rq < T * HEADS)[:, None]
+            q_lat = gl.load(q_at + rd_q, mask=q_ok, other=0.0)
+            q_rope = gl.load(q_at + rr_q, mask=q_ok, other=0.0)
         q_smem = gl.allocate_shared_memory(
-            gl.bfloat16, [HEADS, RANK], gl.NVMMASharedLayout.get_default_for([HEADS, RANK], gl.bfloat16), q_lat
+            gl.bfloat16, [N, RANK], gl.NVMMASharedLayout.get_default_for([N, RANK], gl.bfloat16), q_lat
         )
         qr_smem = gl.allocate_shared_memory(
-            gl.bfloat16, [HEADS, ROPE], gl.NVMMASharedLayout.get_default_for([HEADS, ROPE], gl.bfloat16), q_rope
+            gl.bfloat16, [N, ROPE], gl.NVMMASharedLayout.get_default_for([N, ROPE], gl.bfloat16), q_rope
         )
         p_smem = gl.allocate_shared_memory(
-            gl.bfloat16, [BLOCK_L, HEADS], gl.NVMMASharedLayout.get_default_for([BLOCK_L, HEADS], gl.bfloat16)
+            gl.bfloat16, [BLOCK_L, N], gl.NVMMASharedLayout.get_default_for([BLOCK_L, N], gl.bfloat16)
         )
         fence_async_shared()
 
-        m_i = gl.full([HEADS], float("-inf"), gl.float32, layout=heads_s)
-        l_i = gl.zeros([HEADS], gl.float32, layout=heads_s)
-        acc = gl.zeros([RANK, HEADS], gl.float32, layout=mma)
-        zero_scores = gl.zeros([BLOCK_L, HEADS], gl.float32, layout=mma_s)
+        m_i = gl.full([N], float("-inf"), gl.float32, layout=rows_s)
+        l_i = gl.zeros([N], gl.float32, layout=rows_s)
+        acc = gl.zeros([RANK, N], gl.float32, layout=mma)
+        zero_scores = gl.zeros([BLOCK_L, N], gl.float32, layout=mma_s)
         offsets = gl.arange(0, BLOCK_L, layout=gl.SliceLayout(1, mma_s))
+        if T > 1:  # each row's token position (padding rows: -1, nothing visible)
+            r_s = rp * N + gl.arange(0, N, layout=rows_s)
+            row_pos = gl.load(pos_ptr + r_s // HEADS, mask=r_s < T * HEADS, other=-1).to(gl.int32)
         for i in range(steps):
             slot = i % BUFFERS
             kv = kv_ring.index(slot)
@@ -208,16 +231,22 @@ if gluon is not None:
             scores = warpgroup_mma(kv, q_smem.permute((1, 0)), zero_scores, use_acc=False, is_async=True)
             scores = warpgroup_mma(kr, qr_smem.permute((1, 0)), scores, is_async=True)
             scores = warpgroup_mma_wait(num_outstanding=0, deps=(scores,))
-            visible = (start + i * BLOCK_L + offsets) < end
-            scores = gl.where(visible[:, None], scores * scale, float("-inf"))
-            m_tile = gl.max(scores, axis=0)  # (every step has a visible position: finite)
-            m_new = gl.maximum(m_i, m_tile)
-            p = gl.exp(scores - m_new[None, :])
-            alpha = gl.exp(m_i - m_new)
+            at = start + i * BLOCK_L + offsets
+            if T == 1:
+                scores = gl.where((at < end)[:, None], scores * scale, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(scores, axis=0))  # (every step has a visible position: finite)
+                m_safe = m_new
+            else:  # a row may see nothing of a step (positions past its token's) or of its split so far
+                visible = (at < end)[:, None] & (at[:, None] <= row_pos[None, :])
+                scores = gl.where(visible, scores * scale, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(scores, axis=0))
+                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp(scores - m_safe[None, :])
+            alpha = gl.exp(m_i - m_safe)
             l_i = l_i * alpha + gl.sum(p, axis=0)
             p_smem.store(p.to(gl.bfloat16))
             fence_async_shared()
-            rescale = gl.convert_layout(alpha, heads_of)[None, :]
+            rescale = gl.convert_layout(alpha, rows_of)[None, :]
             acc = warpgroup_mma(kv.permute((1, 0)), p_smem, acc * rescale, is_async=True)
             m_i = m_new
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -227,10 +256,10 @@ if gluon is not None:
         for b in gl.static_range(BUFFERS):
             mbarrier.invalidate(bars.index(b))
         if s < used:
-            out_rows = s * BLOCK_M + gl.arange(0, HEADS, layout=heads_of)
+            out_rows = s * BLOCK_M + rp * N + gl.arange(0, N, layout=rows_of)
             rd = gl.arange(0, RANK, layout=gl.SliceLayout(1, mma))
             gl.store(part_ptr + out_rows[None, :] * RANK + rd[:, None], acc)
-            ml_rows = s * BLOCK_M + gl.arange(0, HEADS, layout=heads_s)
+            ml_rows = s * BLOCK_M + rp * N + gl.arange(0, N, layout=rows_s)
             gl.store(ml_ptr + ml_rows * 2, m_i)
             gl.store(ml_ptr + ml_rows * 2 + 1, l_i)
 
@@ -266,14 +295,23 @@ def attend_ring(
     warps: int,
     pdl: bool,
     launch_options: dict,
+    rows: int = 0,
 ) -> object:
-    """Launch _mla_attend_ring for one token's q [1, heads, rank + rope]: `early` > 0, the split's first steps of old
-    rows requested before the wait for the previous kernel (the ring's copied, up to `early` asked of the L2);
-    `ahead` > 0, each step asks the L2 for the step that many later. Returns what Triton's launch returned."""
-    _, heads, width = q.shape
+    """Launch _mla_attend_ring for the call's q [T, heads, rank + rope]: one token's heads in one program a split; T > 1
+    tokens' T x heads rows in programs of `rows` each (ring_rows: a power of two from 16 to 64, more rows than heads
+    or fewer). `early` > 0, the split's first steps of old rows requested before the wait for the previous kernel
+    (the ring's copied, up to `early` asked of the L2); `ahead` > 0, each step asks the L2 for the step that many
+    later. Returns what Triton's launch returned."""
+    tokens, heads, width = q.shape
     latent_desc, rope_desc = descriptors
     rank = latent_desc.block_shape[1]
-    return _mla_attend_ring[(splits,)](
+    window = {}
+    if tokens > 1:
+        if rows not in (16, 32, 64) or part.shape[1] % rows:
+            raise ValueError(f"{tokens} tokens' attention takes 16, 32 or 64 rows a program, dividing {part.shape[1]}")
+        window = dict(T=tokens, T_POW2=triton.next_power_of_2(tokens), ROWS=rows)
+    grid = (splits, triton.cdiv(tokens * heads, rows) if tokens > 1 else 1)
+    return _mla_attend_ring[grid](
         q,
         positions,
         latent_cache,
@@ -296,6 +334,7 @@ def attend_ring(
         PDL=pdl,
         AHEAD=ahead,
         WARPS=warps,
+        **window,
         num_warps=warps,
         **launch_options,
     )

@@ -53,16 +53,16 @@ def mla_layers_against_reference(fast, context: int, tokens: int) -> float:
 
 
 @contextmanager
-def mla_launches(fast, one_token: dict | None = None, **changes) -> Iterator[list]:
+def mla_launches(fast, one_token: dict | None = None, window: dict | None = None, **changes) -> Iterator[list]:
     """The fused step's MLA layers (solo.kernels.fused_mla.FusedMLA) of the accelerated model `fast`, with
     `changes` made to their AttendLaunch for one token and for several (and `one_token` to the one-token launch
-    only); restored on the way out."""
+    only, `window` to the several tokens' only); restored on the way out."""
     mlas = [layer.attention.mla for layer in fast.decode_step.layers if hasattr(layer.attention, "mla")]
     saved = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
     try:
         for mla in mlas:
             mla.ONE_TOKEN = replace(mla.ONE_TOKEN, **changes, **(one_token or {}))
-            mla.WINDOW = replace(mla.WINDOW, **changes)
+            mla.WINDOW = replace(mla.WINDOW, **changes, **(window or {}))
         yield mlas
     finally:
         for mla, (one, window) in zip(mlas, saved, strict=True):
