@@ -285,6 +285,7 @@ def test_pdl_is_refused_under_the_interpreter_naming_the_fix(models):
     assert fast.decode_step.launch.pdl is False and fast.decode_step.describe()["pdl"] is False
     assert fast.decode_step.describe()["mla_early_chunks"] == 0  # (the early asks run under PDL only)
     assert fast.decode_step.describe()["mla_gluon"] is False  # (Gluon runs on Hopper GPUs only)
+    assert fast.decode_step.describe()["mla_gluon_window"] is False
     assert fast.decode_step.describe()["gate_up_window"] == 0  # (no MoE kernel routes inside on the CPU)
     model = load_random_model(config, "cpu", torch.bfloat16, int(torch.randint(0, 10_000, ())))
     refusal = r"^--pdl on: Triton's CPU interpreter \(TRITON_INTERPRET=1\) has no programmatic dependent launch\."

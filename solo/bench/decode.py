@@ -354,6 +354,7 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
         result["l2_next"] = dict(model.decode_step.l2_next)  # what each MoE kernel asks the L2 for (this card's)
         result["mla_early_chunks"] = model.decode_step.mla_early_chunks()  # (this card's)
         result["mla_gluon"] = model.decode_step.mla_gluon()  # (this card's)
+        result["mla_gluon_window"] = model.decode_step.mla_gluon_window()  # (verification's; this card's)
         result["gate_up_window"] = model.decode_step.gate_up_window()  # the MoE kernels' window (this card's)
     if model.decode_step is None and getattr(model, "decode_step_note", ""):
         result["decode_step_note"] = model.decode_step_note

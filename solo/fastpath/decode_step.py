@@ -766,6 +766,11 @@ class FusedDecodeStep:
         solo.kernels.fused_mla.GLUON_RING_CARDS where Gluon can run), not the Triton kernel."""
         return any(mla.ONE_TOKEN.gluon for mla in self._mlas())
 
+    def mla_gluon_window(self) -> bool:
+        """Whether verification's MLA attention is the Gluon ring (the product's on the cards of
+        solo.kernels.fused_mla.GLUON_WINDOW_CARDS where Gluon can run), not the Triton kernel."""
+        return any(mla.WINDOW.gluon for mla in self._mlas())
+
     def _mlas(self) -> list[FusedMLA]:
         """The MLA layers' kernels (solo.kernels.fused_mla.FusedMLA)."""
         return [layer.attention.mla for layer in self.layers if isinstance(layer.attention, _MLAAttention)]
@@ -907,6 +912,7 @@ class FusedDecodeStep:
             "l2_next": dict(self.l2_next),
             "mla_early_chunks": self.mla_early_chunks(),
             "mla_gluon": self.mla_gluon(),
+            "mla_gluon_window": self.mla_gluon_window(),
             "gate_up_window": self.gate_up_window(),
             **({"step_kernels_note": self.kernels_note} if self.kernels_note else {}),
         }

@@ -501,6 +501,16 @@ def gluon_ring_for(card: str) -> bool:
     return card in GLUON_RING_CARDS
 
 
+# The cards where verification's attention (several tokens) is the Gluon ring too: its tokens x heads rows in programs
+# of AttendLaunch.rows_per_program (thirty-sixth session; none until measured in the whole verification step).
+GLUON_WINDOW_CARDS: tuple[str, ...] = ()
+
+
+def gluon_window_for(card: str) -> bool:
+    """Whether verification's attention is the Gluon ring on this card (where Gluon can run)."""
+    return card in GLUON_WINDOW_CARDS
+
+
 @dataclass(frozen=True)
 class AttendLaunch:
     """How one call's attention and combine are cut; `FusedMLA` keeps one for a token (decode, NEXTN
@@ -608,6 +618,9 @@ class FusedMLA:
             ring = replace(self.ONE_TOKEN, gluon=True)
             if gluon_ring_for(card) and self._gluon_refusal(ring, 1, w_uk.device) is None:
                 self.ONE_TOKEN = ring  # (where Gluon cannot run: the Triton attention, as describe() reports)
+            ring = replace(self.WINDOW, gluon=True)
+            if gluon_window_for(card) and self._gluon_refusal(ring, 2, w_uk.device) is None:
+                self.WINDOW = ring
         if self.rank % self.RANK_BLOCK or self.v_dim % 16:
             raise ValueError("the fused MLA kernels need kv_lora_rank a multiple of 128 and v_head_dim of 16")
         for c in (self.ONE_TOKEN, self.WINDOW):

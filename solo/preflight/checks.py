@@ -354,6 +354,8 @@ def check_decode_step(engine: Engine, requested: str) -> Check:
         evidence["mla_early_chunks"] = early
     if step.mla_gluon():  # one token's MLA attention as the Gluon ring (this card's choice)
         evidence["mla_gluon"] = True
+    if step.mla_gluon_window():  # verification's too (this card's choice)
+        evidence["mla_gluon_window"] = True
     if window := step.gate_up_window():  # the MoE kernels' gate_up tiles in a window (this card's choice)
         evidence["gate_up_window"] = window
     if step.kda_front_build is not None:  # one token's KDA front as one launch (this card's choice, or asked for)
