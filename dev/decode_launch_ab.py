@@ -360,6 +360,16 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # product): 8 halves each program's slice of the state, two programs an SM (sm_90: 72 registers against
     # 107). For verification 8 lost before (4.511 -> 4.537 ms at 4K, dev/verify_kernels_ab.py --kda-splits)
     "KDA one token 8 value splits": {"kda": {"one": 8}},
+    # (thirty-sixth session) the recurrence's programs on one warp (fused_kda.VALUE_WARPS / WINDOW_WARPS): the sums
+    # over the key dimension as shuffles, not through shared memory and barriers (78 barriers in a 4-token pass at 4
+    # warps, 43 at one); more value splits keep the state slice in registers. One token's matters where the decode
+    # step runs the Triton recurrence (not the fused KDA front)
+    "KDA verification: 16 splits of 1 warp": {"kda": {"window": 16, "window_warps": 1}},
+    "KDA verification: 16 splits of 1 warp, again": {"kda": {"window": 16, "window_warps": 1}},
+    "KDA verification: 8 splits of 1 warp": {"kda": {"window": 8, "window_warps": 1}},
+    "KDA verification: 8 splits of 2 warps": {"kda": {"window": 8, "window_warps": 2}},
+    "KDA one token: 16 splits of 1 warp": {"kda": {"one": 16, "one_warps": 1}},
+    "KDA one token: 8 splits of 1 warp": {"kda": {"one": 8, "one_warps": 1}},
     # (ninth session) the KDA recurrence and the MLA prep start once the projection before them has stored
     # the rows they read, while the output gate (computed last) still streams: solo.kernels.handoff,
     # FusedDecodeStep.handoff
@@ -666,6 +676,7 @@ def main() -> int:
     mlas = [layer.attention.mla for layer in step.layers if hasattr(layer.attention, "mla")]
     mla_launches = [(mla.ONE_TOKEN, mla.WINDOW) for mla in mlas]
     kda_splits = (fused_kda.VALUE_SPLITS, fused_kda.WINDOW_VALUE_SPLITS)
+    kda_warps = (fused_kda.VALUE_WARPS, fused_kda.WINDOW_WARPS)
     product_ahead = {k: step.l2_next[k] for k in ("megabytes", "shared", "at")}  # (its MoE kernels' L2 asks)
     product_window = step.gate_up_window()  # (its MoE kernels' gate_up window on this card)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -731,6 +742,8 @@ def main() -> int:
         splits = VARIANTS[name].get("kda", {})
         fused_kda.VALUE_SPLITS = splits.get("one", kda_splits[0])
         fused_kda.WINDOW_VALUE_SPLITS = splits.get("window", kda_splits[1])
+        fused_kda.VALUE_WARPS = splits.get("one_warps", kda_warps[0])
+        fused_kda.WINDOW_WARPS = splits.get("window_warps", kda_warps[1])
         try:  # a variant that cannot build or run here is reported and left out, the others still run
             if args.eager_only:  # (with CUDA_LAUNCH_BLOCKING=1 a fault's traceback names its launch)
                 for run in (lambda: eager(ids1, pos1, cache), lambda: eager(ids4, pos4, cache, history)):

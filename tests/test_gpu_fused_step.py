@@ -194,10 +194,10 @@ def layer_runs(config, fused_layer, tokens: int, window: int | None, variants, m
     return results
 
 
-@pytest.mark.parametrize("splits", [8])
-def test_more_programs_per_kda_head_compute_what_four_do(setup, splits, monkeypatch):
-    """The KDA kernel with `splits` programs per head (a lab variant of dev/decode_launch_ab.py) against
-    the product's 4: every program owns its value columns and computes q, k and the gates the same way,
+@pytest.mark.parametrize("splits,warps", [(8, 4), (16, 1), (8, 1), (8, 2)])
+def test_more_programs_per_kda_head_compute_what_four_do(setup, splits, warps, monkeypatch):
+    """The KDA kernel with `splits` programs per head of `warps` warps (lab variants of dev/decode_launch_ab.py)
+    against the product's 4 of 4: every program owns its value columns and computes q, k and the gates the same way,
     so the outputs, the states, the conv windows and the history agree to rounding (fresh states and
     inputs; one token and a verification window, copying and lazy). Not bit for bit: the sums over the
     key dimension take an order that follows the tile's layout, which the value columns' width changes
@@ -210,13 +210,15 @@ def test_more_programs_per_kda_head_compute_what_four_do(setup, splits, monkeypa
     fused_layer, layer = kda_layers[int(torch.randint(0, len(kda_layers), ()))]
 
     @contextlib.contextmanager
-    def programs_per_head(nv: int):
-        monkeypatch.setattr(fused_kda, "VALUE_SPLITS", nv)
-        monkeypatch.setattr(fused_kda, "WINDOW_VALUE_SPLITS", nv)
+    def programs_per_head(nv: int, nw: int):
+        for name, value in (("VALUE_SPLITS", nv), ("WINDOW_VALUE_SPLITS", nv)):
+            monkeypatch.setattr(fused_kda, name, value)
+        for name, value in (("VALUE_WARPS", nw), ("WINDOW_WARPS", nw)):
+            monkeypatch.setattr(fused_kda, name, value)
         yield
 
     for tokens, window in ((1, None), (4, None), (4, 4), (1, 4)):
-        variants = [programs_per_head(nv) for nv in (fused_kda.VALUE_SPLITS, splits)]
+        variants = [programs_per_head(4, 4), programs_per_head(splits, warps)]
         results = layer_runs(config, fused_layer, tokens, window, variants)
         for a, b in zip(*results, strict=True):
             if a.dtype == torch.bfloat16:

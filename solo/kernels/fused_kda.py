@@ -42,6 +42,11 @@ from solo.kernels.triton_fp8 import interpreter_mode
 
 VALUE_SPLITS = 4  # programs per head on a GPU for one token (each a quarter of the value columns)
 WINDOW_VALUE_SPLITS = 4  # ... for several tokens (verification), where each program also stores a state per token
+# Warps a program. At 4 every sum over the key dimension crosses warps (shared memory and a barrier: 78 barriers in a
+# 4-token pass, Triton 3.9, sm_90); on one warp the sums are shuffles, the state slice in its registers (lab knobs of
+# dev/decode_launch_ab.py, with more value splits: 16 of one warp hold 215 registers, no spills)
+VALUE_WARPS = 4
+WINDOW_WARPS = 4
 
 
 def value_splits(tokens: int) -> int:
@@ -50,6 +55,11 @@ def value_splits(tokens: int) -> int:
     if interpreter_mode():
         return 1
     return VALUE_SPLITS if tokens == 1 else WINDOW_VALUE_SPLITS
+
+
+def value_warps(tokens: int) -> int:
+    """Warps of each program for a call of `tokens` tokens."""
+    return VALUE_WARPS if tokens == 1 else WINDOW_WARPS
 
 
 @triton.jit
@@ -316,7 +326,7 @@ def kda_decode(
         PDL=launch.pdl,
         HANDOFF=handoff is not None,
         L2_SHARE=l2_share,
-        num_warps=4,
+        num_warps=value_warps(t),
         **launch.options,
     )
     launch.record("kda", compiled)
