@@ -21,9 +21,11 @@ if nvidia-smi -L | grep -q H200; then
 else
     gpu_tests 150 tests/test_gpu_fused_step.py -k "gluon_ring or more_programs_per_kda"
     grep -E "worst|FAILED" "$OUT/gpu_tests.log" | head -16
-    timeout 90 python3 dev/mla_probe.py --tokens 4 --contexts 32768 --changes \
-        '[{}, {"gluon": true}, {"gluon": true, "rows_per_program": 32}]' > "$OUT/mla_probe.log" 2>&1
-    echo "[mla probe rc=$? at ${SECONDS}s]"; grep -E "^T=" "$OUT/mla_probe.log"
+    if [ "$(left)" -gt 450 ]; then
+        timeout 90 python3 dev/mla_probe.py --tokens 4 --contexts 32768 --changes \
+            '[{}, {"gluon": true}, {"gluon": true, "rows_per_program": 32}]' > "$OUT/mla_probe.log" 2>&1
+        echo "[mla probe rc=$? at ${SECONDS}s]"; grep -E "^T=" "$OUT/mla_probe.log"
+    fi
     ab ab "product;$v;$k;KDA verification: 8 splits of 1 warp;product again;$v, again;$k, again;$v, 32 rows;KDA verification: 8 splits of 2 warps" \
         --deadline "$(($(left) - 100))"
 fi
