@@ -298,8 +298,8 @@ def attend_ring(
     rows: int = 0,
 ) -> object:
     """Launch _mla_attend_ring for the call's q [T, heads, rank + rope]: one token's heads in one program a split; T > 1
-    tokens' T x heads rows in programs of `rows` each (ring_rows: a power of two from 16 to 64, more rows than heads
-    or fewer). `early` > 0, the split's first steps of old rows requested before the wait for the previous kernel
+    tokens' T x heads rows in programs of `rows` each (AttendLaunch.rows_per_program: 16, 32 or 64, dividing part's
+    rows). `early` > 0, the split's first steps of old rows requested before the wait for the previous kernel
     (the ring's copied, up to `early` asked of the L2); `ahead` > 0, each step asks the L2 for the step that many
     later. Returns what Triton's launch returned."""
     tokens, heads, width = q.shape
