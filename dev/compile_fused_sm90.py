@@ -1,4 +1,4 @@
-"""Compile every kernel variant of the fused decode step for the H200 (sm_90) on a machine without a GPU.
+"""Compile every kernel variant of the fused decode step (Triton, Gluon) for sm_90 on a machine without a GPU.
 
     python dev/compile_fused_sm90.py [OUT_DIR]
 
@@ -187,7 +187,12 @@ def other_variants():
         )
         for l2_share in (0, 81920) if tokens == 1 and not history else (0,):  # (kda_decode's l2_ahead: o_proj)
             name = f"kda T={tokens} history={history} lazy={lazy} handoff={handoff}" + (" l2" if l2_share else "")
-            yield name, kda._kda_decode, kda_ptrs, {**constexprs, "L2_SHARE": l2_share}, 4, 3
+            yield name, kda._kda_decode, kda_ptrs, {**constexprs, "L2_SHARE": l2_share}, kda.value_warps(tokens), 3
+    for tokens, history in ((1, False), (4, True)):  # (lab: programs of one or two warps, VALUE_WARPS / WINDOW_WARPS)
+        for splits, warps in ((16, 1), (8, 1), (8, 2)):
+            constexprs = dict(T=tokens, H=32, DK=128, NV=splits, SAFE_GATE=True, HISTORY=history, LAZY=True)
+            name = f"kda T={tokens} lazy, {splits} splits of {warps} warps"
+            yield name, kda._kda_decode, kda_ptrs, {**constexprs, "HANDOFF": False, "L2_SHARE": 0}, warps, 3
     vocab_chunks = triton.cdiv(157184, greedy.CHUNK)
     greedy_ptrs = dict(
         logits_ptr="fp32",
@@ -350,6 +355,50 @@ def other_variants():
     yield "rmsnorm", router._rmsnorm, norm_ptrs, dict(K=2560, BLOCK=4096), 4, 3
 
 
+def gluon_ring_variants():
+    """(name, tokens, rows, warps, buffers, early): the Gluon MLA attention (solo.kernels.gluon_mla) at Ling-3.0-flash
+    width, one token's launches and verification's (4 tokens in programs of 64 or 32 rows, 3 with a padded one)."""
+    yield "gluon ring T=1", 1, 0, 4, 2, 1
+    yield "gluon ring T=1 8 warps, 4 early", 1, 0, 8, 2, 4
+    yield "gluon ring T=4 rows 64", 4, 64, 8, 2, 0
+    yield "gluon ring T=4 rows 32", 4, 32, 8, 2, 2
+    yield "gluon ring T=3 rows 64", 3, 64, 8, 2, 2
+
+
+def compile_gluon_ring(tokens: int, rows: int, warps: int, buffers: int, early: int, pdl: bool):
+    """Compile gluon_mla._mla_attend_ring for sm_90: 32 heads, rank 512, rope 64, steps of 64 positions (the cache's
+    TMA descriptors as tensordesc types). Triton after 3.6 renamed the TMA copy the kernel calls; the local name is
+    pointed at the new one."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from solo.kernels import gluon_mla
+
+    if hasattr(gluon_mla.tma, "async_load"):  # (Triton 3.7+: async_copy_global_to_shared became async_load)
+        gluon_mla.tma.async_copy_global_to_shared = gluon_mla.tma.async_load
+    fn = gluon_mla._mla_attend_ring
+    window = {"T": tokens, "T_POW2": triton.next_power_of_2(tokens), "ROWS": rows} if tokens > 1 else {}
+    constexprs = dict(
+        HEADS=32, RANK=512, ROPE=64, SPLITS=64 if tokens > 1 else 128, BLOCK_M=128 if tokens > 1 else 32, BLOCK_L=64,
+        MIN_CHUNK=128 if tokens > 1 else 64, BUFFERS=buffers, EARLY=early, PDL=pdl, AHEAD=0, WARPS=warps, **window,
+    )  # fmt: skip
+    sig = {}
+    for param in fn.params:
+        if param.is_constexpr:
+            constexprs.setdefault(param.name, param.default)
+            sig[param.name] = "constexpr"
+        elif param.name.endswith("_desc"):
+            width = 512 if param.name == "latent_desc" else 64
+            layout = gl.NVMMASharedLayout.get_default_for([64, width], gl.bfloat16)
+            sig[param.name] = f"tensordesc<bf16[64,{width}],{layout!r}>"
+        else:
+            sig[param.name] = {"part_ptr": "*fp32", "ml_ptr": "*fp32", "pos_ptr": "*i64", "count_ptr": "*i32"}.get(
+                param.name, "fp32" if param.name == "scale" else "*bf16"
+            )
+    options = {"num_warps": warps, **({"launch_pdl": True} if pdl else {})}
+    return triton.compile(GluonASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32), options=options)
+
+
 def resource_usage(cubin: bytes) -> tuple[str, str]:
     """(registers, spill stores) of a cubin, read by the cuobjdump in Triton's wheel."""
     import re
@@ -396,6 +445,18 @@ def main(out_dir: str | None = None) -> int:
                 Path(out_dir).mkdir(parents=True, exist_ok=True)
                 tag = "_pdl" if pdl else ""
                 (Path(out_dir) / f"{'_'.join(base.split()[:2])}{tag}.ptx").write_text(kernel.asm["ptx"])
+    for name, *launch in gluon_ring_variants():
+        try:
+            kernel = compile_gluon_ring(*launch, pdl=True)
+        except Exception as e:  # noqa: BLE001 (report every variant, then fail)
+            failures += 1
+            print(f"FAILED  {name} +pdl: {type(e).__name__}: {str(e).splitlines()[-1][:300]}")
+            continue
+        regs, spills = resource_usage(kernel.asm["cubin"])
+        over = kernel.metadata.shared > SMEM_LIMIT
+        failures += over
+        note = "  (shared memory over the limit)" if over else ""
+        print(f"ok      {name} +pdl: {regs} regs, {spills} B stack, {kernel.metadata.shared} B shared{note}")
     return 1 if failures else 0
 
 
