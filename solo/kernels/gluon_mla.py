@@ -145,8 +145,9 @@ if gluon is not None:
             rp = gl.program_id(1)
             tokens: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
             rt = gl.arange(0, T_POW2, layout=tokens)
-            pos = gl.max(gl.load(pos_ptr + rt, mask=rt < T, other=-1).to(gl.int32), axis=0)
-            first = gl.min(gl.load(pos_ptr + rt, mask=rt < T, other=2**30).to(gl.int32), axis=0)
+            window = gl.load(pos_ptr + rt, mask=rt < T, other=-1).to(gl.int32)
+            pos = gl.max(window, axis=0)
+            first = gl.min(gl.where(rt < T, window, pos), axis=0)
         length = pos + 1
         used = gl.minimum((length + MIN_CHUNK - 1) // MIN_CHUNK, SPLITS)
         chunk = (length + used - 1) // used
