@@ -415,6 +415,25 @@ def resource_usage(cubin: bytes) -> tuple[str, str]:
     return (regs.group(1) if regs else "?"), (stack.group(1) if stack else "?")
 
 
+def report(name: str, kernel, notes: list[str], ptx_path: Path | None) -> bool:
+    """Print a compiled variant's registers, stack bytes and shared memory with `notes` (its problems, to which
+    shared memory over the limit is added); write its PTX to `ptx_path`. Returns whether it has a problem."""
+    if kernel.metadata.shared > SMEM_LIMIT:
+        notes.append("shared memory over the limit")
+    regs, spills = resource_usage(kernel.asm["cubin"])
+    note = f"  ({'; '.join(notes)})" if notes else ""
+    print(f"ok      {name}: {regs} regs, {spills} B stack, {kernel.metadata.shared} B shared{note}")
+    if ptx_path is not None:
+        ptx_path.parent.mkdir(parents=True, exist_ok=True)
+        ptx_path.write_text(kernel.asm["ptx"])
+    return bool(notes)
+
+
+def failed(name: str, e: Exception) -> int:
+    print(f"FAILED  {name}: {type(e).__name__}: {str(e).splitlines()[-1][:300]}")
+    return 1
+
+
 def main(out_dir: str | None = None) -> int:
     failures = 0
     for base, fn, ptrs, constexprs, warps, stages in [*gemv_variants(), *other_variants()]:
@@ -423,40 +442,27 @@ def main(out_dir: str | None = None) -> int:
             try:
                 kernel = compile_variant(fn, ptrs, dict(constexprs), warps, stages, pdl)
             except Exception as e:  # noqa: BLE001 (report every variant, then fail)
-                failures += 1
-                print(f"FAILED  {name}: {type(e).__name__}: {str(e).splitlines()[-1][:300]}")
+                failures += failed(name, e)
                 continue
-            md = kernel.metadata
-            regs, spills = resource_usage(kernel.asm["cubin"])
             notes = []
-            if md.shared > SMEM_LIMIT:
-                notes.append("shared memory over the limit")
             # under PDL the kernel must wait for its predecessor (and let its successor launch); without, neither
             griddep = kernel.asm["ptx"].count("griddepcontrol.")
-            if pdl != (griddep == 2 and bool(getattr(md, "launch_pdl", False))):
+            if pdl != (griddep == 2 and bool(getattr(kernel.metadata, "launch_pdl", False))):
                 notes.append(f"PDL {pdl} but {griddep} griddepcontrol instructions")
             prefetches = kernel.asm["ptx"].count("cp.async.bulk.prefetch.L2")
             if fn is router._router and pdl != (prefetches > 0):
                 notes.append(f"prefetch {pdl} but {prefetches} bulk prefetches")
-            failures += bool(notes)
-            note = f"  ({'; '.join(notes)})" if notes else ""
-            print(f"ok      {name}: {regs} regs, {spills} B stack, {md.shared} B shared{note}")
-            if out_dir:
-                Path(out_dir).mkdir(parents=True, exist_ok=True)
-                tag = "_pdl" if pdl else ""
-                (Path(out_dir) / f"{'_'.join(base.split()[:2])}{tag}.ptx").write_text(kernel.asm["ptx"])
-    for name, *launch in gluon_ring_variants():
+            tag = "_pdl" if pdl else ""
+            ptx_path = Path(out_dir) / f"{'_'.join(base.split()[:2])}{tag}.ptx" if out_dir else None
+            failures += report(name, kernel, notes, ptx_path)
+    for base, *launch in gluon_ring_variants():
+        name = base + " +pdl"
         try:
             kernel = compile_gluon_ring(*launch, pdl=True)
         except Exception as e:  # noqa: BLE001 (report every variant, then fail)
-            failures += 1
-            print(f"FAILED  {name} +pdl: {type(e).__name__}: {str(e).splitlines()[-1][:300]}")
+            failures += failed(name, e)
             continue
-        regs, spills = resource_usage(kernel.asm["cubin"])
-        over = kernel.metadata.shared > SMEM_LIMIT
-        failures += over
-        note = "  (shared memory over the limit)" if over else ""
-        print(f"ok      {name} +pdl: {regs} regs, {spills} B stack, {kernel.metadata.shared} B shared{note}")
+        failures += report(name, kernel, [], None)
     return 1 if failures else 0
 
 
