@@ -552,6 +552,11 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
         "for": {("shared",): {"max_grid": 4, "bulk": 1, "warps": 20}},
     },
     "hand-off + shared gate_up late wait": {"handoff": True, "shared_late_wait": True},
+    # (thirty-seventh session) verification's shared gate_up normalises x itself and runs on a side stream beside the
+    # router (one block on 32 of the SMs for about 9 us a layer) and the routed experts, instead of after them:
+    # FusedDecodeStep.shared_beside_router
+    "shared gate_up beside the router": {"shared_beside_router": True},
+    "shared gate_up beside the router, again": {"shared_beside_router": True},
 }
 # a variant's keys that are not GemvLaunch fields
 NOT_LAUNCH = (
@@ -575,6 +580,7 @@ NOT_LAUNCH = (
     "kda",
     "handoff",
     "shared_late_wait",
+    "shared_beside_router",
     "moe",
     "l2_next",
     "kda_l2_ahead",
@@ -721,6 +727,7 @@ def main() -> int:
         ahead = VARIANTS[name].get("l2_next", product_ahead)  # (after set_kernel_config: it sets l2_next_at)
         step.prefetch_next_weights(**ahead)
         step.shared_late_wait = VARIANTS[name].get("shared_late_wait", False)
+        step.shared_beside_router = VARIANTS[name].get("shared_beside_router", False)
         step.kda_l2_ahead = VARIANTS[name].get("kda_l2_ahead", False)
         if "kda_front" in VARIANTS[name]:  # (0: the two kernels; else a build of the fused KDA front)
             front = VARIANTS[name]["kda_front"]

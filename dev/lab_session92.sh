@@ -7,6 +7,7 @@ LAB_DEFAULT_SECONDS=300
 source dev/lab_prelude.sh
 v="MLA verification: Gluon ring"
 k="KDA verification: 16 splits of 1 warp"
-gpu_tests 90 tests/test_gpu_fused_step.py -k "several_tokens or more_programs_per_kda"
+s="shared gate_up beside the router"  # (thirty-seventh session)
+gpu_tests 90 tests/test_gpu_fused_step.py -k "several_tokens or more_programs_per_kda or beside"
 grep -E "worst|FAILED" "$OUT/gpu_tests.log" | head -12
-ab ab "product;$v;$k;product again;$v, again;$k, again" --deadline "$(($(left) - 60))"
+ab ab "product;$v;$k;$s;product again;$v, again;$k, again;$s, again" --deadline "$(($(left) - 60))"

@@ -267,6 +267,37 @@ def test_the_mla_prep_after_a_handoff_computes_what_it_does_after_a_plain_wait(m
     assert results[0][0].float().abs().sum() > 0
 
 
+def test_the_shared_gate_up_beside_the_router_computes_what_it_computes_after_it(models, monkeypatch):
+    """FusedDecodeStep.shared_beside_router (a lab switch): where the router is a kernel of its own (verification;
+    here one token too), the shared gate_up normalises x itself (on a GPU on the side stream, beside the router;
+    here in order) instead of reading the router's normalised x. Both round the norm as the reference does, so the
+    hidden states are the same, on fresh inputs."""
+    from solo.fastpath.decode_step import _MoE
+
+    config, _, fast = models
+    step = fast.decode_step
+    moes = [layer.mlp for layer in step.layers if isinstance(layer.mlp, _MoE)]
+    assert moes and all(moe.shared_gate_up is not None for moe in moes)
+    assert step.side_stream is None and step.describe()["shared_beside_router"] is False
+    beside = []
+    launch = _MoE._shared_gate_up_beside
+    monkeypatch.setattr(_MoE, "_shared_gate_up_beside", lambda moe, x: beside.append(x.shape[0]) or launch(moe, x))
+    prompt = torch.randint(0, config.vocab_size, (9,))
+    window = torch.randint(0, config.vocab_size, (4,))
+    outs = []
+    with torch.inference_mode():
+        for on in (False, True):
+            monkeypatch.setattr(step, "shared_beside_router", on)
+            cache = HybridCache(config, 32, "cpu", torch.bfloat16, with_nextn=True)
+            fast.prefill(prompt, cache)
+            one = fast(prompt[-1:], torch.tensor([9]), cache)
+            four = fast(window, torch.arange(10, 14), cache, kda_history=cache.new_history(4))
+            outs.append((one, four))
+    assert beside == [1] * len(moes) + [4] * len(moes)  # (on a CPU one token's router is a kernel of its own too)
+    assert torch.equal(outs[1][0], outs[0][0])
+    assert torch.equal(outs[1][1], outs[0][1]) and outs[0][1].float().abs().sum() > 0
+
+
 def test_a_token_count_it_was_not_built_for_runs_the_reference_layers(models):
     config, _, fast = models
     before = fast.decode_step.launches()

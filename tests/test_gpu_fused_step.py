@@ -514,6 +514,68 @@ def test_the_shared_gate_up_waiting_late_matches_the_reference_layers(setup):
     assert worst < 2e-2 and apart < 1e-2
 
 
+def test_the_shared_gate_up_beside_the_router_matches_the_reference_layers(setup, monkeypatch):
+    """FusedDecodeStep.shared_beside_router (a lab switch): verification's shared gate_up normalises x itself and runs
+    on the step's side stream beside the router and the routed experts. Each MoE layer over 4 tokens against the
+    reference modules (a draw near a routing tie drawn again, as for the window rings) and against the same layer with
+    the switch off (whose gate_up reads the router's normalised x: the same values up to the last bit of 1 / rms)."""
+    from solo.fastpath.decode_step import _MoE
+    from solo.testing.routing import recorded_ties
+
+    config, _, fused = setup
+    step = fused.decode_step
+    assert step.side_stream is not None
+    pairs = [(layer, mine) for layer, mine in zip(fused.model.layers, step.layers, strict=False)]
+    pairs = [(layer, mine) for layer, mine in pairs if isinstance(mine.mlp, _MoE)]
+    assert pairs and all(mine.mlp.shared_gate_up is not None for _, mine in pairs)
+    streams = []  # the stream each shared gate_up was launched on
+
+    class Recording:
+        def __init__(self, kernel):
+            self.kernel, self.rows = kernel, kernel.rows
+
+        def __call__(self, *args, **kwargs):
+            streams.append(torch.cuda.current_stream().cuda_stream)
+            return self.kernel(*args, **kwargs)
+
+    tokens = 4
+    positions = torch.arange(30, 30 + tokens, device="cuda")
+    cos_sin = fused.rotary.cos_sin(positions, torch.bfloat16)
+
+    def run(layer, mine):
+        caches = caches_from_one_random_state(config, 3)  # reference, switch off, switch on
+        history = [c.new_history(tokens) for c in caches]
+        x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
+        outs = []
+        for on, cache, past in ((False, caches[1], history[1]), (True, caches[2], history[2])):
+            out = x.clone()
+            step.shared_beside_router = on
+            try:
+                with torch.inference_mode():
+                    mine(out, positions, cache, past)
+            finally:
+                step.shared_beside_router = False
+            outs.append(out)
+        torch.cuda.synchronize()
+        with torch.inference_mode(), recorded_ties() as ties:
+            want = layer(x, positions, cos_sin, caches[0], history[0])
+        return rel(outs[1] - x, want - x), ties.routing, rel(outs[1] - x, outs[0] - x)
+
+    worst, apart, redrawn = 0.0, 0.0, []
+    for j, (layer, mine) in enumerate(pairs):
+        monkeypatch.setattr(mine.mlp, "shared_gate_up", Recording(mine.mlp.shared_gate_up))
+        off, from_product = clear_of_ties(functools.partial(run, layer, mine), f"layer {j}", redrawn)
+        worst = max(worst, off)
+        apart = max(apart, from_product)
+    print(
+        f"\nshared gate_up beside the router: worst rel. err {worst:.1e} against the reference, {apart:.1e} against"
+        f" the switch off; drawn again near a tie: {redrawn or 'none'}"
+    )
+    assert worst < 2e-2 and apart < 1e-2
+    side, main = step.side_stream.cuda_stream, torch.cuda.current_stream().cuda_stream
+    assert side in streams and main in streams  # (on: the side stream; off: after the router, on the current one)
+
+
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_mla_layers_over_a_long_context_match_the_reference(setup, tokens):
     """The attention split over thousands of filled positions (tens of splits) and merged (the bound:
@@ -836,6 +898,16 @@ def test_pdl_launches_compute_exactly_what_plain_launches_do_and_are_proven_at_s
         finally:
             with_pdl.decode_step.handoff = False
         assert with_pdl.decode_step.handoff_counters.tolist() == [0, 0]
+    # verification's shared gate_up on the side stream (a lab switch) under PDL: in graphs as run eagerly
+    with_pdl.decode_step.shared_beside_router = True
+    try:
+        graphed, eager = (Engine(with_pdl, tok, NextNDecoder(with_pdl)) for _ in range(2))
+        graphed.enable_cuda_graphs(512)
+        for prompt, params, _ in runs:
+            assert graphed.generate(prompt, params).token_ids == eager.generate(prompt, params).token_ids
+        assert graphed.acceptance.accepted_at == eager.acceptance.accepted_at
+    finally:
+        with_pdl.decode_step.shared_beside_router = False
     check = check_decode_step(engines["pdl"][0], "fused")
     assert check.status == ACTIVE, check
     assert all(check.evidence["pdl"][family] for family in with_pdl.decode_step.families_per_step()), check

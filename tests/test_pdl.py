@@ -58,8 +58,8 @@ def test_bench_configs_name_the_launch_mode():
     assert (all_pdl.step_kernels, all_pdl.pdl, "pdlall" in all_pdl.modifiers) == ("cuda", True, True)
     fused, separate = parse_configs("cuda:fp8:fused+cuda+pdl,cuda:fp8:fused+cuda+pdl+seprouter")
     assert (fused.moe_router, separate.moe_router, separate.pdl, separate.step_kernels) == (None, False, True, "cuda")
-    lab = parse_configs("cuda:fp8:fused+cuda+pdl+handoff+latewait")[0]
-    assert lab.step == "fused" and {"handoff", "latewait"} <= set(lab.modifiers) and lab.pdl
+    lab = parse_configs("cuda:fp8:fused+cuda+pdl+handoff+latewait+beside")[0]
+    assert lab.step == "fused" and {"handoff", "latewait", "beside"} <= set(lab.modifiers) and lab.pdl
     inside = parse_configs("cuda:fp8:fused+cuda+pdl+inshared")[0]
     assert (fused.moe_shared, separate.moe_shared, inside.moe_shared) == (None, None, True)
     ringed = parse_configs("cuda:fp8:fused+cuda+pdl+inshared+bulk")[0]
@@ -70,7 +70,7 @@ def test_bench_configs_name_the_launch_mode():
     assert "nokdafront" in off.modifiers and "kdafront" not in off.modifiers
     bad_ones = ("fused+pdl+pdl", "fused+fast", "reference+pdl", "fused+cuda+triton", "reference+seprouter")
     bad_ones += ("fused+cuda+cuda1", "fused+pdl+pdlall", "reference+inshared", "reference+handoff", "reference+bulk")
-    bad_ones += ("reference+kdafront", "reference+nokdafront", "fused+cuda+kdafront+nokdafront")
+    bad_ones += ("reference+kdafront", "reference+nokdafront", "fused+cuda+kdafront+nokdafront", "reference+beside")
     for bad in bad_ones:
         with pytest.raises(ValueError, match="modifiers|one of triton, cuda, cuda1|pdlall includes pdl|give one"):
             parse_configs(f"cuda:fp8:{bad}")

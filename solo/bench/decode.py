@@ -93,10 +93,12 @@ STEPS = ("fused", "reference", "auto")
 # cuda1: CUDA for one-token calls only, verification on Triton), seprouter (one token's MoE router in its own
 # kernel, not inside the persistent MoE kernel), inshared (the shared expert inside the persistent MoE kernel
 # too, --moe-shared fused; measured slower, for A/B runs), handoff and latewait (the lab switches
-# FusedDecodeStep.handoff and .shared_late_wait, for A/B runs until measured), bulk (the lab switch
-# FusedDecodeStep.ring_big_projections: the big projections' weights through bulk rings, 2 blocks of 8 warps an SM),
-# kdafront / nokdafront (FusedDecodeStep.fuse_kda_front: one token's KDA norm, projection and recurrence in one launch,
-# the product's build KDA_FRONT_BUILD, on or off whatever the card's product: it is on the cards of KDA_FRONT_CARDS)
+# FusedDecodeStep.handoff and .shared_late_wait, for A/B runs until measured), beside (the lab switch
+# FusedDecodeStep.shared_beside_router: verification's shared gate_up on a side stream beside its router), bulk (the
+# lab switch FusedDecodeStep.ring_big_projections: the big projections' weights through bulk rings, 2 blocks of 8
+# warps an SM), kdafront / nokdafront (FusedDecodeStep.fuse_kda_front: one token's KDA norm, projection and recurrence
+# in one launch, the product's build KDA_FRONT_BUILD, on or off whatever the card's product: it is on the cards of
+# KDA_FRONT_CARDS)
 STEP_MODIFIERS = (
     "pdl",
     "pdlall",
@@ -107,11 +109,13 @@ STEP_MODIFIERS = (
     "inshared",
     "handoff",
     "latewait",
+    "beside",
     "bulk",
     "kdafront",
     "nokdafront",
 )
-LAB_SWITCHES = {"handoff": "handoff", "latewait": "shared_late_wait"}  # modifier -> FusedDecodeStep attribute
+# modifier -> FusedDecodeStep attribute
+LAB_SWITCHES = {"handoff": "handoff", "latewait": "shared_late_wait", "beside": "shared_beside_router"}
 
 
 @dataclass

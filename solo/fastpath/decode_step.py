@@ -21,7 +21,9 @@ inside captured graphs. Static shapes, no host synchronisation, capturable.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -341,15 +343,23 @@ class _MoE:
                 x, self.routed_in_experts, self.moe_router_counter, self.launch, shared=self.shared_in_experts, out=x
             )
             return
+        act = None
         if self.routed_in_experts is not None and x.shape[0] == 1:
             routed, xn, _, _ = self.experts.routed_forward(
                 x, self.routed_in_experts, self.moe_router_counter, self.launch
             )
         else:
+            if self.step.shared_beside_router and self.shared_gate_up is not None:
+                act = self._shared_gate_up_beside(x)
             xn, ids, weights = self.router(x)
             routed = self.experts(xn, ids, weights)
+            if act is not None:
+                self.step.join_side_stream()
         if self.shared_gate_up is None:
             x.add_(routed)
+            return
+        if act is not None:
+            self.shared_down(act, out=x, residual=x, addend=routed)
             return
         late = self.step.shared_late_wait and self.routed_in_experts is not None and x.shape[0] == 1
         if late and isinstance(self.shared_gate_up, CudaGemv):
@@ -359,6 +369,16 @@ class _MoE:
         else:
             act = self.shared_gate_up(xn)
         self.shared_down(act, out=x, residual=x, addend=routed)
+
+    def _shared_gate_up_beside(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared gate_up normalising x itself, launched on the step's side stream after everything before it
+        (FusedDecodeStep.shared_beside_router): it runs beside the router, which holds one block an SM on 32 of them
+        at 512 experts (router_decode.cu), and the routed experts; the caller joins the side stream before the shared
+        down. Its output is allocated on the current stream, which outlives its use."""
+        act = torch.empty((x.shape[0], self.shared_gate_up.rows), dtype=torch.bfloat16, device=x.device)
+        with self.step.on_side_stream():
+            self.shared_gate_up(x, act, norm_weight=self.norm, eps=self.eps)
+        return act
 
     def shared_expert(self) -> Any:
         """The shared expert's weights as the persistent MoE kernel takes them (a
@@ -444,6 +464,10 @@ class FusedDecodeStep:
     # while the recurrence runs; fused_kda.kda_decode's l2_ahead); read at each call. A lab switch: +46.8 us a step
     # at 32K on the H100 (docs/results/h100_ab_lab30.log), the output projection's own loads already stream then
     kda_l2_ahead = False
+    # verification's (a separate router's) shared gate_up normalises x itself and runs on a side stream beside the
+    # router and the routed experts, instead of after them on the router's normalised x (_MoE._shared_gate_up_beside;
+    # read at each call). A lab switch until measured: the router's 9 us a layer leave most SMs idle
+    shared_beside_router = False
 
     def __init__(
         self,
@@ -467,6 +491,8 @@ class FusedDecodeStep:
         self.config = model.config
         self.token_counts = frozenset(token_counts)
         self.launch_counts = torch.zeros(len(FAMILIES), dtype=torch.int32, device=model.device)
+        # the stream of work launched beside the step's own (on_side_stream); made here, not while a graph is captured
+        self.side_stream = torch.cuda.Stream(model.device) if model.device.type == "cuda" else None
         # per-head counters the KDA kernels synchronise their programs on (zero between launches)
         self.kda_sync = torch.zeros(model.config.linear_num_heads, dtype=torch.int32, device=model.device)
         # the projections' hand-offs (signals, programs past the wait; zero between launches)
@@ -843,6 +869,23 @@ class FusedDecodeStep:
                 families |= {"mla_prep", "mla_attend", "mla_combine"}
         return families
 
+    @contextlib.contextmanager
+    def on_side_stream(self) -> Iterator[None]:
+        """Launches inside go to the side stream, after everything launched so far on the current stream (inside a
+        graph's capture too: the side stream joins it); until `join_side_stream`, they may run beside what the
+        current stream launches next. On a CPU they simply run in order."""
+        if self.side_stream is None:
+            yield
+            return
+        self.side_stream.wait_stream(torch.cuda.current_stream(self.side_stream.device))
+        with torch.cuda.stream(self.side_stream):
+            yield
+
+    def join_side_stream(self) -> None:
+        """What the current stream launches from now on waits for what the side stream has launched."""
+        if self.side_stream is not None:
+            torch.cuda.current_stream(self.side_stream.device).wait_stream(self.side_stream)
+
     def serves(self, tokens: int) -> bool:
         return tokens in self.token_counts
 
@@ -905,6 +948,7 @@ class FusedDecodeStep:
             "shared_in_experts": len(self.shared_in_experts()),
             "handoff": self.handoff,
             "shared_late_wait": self.shared_late_wait,
+            "shared_beside_router": self.shared_beside_router,
             "kda_l2_ahead": self.kda_l2_ahead,
             "kda_fronts": self.kda_fronts(),
             "kda_front_build": self.kda_front_build,
