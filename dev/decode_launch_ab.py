@@ -557,6 +557,11 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # FusedDecodeStep.shared_beside_router
     "shared gate_up beside the router": {"shared_beside_router": True},
     "shared gate_up beside the router, again": {"shared_beside_router": True},
+    # (since the thirty-seventh session the product's on SHARED_BESIDE_CARDS and GLUON_WINDOW_CARDS) each turned off
+    "shared gate_up after the router": {"shared_beside_router": False},
+    "shared gate_up after the router, again": {"shared_beside_router": False},
+    "MLA verification: Triton": {"mla_window": {"gluon": False}},
+    "MLA verification: Triton, again": {"mla_window": {"gluon": False}},
 }
 # a variant's keys that are not GemvLaunch fields
 NOT_LAUNCH = (
@@ -685,6 +690,7 @@ def main() -> int:
     kda_warps = (fused_kda.VALUE_WARPS, fused_kda.WINDOW_WARPS)
     product_ahead = {k: step.l2_next[k] for k in ("megabytes", "shared", "at")}  # (its MoE kernels' L2 asks)
     product_window = step.gate_up_window()  # (its MoE kernels' gate_up window on this card)
+    product_beside = step.shared_beside_router  # (verification's shared gate_up beside its router on this card)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     print(f"loaded in {times}; {len(gemvs)} CUDA GEMVs", flush=True)
     cache = HybridCache(model.config, args.context + 16, device, model.dtype, with_nextn=True)
@@ -727,7 +733,7 @@ def main() -> int:
         ahead = VARIANTS[name].get("l2_next", product_ahead)  # (after set_kernel_config: it sets l2_next_at)
         step.prefetch_next_weights(**ahead)
         step.shared_late_wait = VARIANTS[name].get("shared_late_wait", False)
-        step.shared_beside_router = VARIANTS[name].get("shared_beside_router", False)
+        step.shared_beside_router = VARIANTS[name].get("shared_beside_router", product_beside)
         step.kda_l2_ahead = VARIANTS[name].get("kda_l2_ahead", False)
         if "kda_front" in VARIANTS[name]:  # (0: the two kernels; else a build of the fused KDA front)
             front = VARIANTS[name]["kda_front"]

@@ -254,12 +254,23 @@ def test_one_token_mla_attention_is_the_gluon_ring_only_on_the_cards_measured(ca
 @pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA H100 PCIe", ""])
 def test_verification_mla_attention_is_the_gluon_ring_only_on_the_cards_measured(card):
     """Verification's attention is the Gluon ring only on the cards of GLUON_WINDOW_CARDS, where it is measured in the
-    whole verification step: none yet (thirty-sixth session: built, not yet run); the class's launch leaves it off
-    (set per card at construction)."""
+    whole verification step: the H100 (thirty-seventh session); the class's launch leaves it off (set per card at
+    construction)."""
     from solo.kernels.fused_mla import GLUON_WINDOW_CARDS, FusedMLA, gluon_window_for
 
     assert gluon_window_for(card) == (card in GLUON_WINDOW_CARDS)
-    assert not gluon_window_for(card) and not FusedMLA.WINDOW.gluon
+    assert gluon_window_for(card) == (card == "NVIDIA H100 80GB HBM3") and not FusedMLA.WINDOW.gluon
+
+
+@pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA H100 PCIe", ""])
+def test_verification_shared_gate_up_runs_beside_its_router_only_on_the_cards_measured(card):
+    """Verification's shared gate_up runs beside its router only on the cards of SHARED_BESIDE_CARDS, where it is
+    measured in the whole verification step: the H100 (thirty-seventh session); the class leaves it off (a step sets it
+    for its card at construction)."""
+    from solo.fastpath.decode_step import SHARED_BESIDE_CARDS, FusedDecodeStep, shared_beside_for
+
+    assert shared_beside_for(card) == (card in SHARED_BESIDE_CARDS) == (card == "NVIDIA H100 80GB HBM3")
+    assert FusedDecodeStep.shared_beside_router is False
 
 
 @pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])

@@ -71,6 +71,7 @@ def test_bench_configs_name_the_launch_mode():
     bad_ones = ("fused+pdl+pdl", "fused+fast", "reference+pdl", "fused+cuda+triton", "reference+seprouter")
     bad_ones += ("fused+cuda+cuda1", "fused+pdl+pdlall", "reference+inshared", "reference+handoff", "reference+bulk")
     bad_ones += ("reference+kdafront", "reference+nokdafront", "fused+cuda+kdafront+nokdafront", "reference+beside")
+    bad_ones += ("fused+beside+nobeside",)
     for bad in bad_ones:
         with pytest.raises(ValueError, match="modifiers|one of triton, cuda, cuda1|pdlall includes pdl|give one"):
             parse_configs(f"cuda:fp8:{bad}")

@@ -94,7 +94,8 @@ STEPS = ("fused", "reference", "auto")
 # kernel, not inside the persistent MoE kernel), inshared (the shared expert inside the persistent MoE kernel
 # too, --moe-shared fused; measured slower, for A/B runs), handoff and latewait (the lab switches
 # FusedDecodeStep.handoff and .shared_late_wait, for A/B runs until measured), beside (the lab switch
-# FusedDecodeStep.shared_beside_router: verification's shared gate_up on a side stream beside its router), bulk (the
+# FusedDecodeStep.shared_beside_router: verification's shared gate_up on a side stream beside its router, the product's
+# on the cards of SHARED_BESIDE_CARDS; nobeside turns it off), bulk (the
 # lab switch FusedDecodeStep.ring_big_projections: the big projections' weights through bulk rings, 2 blocks of 8
 # warps an SM), kdafront / nokdafront (FusedDecodeStep.fuse_kda_front: one token's KDA norm, projection and recurrence
 # in one launch, the product's build KDA_FRONT_BUILD, on or off whatever the card's product: it is on the cards of
@@ -110,12 +111,18 @@ STEP_MODIFIERS = (
     "handoff",
     "latewait",
     "beside",
+    "nobeside",
     "bulk",
     "kdafront",
     "nokdafront",
 )
-# modifier -> FusedDecodeStep attribute
-LAB_SWITCHES = {"handoff": "handoff", "latewait": "shared_late_wait", "beside": "shared_beside_router"}
+# modifier -> (FusedDecodeStep attribute, the value it sets)
+LAB_SWITCHES = {
+    "handoff": ("handoff", True),
+    "latewait": ("shared_late_wait", True),
+    "beside": ("shared_beside_router", True),
+    "nobeside": ("shared_beside_router", False),
+}
 
 
 @dataclass
@@ -181,6 +188,10 @@ def parse_configs(text: str) -> list[Config]:
             raise ValueError(f"--configs item '{item}': pdlall includes pdl; give one")
         if "kdafront" in mods and "nokdafront" in mods:
             raise ValueError(f"--configs item '{item}': kdafront turns the KDA front on, nokdafront off; give one")
+        if "beside" in mods and "nobeside" in mods:
+            raise ValueError(
+                f"--configs item '{item}': beside turns the shared gate_up beside the router on, nobeside off; give one"
+            )
         configs.append(config)
     return configs
 
@@ -322,8 +333,8 @@ def load(args: argparse.Namespace, config: Config):
     step = model.decode_step
     lab = switches or {"bulk", "kdafront", "nokdafront"} & set(config.modifiers)
     if lab and step is not None:  # (modifiers come with the fused step only)
-        for switch in switches:
-            setattr(step, switch, True)
+        for switch, value in switches:
+            setattr(step, switch, value)
         if "bulk" in config.modifiers and not step.ring_big_projections():
             raise ValueError(f"{config.name}: bulk rings the CUDA step kernels' projections; this step has none")
         if "kdafront" in config.modifiers:

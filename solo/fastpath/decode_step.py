@@ -149,6 +149,19 @@ KDA_FRONT_CARDS = ("NVIDIA H100 80GB HBM3",)
 KDA_FRONT_BUILD: dict[str, Any] = {"tasks_ahead": 1, "exchange": "global", "ring": 3, "g_last": True}
 
 
+# Cards on which verification's shared gate_up runs beside its router (FusedDecodeStep.shared_beside_router: on the
+# step's side stream, normalising x itself, while the router holds 32 SMs and the routed experts run). Measured in the
+# whole verification step at full shape, 32K, on an H100 (thirty-seventh session, dev/decode_launch_ab.py): 4.902 /
+# 4.912 -> 4.800 / 4.788 ms, outputs bit for bit, decode unchanged (docs/results/h100_ab_lab91.log). Not on the H200
+# until measured there.
+SHARED_BESIDE_CARDS = ("NVIDIA H100 80GB HBM3",)
+
+
+def shared_beside_for(card: str) -> bool:
+    """Whether verification's shared gate_up runs beside its router on this card."""
+    return card in SHARED_BESIDE_CARDS
+
+
 def kda_front_for(card: str) -> dict[str, Any] | None:
     """The fused KDA front's build on this card (fuse_kda_front's arguments), or None: the two kernels run there."""
     return dict(KDA_FRONT_BUILD) if card in KDA_FRONT_CARDS else None
@@ -466,7 +479,8 @@ class FusedDecodeStep:
     kda_l2_ahead = False
     # verification's (a separate router's) shared gate_up normalises x itself and runs on a side stream beside the
     # router and the routed experts, instead of after them on the router's normalised x (_MoE._shared_gate_up_beside;
-    # read at each call). A lab switch until measured: the router's 9 us a layer leave most SMs idle
+    # read at each call): the router's 9 us a layer leave most SMs idle. Off here; a step sets it for its card
+    # (SHARED_BESIDE_CARDS) at construction
     shared_beside_router = False
 
     def __init__(
@@ -554,6 +568,7 @@ class FusedDecodeStep:
                 self.prefetch_next_weights(ahead, shared=True, at=1)
             if window := gate_up_window_for(card):
                 self.set_gate_up_window(window)
+        self.shared_beside_router = shared_beside_for(card)  # (the product's on this card; bench modifiers force it)
         if pdl_verify is None:  # where the CUDA GEMV serves the whole window (the kernels share this policy)
             pdl_verify = self.kernels == "cuda" and not self.kernels_note and self.cuda_tokens >= max(self.token_counts)
         self.launch.one_token_only = not pdl_verify

@@ -502,8 +502,10 @@ def gluon_ring_for(card: str) -> bool:
 
 
 # The cards where verification's attention (several tokens) is the Gluon ring too: its tokens x heads rows in programs
-# of AttendLaunch.rows_per_program (thirty-sixth session; none until measured in the whole verification step).
-GLUON_WINDOW_CARDS: tuple[str, ...] = ()
+# of AttendLaunch.rows_per_program (64 rows: two tokens). Measured in the whole verification step at full shape, 32K,
+# on an H100 (thirty-seventh session, dev/decode_launch_ab.py): 4.902 / 4.912 -> 4.851 / 4.854 ms, outputs bit for
+# bit (32 rows a program: 4.911); decode unchanged (docs/results/h100_ab_lab91.log). Not on the H200 until measured.
+GLUON_WINDOW_CARDS: tuple[str, ...] = ("NVIDIA H100 80GB HBM3",)
 
 
 def gluon_window_for(card: str) -> bool:
