@@ -850,6 +850,7 @@ def test_speculation_on_the_fused_step_in_graphs_replays_it_exactly_and_is_check
     ran_kda = check.evidence["kda_launches"] + check.evidence["cuda_kda_front_launches"]  # (the front: one token)
     assert check.status == ACTIVE and ran_kda > 0, check
     assert check.evidence.get("kda_front") == fused.decode_step.kda_front_build, check
+    assert check.evidence.get("shared_beside_router", False) == fused.decode_step.shared_beside_router, check
     product = fused.decode_step.kda_front_product
     assert (product is None) == (fused.decode_step.kda_front_build is None), check  # (this card's choice runs)
 
