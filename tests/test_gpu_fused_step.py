@@ -515,16 +515,18 @@ def test_the_shared_gate_up_waiting_late_matches_the_reference_layers(setup):
 
 
 def test_the_shared_gate_up_beside_the_router_matches_the_reference_layers(setup, monkeypatch):
-    """FusedDecodeStep.shared_beside_router (a lab switch): verification's shared gate_up normalises x itself and runs
-    on the step's side stream beside the router and the routed experts. Each MoE layer over 4 tokens against the
-    reference modules (a draw near a routing tie drawn again, as for the window rings) and against the same layer with
-    the switch off (whose gate_up reads the router's normalised x: the same values up to the last bit of 1 / rms)."""
+    """FusedDecodeStep.shared_beside_router (the product on SHARED_BESIDE_CARDS): verification's shared gate_up
+    normalises x itself and runs on the step's side stream beside the router and the routed experts. Each MoE layer
+    over 4 tokens against the reference modules (a draw near a routing tie drawn again, as for the window rings) and
+    against the same layer with the switch off (whose gate_up reads the router's normalised x: the same values up to
+    the last bit of 1 / rms)."""
     from solo.fastpath.decode_step import _MoE
     from solo.testing.routing import recorded_ties
 
     config, _, fused = setup
     step = fused.decode_step
     assert step.side_stream is not None
+    product = step.shared_beside_router  # (this card's: SHARED_BESIDE_CARDS)
     pairs = [(layer, mine) for layer, mine in zip(fused.model.layers, step.layers, strict=False)]
     pairs = [(layer, mine) for layer, mine in pairs if isinstance(mine.mlp, _MoE)]
     assert pairs and all(mine.mlp.shared_gate_up is not None for _, mine in pairs)
@@ -554,7 +556,7 @@ def test_the_shared_gate_up_beside_the_router_matches_the_reference_layers(setup
                 with torch.inference_mode():
                     mine(out, positions, cache, past)
             finally:
-                step.shared_beside_router = False
+                step.shared_beside_router = product
             outs.append(out)
         torch.cuda.synchronize()
         with torch.inference_mode(), recorded_ties() as ties:
@@ -899,7 +901,9 @@ def test_pdl_launches_compute_exactly_what_plain_launches_do_and_are_proven_at_s
         finally:
             with_pdl.decode_step.handoff = False
         assert with_pdl.decode_step.handoff_counters.tolist() == [0, 0]
-    # verification's shared gate_up on the side stream (a lab switch) under PDL: in graphs as run eagerly
+    # verification's shared gate_up on the side stream (the product on SHARED_BESIDE_CARDS) under PDL: in graphs as run
+    # eagerly
+    beside = with_pdl.decode_step.shared_beside_router
     with_pdl.decode_step.shared_beside_router = True
     try:
         graphed, eager = (Engine(with_pdl, tok, NextNDecoder(with_pdl)) for _ in range(2))
@@ -908,7 +912,7 @@ def test_pdl_launches_compute_exactly_what_plain_launches_do_and_are_proven_at_s
             assert graphed.generate(prompt, params).token_ids == eager.generate(prompt, params).token_ids
         assert graphed.acceptance.accepted_at == eager.acceptance.accepted_at
     finally:
-        with_pdl.decode_step.shared_beside_router = False
+        with_pdl.decode_step.shared_beside_router = beside
     check = check_decode_step(engines["pdl"][0], "fused")
     assert check.status == ACTIVE, check
     assert all(check.evidence["pdl"][family] for family in with_pdl.decode_step.families_per_step()), check
