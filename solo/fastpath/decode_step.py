@@ -371,15 +371,12 @@ class _MoE:
         if self.shared_gate_up is None:
             x.add_(routed)
             return
-        if act is not None:
-            self.shared_down(act, out=x, residual=x, addend=routed)
-            return
         late = self.step.shared_late_wait and self.routed_in_experts is not None and x.shape[0] == 1
-        if late and isinstance(self.shared_gate_up, CudaGemv):
+        if act is None and late and isinstance(self.shared_gate_up, CudaGemv):
             # normalising x itself (written before the persistent MoE kernel, which lets its successor launch
             # only after its own wait), it runs while the MoE kernel ends
             act = self.shared_gate_up(x, norm_weight=self.norm, eps=self.eps, late_wait=True)
-        else:
+        elif act is None:  # (else it ran beside the router)
             act = self.shared_gate_up(xn)
         self.shared_down(act, out=x, residual=x, addend=routed)
 
