@@ -340,6 +340,7 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # not a launch: one token's shared expert inside the persistent MoE kernel (--moe-shared fused) instead
     # of its own two kernels after it (docs/results/h200_shared_order_ab.log)
     "shared expert inside": {"shared_inside": True},
+    "shared expert inside, again": {"shared_inside": True},
     # (sixteenth session) the same beside the bulk ring of two blocks of 8 warps on the big projections: the
     # kernel after the MoE kernel (the next q|k|v|f|g|b) then streams from its ring as its blocks arrive
     "shared expert inside, bulk, 2 blocks of 8 warps: qkvfgb, q|kv_a|g, MLP": {
@@ -416,6 +417,12 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     "MoE warp selection, again": {"moe": {"warp_select": True}},
     "MoE no gate_up window": {"moe": {"gate_up_window": 0}},
     "MoE warp selection, no gate_up window": {"moe": {"warp_select": True, "gate_up_window": 0}},
+    # (thirty-eighth session) the one selection that won alone and lost in the step, without the L2 asks after its
+    # copies: to tell whether they are what differs in the step
+    "MoE warp selection, L2 next off": {
+        "moe": {"warp_select": True},
+        "l2_next": {"megabytes": 0, "shared": False, "at": 0},
+    },
     "MoE gate_up window 2": {"moe": {"gate_up_window": 2}},
     "MoE gate_up window 3": {"moe": {"gate_up_window": 3}},
     "MoE gate_up window 4": {"moe": {"gate_up_window": 4}},
@@ -484,6 +491,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # of its head: all of q and a half of every head's k rows, which the product's first 16 MB (all of q, k of heads
     # 0-17) cover only in part; 21 MB is all of q and k
     "L2 next: shared + 21 MB, after the copies": {"l2_next": {"megabytes": 21, "at": 1}},
+    # (thirty-eighth session) with the fused KDA front the next input projection is read task by task (q0 q1 k0 ...
+    # of every block: kda_front.cu), so its first 10 MB (every q row) are what its blocks' rings ask for first
+    "L2 next: shared + 10 MB, after the copies": {"l2_next": {"megabytes": 10, "at": 1}},
+    "L2 next: shared + 10 MB, after the copies, again": {"l2_next": {"megabytes": 10, "at": 1}},
     "L2 next: shared expert, after the exchange": {"l2_next": {"megabytes": 0, "at": 2}},
     "L2 next: shared + 8 MB, after the copies": {"l2_next": {"megabytes": 8, "at": 1}},
     "L2 next: shared + 8 MB, after the exchange": {"l2_next": {"megabytes": 8, "at": 2}},
