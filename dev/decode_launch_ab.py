@@ -571,6 +571,10 @@ VARIANTS = {  # name -> GemvLaunch fields for every CUDA GEMV (empty: the produc
     # (since the thirty-seventh session the product's on SHARED_BESIDE_CARDS and GLUON_WINDOW_CARDS) each turned off
     "shared gate_up after the router": {"shared_beside_router": False},
     "shared gate_up after the router, again": {"shared_beside_router": False},
+    # (thirty-eighth session) the shared down beside the router too: the routed experts' GEMV down kernel adds its
+    # output and the routed sum onto x in the shared down's order (FusedDecodeStep.shared_down_beside)
+    "shared expert beside the router": {"shared_beside_router": True, "shared_down_beside": True},
+    "shared expert beside the router, again": {"shared_beside_router": True, "shared_down_beside": True},
     "MLA verification: Triton": {"mla_window": {"gluon": False}},
     "MLA verification: Triton, again": {"mla_window": {"gluon": False}},
 }
@@ -597,6 +601,7 @@ NOT_LAUNCH = (
     "handoff",
     "shared_late_wait",
     "shared_beside_router",
+    "shared_down_beside",
     "moe",
     "l2_next",
     "kda_l2_ahead",
@@ -702,6 +707,7 @@ def main() -> int:
     product_ahead = {k: step.l2_next[k] for k in ("megabytes", "shared", "at")}  # (its MoE kernels' L2 asks)
     product_window = step.gate_up_window()  # (its MoE kernels' gate_up window on this card)
     product_beside = step.shared_beside_router  # (verification's shared gate_up beside its router on this card)
+    product_down_beside = step.shared_down_beside  # (... and its shared down too)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     print(f"loaded in {times}; {len(gemvs)} CUDA GEMVs", flush=True)
     cache = HybridCache(model.config, args.context + 16, device, model.dtype, with_nextn=True)
@@ -745,6 +751,7 @@ def main() -> int:
         step.prefetch_next_weights(**ahead)
         step.shared_late_wait = VARIANTS[name].get("shared_late_wait", False)
         step.shared_beside_router = VARIANTS[name].get("shared_beside_router", product_beside)
+        step.shared_down_beside = VARIANTS[name].get("shared_down_beside", product_down_beside)
         step.kda_l2_ahead = VARIANTS[name].get("kda_l2_ahead", False)
         if "kda_front" in VARIANTS[name]:  # (0: the two kernels; else a build of the fused KDA front)
             front = VARIANTS[name]["kda_front"]

@@ -298,6 +298,43 @@ def test_the_shared_gate_up_beside_the_router_computes_what_it_computes_after_it
     assert torch.equal(outs[1][1], outs[0][1]) and outs[0][1].float().abs().sum() > 0
 
 
+def test_the_shared_expert_beside_the_router_adds_what_its_down_added_after_it(models, monkeypatch):
+    """FusedDecodeStep.shared_down_beside (with shared_beside_router): the shared down runs beside the router too, its
+    output rounded as its epilogue rounded it, and the experts' add_onto_residual adds it and the routed sum onto x in
+    the order that epilogue did (on a GPU inside the GEMV down kernel, tests/test_kernels.py; here the reference's
+    addition). The same hidden states as the product's order, on fresh inputs; off, nothing changes."""
+    from solo.fastpath.decode_step import _MoE
+
+    config, _, fast = models
+    step = fast.decode_step
+    moes = [layer.mlp for layer in step.layers if isinstance(layer.mlp, _MoE)]
+    assert step.describe()["shared_down_beside"] is False
+    onto = []
+    add = type(moes[0].experts).add_onto_residual
+    monkeypatch.setattr(
+        type(moes[0].experts),
+        "add_onto_residual",
+        lambda moe, *a, **kw: onto.append(a[0].shape[0]) or add(moe, *a, **kw),
+    )
+    prompt = torch.randint(0, config.vocab_size, (9,))
+    window = torch.randint(0, config.vocab_size, (4,))
+    outs = []
+    with torch.inference_mode():
+        for beside, down in ((False, False), (True, True), (False, True)):
+            monkeypatch.setattr(step, "shared_beside_router", beside)
+            monkeypatch.setattr(step, "shared_down_beside", down)
+            assert step.describe()["shared_down_beside"] is (beside and down)
+            cache = HybridCache(config, 32, "cpu", torch.bfloat16, with_nextn=True)
+            fast.prefill(prompt, cache)
+            one = fast(prompt[-1:], torch.tensor([9]), cache)
+            four = fast(window, torch.arange(10, 14), cache, kda_history=cache.new_history(4))
+            outs.append((one, four))
+    assert onto == [1] * len(moes) + [4] * len(moes)  # (only with the shared gate_up beside the router too)
+    for other in outs[1:]:
+        assert torch.equal(other[0], outs[0][0])
+        assert torch.equal(other[1], outs[0][1]) and outs[0][1].float().abs().sum() > 0
+
+
 def test_a_token_count_it_was_not_built_for_runs_the_reference_layers(models):
     config, _, fast = models
     before = fast.decode_step.launches()

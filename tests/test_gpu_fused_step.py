@@ -578,6 +578,69 @@ def test_the_shared_gate_up_beside_the_router_matches_the_reference_layers(setup
     assert side in streams and main in streams  # (on: the side stream; off: after the router, on the current one)
 
 
+def test_the_shared_expert_beside_the_router_matches_its_gate_up_beside_it_bit_for_bit(setup, monkeypatch):
+    """FusedDecodeStep.shared_down_beside (with shared_beside_router; the product on SHARED_DOWN_BESIDE_CARDS):
+    verification's shared down runs on the side stream too, and the routed experts' GEMV down kernel adds its output
+    and the routed sum onto x (MoEBackend.add_onto_residual) in the order the shared down's epilogue did. Each MoE
+    layer over 4 tokens: the same bits as with the shared gate_up alone beside the router, and near the reference
+    modules (a draw near a routing tie drawn again)."""
+    from solo.fastpath.decode_step import _MoE
+    from solo.testing.routing import recorded_ties
+
+    config, _, fused = setup
+    step = fused.decode_step
+    product = (step.shared_beside_router, step.shared_down_beside)
+    pairs = [(layer, mine) for layer, mine in zip(fused.model.layers, step.layers, strict=False)]
+    pairs = [(layer, mine) for layer, mine in pairs if isinstance(mine.mlp, _MoE)]
+    assert pairs and all(mine.mlp.experts.adds_onto_residual_in_kernel(4) for _, mine in pairs)
+    streams = []  # the stream each shared down was launched on
+
+    class Recording:
+        def __init__(self, kernel):
+            self.kernel, self.rows = kernel, kernel.rows
+
+        def __call__(self, *args, **kwargs):
+            streams.append(torch.cuda.current_stream().cuda_stream)
+            return self.kernel(*args, **kwargs)
+
+    tokens = 4
+    positions = torch.arange(30, 30 + tokens, device="cuda")
+    cos_sin = fused.rotary.cos_sin(positions, torch.bfloat16)
+
+    def run(layer, mine):
+        caches = caches_from_one_random_state(config, 3)  # reference, the gate_up beside, the whole expert beside
+        history = [c.new_history(tokens) for c in caches]
+        x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
+        outs = []
+        for down, cache, past in ((False, caches[1], history[1]), (True, caches[2], history[2])):
+            out = x.clone()
+            step.shared_beside_router, step.shared_down_beside = True, down
+            try:
+                with torch.inference_mode():
+                    mine(out, positions, cache, past)
+            finally:
+                step.shared_beside_router, step.shared_down_beside = product
+            outs.append(out)
+        torch.cuda.synchronize()
+        with torch.inference_mode(), recorded_ties() as ties:
+            want = layer(x, positions, cos_sin, caches[0], history[0])
+        return rel(outs[1] - x, want - x), ties.routing, float((outs[1].float() - outs[0].float()).abs().max())
+
+    worst, apart, redrawn = 0.0, 0.0, []
+    for j, (layer, mine) in enumerate(pairs):
+        monkeypatch.setattr(mine.mlp, "shared_down", Recording(mine.mlp.shared_down))
+        off, from_gate_up_beside = clear_of_ties(functools.partial(run, layer, mine), f"layer {j}", redrawn)
+        worst = max(worst, off)
+        apart = max(apart, from_gate_up_beside)
+    print(
+        f"\nshared expert beside the router: worst rel. err {worst:.1e} against the reference, {apart:.1e} (largest"
+        f" difference) against its gate_up alone beside it; drawn again near a tie: {redrawn or 'none'}"
+    )
+    assert worst < 2e-2 and apart == 0.0
+    side, main = step.side_stream.cuda_stream, torch.cuda.current_stream().cuda_stream
+    assert side in streams and main in streams  # (on: the side stream; off: after the routed experts)
+
+
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_mla_layers_over_a_long_context_match_the_reference(setup, tokens):
     """The attention split over thousands of filled positions (tens of splits) and merged (the bound:

@@ -178,6 +178,43 @@ def test_triton_moe_gemv_path_matches_reference(limit, config):
             assert int(buf.abs().sum()) == 0, name
 
 
+@cpu_only
+@pytest.mark.parametrize(
+    "config",
+    [MoEConfig(), MoEConfig(gv_dn_block_n=64, gv_dn_split_e=1), MoEConfig(gv_dn_block_n=32, gv_dn_split_e=3)],
+    ids=["default", "masked_rows", "split3"],
+)
+def test_gemv_down_adds_onto_the_residual_as_the_shared_down_did(config):
+    """TritonMoE.add_onto_residual (verification's MoE layer end with its shared expert beside the router): the GEMV
+    down kernel's last program adds (residual + shared) + its routed sum rounded to bf16, in fp32, rounded once,
+    which is the shared down's epilogue's order. The same bits as forward() and that sum in torch, on fresh inputs,
+    whole tiles, partial tiles and split sums alike; before_down runs between the two kernels."""
+    h, i, e, k = 160, 96, 12, 3
+    moe = TritonMoE(mxfp4_experts(e, h, i), dtype=torch.bfloat16, config=config)
+    order: list[str] = []
+    launch_down = moe.launch_gemv_down
+    moe.launch_gemv_down = lambda *a, **kw: order.append("down") or launch_down(*a, **kw)
+    for t in (1, 2, 4):
+        x = torch.randn((t, h)).to(torch.bfloat16)
+        ids, w = random_routing(t, k, e)
+        residual = (torch.randn((t, h)) * 4).to(torch.bfloat16)
+        shared = torch.randn((t, h)).to(torch.bfloat16)
+        # (the routed sum in fp32, rounded to nearest by torch: the interpreter truncates in a bf16 store)
+        routed = moe.forward(x, ids, w, out=torch.empty((t, h))).to(torch.bfloat16)
+        expected = ((residual.float() + shared.float()) + routed.float()).to(torch.bfloat16)
+        calls = moe.calls
+        order.clear()
+        moe.add_onto_residual(x, ids, w, residual, shared, before_down=lambda: order.append("join"))
+        assert order == ["join", "down"] and moe.calls == calls + 1
+        assert torch.equal(residual, expected), (t, (residual.float() - expected.float()).abs().max())
+        assert not torch.equal(expected, routed)
+    with pytest.raises(ValueError, match="alike"):
+        moe.add_onto_residual(x, ids, w, residual, shared[:, :-1])
+    for name, buf in moe._scratch.items():
+        if name.endswith("_cnt"):
+            assert int(buf.abs().sum()) == 0, name
+
+
 @triton.jit
 def _unpack_words_kernel(w_ptr, s_ptr, codes_ptr, scales_ptr, N: tl.constexpr):
     r = tl.arange(0, N)

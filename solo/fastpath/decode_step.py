@@ -162,6 +162,18 @@ def shared_beside_for(card: str) -> bool:
     return card in SHARED_BESIDE_CARDS
 
 
+# Cards on which, with the shared gate_up beside the router, verification's shared down runs there too, and the routed
+# experts' down kernel adds both sums onto the residual stream in the order the shared down's epilogue did
+# (FusedDecodeStep.shared_down_beside, MoEBackend.add_onto_residual): the shared down (2.5 us a MoE layer on
+# verification's critical path, H100 lab90) leaves it. Empty until measured in the whole step.
+SHARED_DOWN_BESIDE_CARDS: tuple[str, ...] = ()
+
+
+def shared_down_beside_for(card: str) -> bool:
+    """Whether verification's shared down runs beside its router too on this card (with shared_beside_for)."""
+    return card in SHARED_DOWN_BESIDE_CARDS
+
+
 def kda_front_for(card: str) -> dict[str, Any] | None:
     """The fused KDA front's build on this card (fuse_kda_front's arguments), or None: the two kernels run there."""
     return dict(KDA_FRONT_BUILD) if card in KDA_FRONT_CARDS else None
@@ -363,6 +375,11 @@ class _MoE:
             )
         else:
             if self.step.shared_beside_router and self.shared_gate_up is not None:
+                if self._shared_down_beside(x.shape[0]):
+                    shared = self._shared_expert_beside(x)
+                    xn, ids, weights = self.router(x)
+                    self.experts.add_onto_residual(xn, ids, weights, x, shared, self.step.join_side_stream)
+                    return
                 act = self._shared_gate_up_beside(x)
             xn, ids, weights = self.router(x)
             routed = self.experts(xn, ids, weights)
@@ -379,6 +396,25 @@ class _MoE:
         elif act is None:  # (else it ran beside the router)
             act = self.shared_gate_up(xn)
         self.shared_down(act, out=x, residual=x, addend=routed)
+
+    def _shared_down_beside(self, tokens: int) -> bool:
+        """Whether the shared down runs beside the router too (FusedDecodeStep.shared_down_beside): where the routed
+        experts' own down kernel adds the sums onto x (else that addition would be a launch of its own), or on a CPU,
+        where launches cost nothing and everything runs in order."""
+        if not self.step.shared_down_beside:
+            return False
+        return self.experts.adds_onto_residual_in_kernel(tokens) or self.step.side_stream is None
+
+    def _shared_expert_beside(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared expert's gate_up (normalising x itself) and down on the step's side stream, beside the router
+        and the routed experts' gate_up; its output, rounded as the down's epilogue rounds it, for
+        MoEBackend.add_onto_residual, whose down kernel joins the side stream first. Allocated on the current stream,
+        which outlives its use."""
+        act = self._shared_gate_up_beside(x)
+        shared = torch.empty((x.shape[0], self.shared_down.rows), dtype=torch.bfloat16, device=x.device)
+        with self.step.on_side_stream():
+            self.shared_down(act, shared)
+        return shared
 
     def _shared_gate_up_beside(self, x: torch.Tensor) -> torch.Tensor:
         """The shared gate_up normalising x itself, launched on the step's side stream after everything before it
@@ -479,6 +515,11 @@ class FusedDecodeStep:
     # read at each call): the router's 9 us a layer leave most SMs idle. Off here; a step sets it for its card
     # (SHARED_BESIDE_CARDS) at construction
     shared_beside_router = False
+    # with shared_beside_router, verification's shared down runs on the side stream too, and the routed experts' down
+    # kernel adds the routed sum and the shared expert's output onto x, in the order of the shared down's epilogue
+    # (_MoE._shared_expert_beside, MoEBackend.add_onto_residual; read at each call). Off here; a step sets it for its
+    # card (SHARED_DOWN_BESIDE_CARDS) at construction
+    shared_down_beside = False
 
     def __init__(
         self,
@@ -566,6 +607,7 @@ class FusedDecodeStep:
             if window := gate_up_window_for(card):
                 self.set_gate_up_window(window)
         self.shared_beside_router = shared_beside_for(card)  # (the product's on this card; bench modifiers force it)
+        self.shared_down_beside = shared_down_beside_for(card)
         if pdl_verify is None:  # where the CUDA GEMV serves the whole window (the kernels share this policy)
             pdl_verify = self.kernels == "cuda" and not self.kernels_note and self.cuda_tokens >= max(self.token_counts)
         self.launch.one_token_only = not pdl_verify
@@ -961,6 +1003,7 @@ class FusedDecodeStep:
             "handoff": self.handoff,
             "shared_late_wait": self.shared_late_wait,
             "shared_beside_router": self.shared_beside_router,
+            "shared_down_beside": self.shared_beside_router and self.shared_down_beside,
             "kda_l2_ahead": self.kda_l2_ahead,
             "kda_fronts": self.kda_fronts(),
             "kda_front_build": self.kda_front_build,

@@ -40,21 +40,13 @@ import triton
 import triton.language as tl
 
 from solo.kernels.pdl import PLAIN, LaunchPolicy, after_previous_kernel
+from solo.kernels.triton_epilogues import round_bf16
 from solo.kernels.triton_fp8 import interpreter_mode, require_triton_device
 
 NORM_NONE, NORM_RMS, NORM_GATED = 0, 1, 2
 SCALE_NONE, SCALE_BLOCK, SCALE_ROW = 0, 1, 2
 EPI_STORE, EPI_RESIDUAL, EPI_SWIGLU = 0, 1, 2
 MAX_TOKENS = 16
-
-
-@triton.jit
-def round_bf16(x):
-    """fp32 -> the nearest bf16 value (ties to even), kept in fp32. Explicit so that Triton's CPU
-    interpreter (which truncates in `.to(tl.bfloat16)`) rounds as the GPU and the reference do."""
-    bits = x.to(tl.int32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
-    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -14,6 +14,7 @@ Weight layout (the Ling-3.0-flash-fp4 checkpoint's, see solo.quantization.format
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +110,41 @@ class MoEBackend(ABC):
     @abstractmethod
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """x [T, H]; topk_ids [T, k] integer; topk_weights [T, k] float32 -> [T, H] in x.dtype."""
+
+    def adds_onto_residual_in_kernel(self, tokens: int) -> bool:
+        """Whether add_onto_residual's sum onto the residual stream runs inside this backend's own kernels for a
+        `tokens`-token call (else it is a separate addition after them)."""
+        return False
+
+    def add_onto_residual(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        residual: torch.Tensor,
+        shared: torch.Tensor,
+        before_down: Callable[[], None] | None = None,
+    ) -> None:
+        """The MoE layer's end: residual <- (residual + shared) + routed, where routed (this forward) is rounded to
+        the residual's dtype first and the sum, in fp32, is rounded once: the order in which the shared expert's
+        down projection adds its own output and the routed sum onto the residual stream (its `shared` output here
+        computed elsewhere, e.g. beside the router). `before_down` is called before anything that reads `shared`
+        runs (here: before the forward; backends that add inside their down kernel call it between their kernels)."""
+        if residual.shape != shared.shape or residual.shape[0] != topk_ids.shape[0]:
+            raise ValueError(f"residual {tuple(residual.shape)} and shared {tuple(shared.shape)} must be [T, H] alike")
+        if before_down is not None:
+            before_down()
+        routed = self(x, topk_ids, topk_weights).to(residual.dtype)
+        residual.copy_(((residual.float() + shared.float()) + routed.float()).to(residual.dtype))
+
+    def _check_onto(self, residual: torch.Tensor, shared: torch.Tensor, tokens: int) -> None:
+        """What a kernel that adds onto the residual stream itself needs: bf16 rows alike, contiguous."""
+        if residual.shape != shared.shape or residual.shape[0] != tokens or residual.dtype != torch.bfloat16:
+            raise ValueError(
+                f"residual {tuple(residual.shape)} and shared {tuple(shared.shape)} must be bf16 [{tokens}, H] alike"
+            )
+        if shared.dtype != torch.bfloat16 or not residual.is_contiguous() or not shared.is_contiguous():
+            raise ValueError("the residual stream and the shared expert's output must be contiguous bf16 rows")
 
     def probe_prompt_tokens(self) -> int:
         """Shortest prompt whose prefill runs this backend's prefill kernels (for the start-up check)."""

@@ -18,6 +18,7 @@ kept). Timings: docs/kernels.md.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,6 +220,35 @@ class TritonMoE(MoEBackend):
             self.launch_grouped(xb, ids, wts, act, out, top_k)
         return out
 
+    def adds_onto_residual_in_kernel(self, tokens: int) -> bool:
+        """The GEMV path's down kernel adds the routed sum onto the residual stream itself (add_onto_residual)."""
+        return self.uses_gemv(tokens)
+
+    def add_onto_residual(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        residual: torch.Tensor,
+        shared: torch.Tensor,
+        before_down: Callable[[], None] | None = None,
+    ) -> None:
+        """See MoEBackend.add_onto_residual; on the GEMV path the down kernel's last program of each slot adds its
+        rows (triton_epilogues.store_rows_onto), and `before_down` runs between the gate_up and the down kernels."""
+        t, top_k = topk_ids.shape
+        if not self.uses_gemv(t):
+            super().add_onto_residual(x, topk_ids, topk_weights, residual, shared, before_down)
+            return
+        self._check_onto(residual, shared, t)
+        self.calls += 1
+        self.path_calls["gemv"] += 1
+        xb, ids, wts = self._operands(x, topk_ids, topk_weights)
+        act = torch.empty((t * top_k, self.inter), dtype=torch.bfloat16, device=x.device)
+        self.launch_gemv_gate_up(xb, ids, act, top_k)
+        if before_down is not None:
+            before_down()
+        self.launch_gemv_down(act, ids, wts, residual, top_k, shared=shared)
+
     def _output(self, x: torch.Tensor, tokens: int, out: torch.Tensor | None) -> torch.Tensor:
         """Check x against T tokens; the given ``out`` checked, or a new one in x.dtype."""
         if x.shape != (tokens, self.hidden):
@@ -354,9 +384,16 @@ class TritonMoE(MoEBackend):
         )
 
     def launch_gemv_down(
-        self, act: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, out: torch.Tensor, top_k: int
+        self,
+        act: torch.Tensor,
+        ids: torch.Tensor,
+        wts: torch.Tensor,
+        out: torch.Tensor,
+        top_k: int,
+        shared: torch.Tensor | None = None,
     ) -> None:
-        """GEMV kernel 2 (small T): out[t] = sum_j w[t, j] * W_down[e_tj] act[t*k + j]."""
+        """GEMV kernel 2 (small T): out[t] = sum_j w[t, j] * W_down[e_tj] act[t*k + j]; with `shared` (same shape and
+        strides as out) out[t] = (out[t] + shared[t]) + that sum rounded (add_onto_residual)."""
         cfg = self.config
         tokens = out.shape[0]
         split = self.down_split(tokens, top_k)
@@ -372,6 +409,7 @@ class TritonMoE(MoEBackend):
             part,
             cnt,
             out.stride(0),
+            shared if shared is not None else out,  # (not read without ONTO)
             H=self.hidden,
             I=self.inter,
             TOPK=top_k,
@@ -380,6 +418,7 @@ class TritonMoE(MoEBackend):
             SPLIT_E=split,
             PDL=pdl,
             EARLY_WEIGHTS=cfg.gv_early_weights and tokens > 1,
+            ONTO=shared is not None,
             num_warps=cfg.gv_dn_warps,
             **({"launch_pdl": True} if pdl else {}),
         )

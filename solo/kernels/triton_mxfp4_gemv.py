@@ -283,6 +283,7 @@ def _gemv_down_combine(
     part_ptr,
     cnt_ptr,
     stride_ot,
+    sh_ptr,
     H: tl.constexpr,
     I: tl.constexpr,
     TOPK: tl.constexpr,
@@ -291,7 +292,10 @@ def _gemv_down_combine(
     SPLIT_E: tl.constexpr,
     PDL: tl.constexpr,
     EARLY_WEIGHTS: tl.constexpr,
+    ONTO: tl.constexpr = False,
 ):
+    # ONTO: o_ptr is the residual stream and the sum is added onto it with the shared expert's output sh_ptr (same
+    # strides), in the order of the shared down's epilogue (triton_epilogues.store_rows_onto)
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_e = tl.program_id(2)
@@ -347,4 +351,5 @@ def _gemv_down_combine(
                 acc += _down_tile_dot(w, s, wt, xa, kt, rw, IW, BLOCK_N, BLOCK_W, EVEN_N)
     y = tl.sum(acc, axis=1) * 16384.0  # 2^14 (see module docstring)
     slot = t * tl.num_programs(1) + pid_n
-    store_split_sum(y, o_ptr, t * stride_ot + rn, n_ok, part_ptr, cnt_ptr, slot, pid_e, SPLIT_E, BLOCK_N, EVEN_N)
+    offs = t * stride_ot + rn
+    store_split_sum(y, o_ptr, offs, n_ok, part_ptr, cnt_ptr, slot, pid_e, SPLIT_E, BLOCK_N, EVEN_N, sh_ptr, ONTO)
