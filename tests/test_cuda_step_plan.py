@@ -273,6 +273,16 @@ def test_verification_shared_gate_up_runs_beside_its_router_only_on_the_cards_me
     assert FusedDecodeStep.shared_beside_router is False
 
 
+@pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", "NVIDIA H200", ""])
+def test_verification_shared_down_runs_beside_its_router_only_on_the_cards_measured(card):
+    """Verification's shared down (with its gate_up) runs beside its router only on the cards of
+    SHARED_DOWN_BESIDE_CARDS, none until measured in the whole verification step; the class leaves it off."""
+    from solo.fastpath.decode_step import SHARED_DOWN_BESIDE_CARDS, FusedDecodeStep, shared_down_beside_for
+
+    assert shared_down_beside_for(card) == (card in SHARED_DOWN_BESIDE_CARDS) is False
+    assert FusedDecodeStep.shared_down_beside is False
+
+
 @pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])
 def test_one_token_mla_asks_the_l2_for_old_rows_early_only_on_the_cards_measured(card):
     """FusedMLA's one-token launch asks for each split's first step of old cache rows before its wait only on the

@@ -916,6 +916,8 @@ def test_speculation_on_the_fused_step_in_graphs_replays_it_exactly_and_is_check
     assert check.status == ACTIVE and ran_kda > 0, check
     assert check.evidence.get("kda_front") == fused.decode_step.kda_front_build, check
     assert check.evidence.get("shared_beside_router", False) == fused.decode_step.shared_beside_router, check
+    down_beside = fused.decode_step.describe()["shared_down_beside"]
+    assert check.evidence.get("shared_down_beside", False) == down_beside, check
     product = fused.decode_step.kda_front_product
     assert (product is None) == (fused.decode_step.kda_front_build is None), check  # (this card's choice runs)
 
@@ -964,18 +966,20 @@ def test_pdl_launches_compute_exactly_what_plain_launches_do_and_are_proven_at_s
         finally:
             with_pdl.decode_step.handoff = False
         assert with_pdl.decode_step.handoff_counters.tolist() == [0, 0]
-    # verification's shared gate_up on the side stream (the product on SHARED_BESIDE_CARDS) under PDL: in graphs as run
-    # eagerly
-    beside = with_pdl.decode_step.shared_beside_router
-    with_pdl.decode_step.shared_beside_router = True
+    # verification's shared gate_up on the side stream (the product on SHARED_BESIDE_CARDS) under PDL, then its whole
+    # shared expert there (shared_down_beside: the routed down kernel joins the side stream): in graphs as run eagerly
+    step = with_pdl.decode_step
+    beside = (step.shared_beside_router, step.shared_down_beside)
     try:
-        graphed, eager = (Engine(with_pdl, tok, NextNDecoder(with_pdl)) for _ in range(2))
-        graphed.enable_cuda_graphs(512)
-        for prompt, params, _ in runs:
-            assert graphed.generate(prompt, params).token_ids == eager.generate(prompt, params).token_ids
-        assert graphed.acceptance.accepted_at == eager.acceptance.accepted_at
+        for down in (False, True):
+            step.shared_beside_router, step.shared_down_beside = True, down
+            graphed, eager = (Engine(with_pdl, tok, NextNDecoder(with_pdl)) for _ in range(2))
+            graphed.enable_cuda_graphs(512)
+            for prompt, params, _ in runs:
+                assert graphed.generate(prompt, params).token_ids == eager.generate(prompt, params).token_ids
+            assert graphed.acceptance.accepted_at == eager.acceptance.accepted_at
     finally:
-        with_pdl.decode_step.shared_beside_router = beside
+        step.shared_beside_router, step.shared_down_beside = beside
     check = check_decode_step(engines["pdl"][0], "fused")
     assert check.status == ACTIVE, check
     assert all(check.evidence["pdl"][family] for family in with_pdl.decode_step.families_per_step()), check

@@ -66,12 +66,14 @@ def test_bench_configs_name_the_launch_mode():
     assert "bulk" in ringed.modifiers and ringed.moe_shared and "bulk" not in fused.modifiers
     front = parse_configs("cuda:fp8:fused+cuda+pdl+kdafront")[0]
     assert "kdafront" in front.modifiers and "kdafront" not in fused.modifiers
+    down = parse_configs("cuda:fp8:fused+cuda+pdl+beside+downbeside")[0]
+    assert {"beside", "downbeside"} <= set(down.modifiers) and "downbeside" not in fused.modifiers
     off = parse_configs("cuda:fp8:fused+cuda+pdl+nokdafront")[0]
     assert "nokdafront" in off.modifiers and "kdafront" not in off.modifiers
     bad_ones = ("fused+pdl+pdl", "fused+fast", "reference+pdl", "fused+cuda+triton", "reference+seprouter")
     bad_ones += ("fused+cuda+cuda1", "fused+pdl+pdlall", "reference+inshared", "reference+handoff", "reference+bulk")
     bad_ones += ("reference+kdafront", "reference+nokdafront", "fused+cuda+kdafront+nokdafront", "reference+beside")
-    bad_ones += ("fused+beside+nobeside",)
+    bad_ones += ("fused+beside+nobeside", "fused+downbeside+nodownbeside", "reference+downbeside")
     for bad in bad_ones:
         with pytest.raises(ValueError, match="modifiers|one of triton, cuda, cuda1|pdlall includes pdl|give one"):
             parse_configs(f"cuda:fp8:{bad}")

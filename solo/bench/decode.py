@@ -95,7 +95,9 @@ STEPS = ("fused", "reference", "auto")
 # too, --moe-shared fused; measured slower, for A/B runs), handoff and latewait (the lab switches
 # FusedDecodeStep.handoff and .shared_late_wait, for A/B runs until measured), beside (the lab switch
 # FusedDecodeStep.shared_beside_router: verification's shared gate_up on a side stream beside its router, the product's
-# on the cards of SHARED_BESIDE_CARDS; nobeside turns it off), bulk (the
+# on the cards of SHARED_BESIDE_CARDS; nobeside turns it off), downbeside / nodownbeside (FusedDecodeStep.
+# shared_down_beside, with beside: the shared down beside the router too, the routed experts' down kernel adding both
+# onto x; the product's on the cards of SHARED_DOWN_BESIDE_CARDS), bulk (the
 # lab switch FusedDecodeStep.ring_big_projections: the big projections' weights through bulk rings, 2 blocks of 8
 # warps an SM), kdafront / nokdafront (FusedDecodeStep.fuse_kda_front: one token's KDA norm, projection and recurrence
 # in one launch, the product's build KDA_FRONT_BUILD, on or off whatever the card's product: it is on the cards of
@@ -112,6 +114,8 @@ STEP_MODIFIERS = (
     "latewait",
     "beside",
     "nobeside",
+    "downbeside",
+    "nodownbeside",
     "bulk",
     "kdafront",
     "nokdafront",
@@ -122,6 +126,8 @@ LAB_SWITCHES = {
     "latewait": ("shared_late_wait", True),
     "beside": ("shared_beside_router", True),
     "nobeside": ("shared_beside_router", False),
+    "downbeside": ("shared_down_beside", True),
+    "nodownbeside": ("shared_down_beside", False),
 }
 
 
@@ -191,6 +197,11 @@ def parse_configs(text: str) -> list[Config]:
         if "beside" in mods and "nobeside" in mods:
             raise ValueError(
                 f"--configs item '{item}': beside turns the shared gate_up beside the router on, nobeside off; give one"
+            )
+        if "downbeside" in mods and "nodownbeside" in mods:
+            raise ValueError(
+                f"--configs item '{item}': downbeside turns the shared down beside the router on, nodownbeside off; "
+                "give one"
             )
         configs.append(config)
     return configs
@@ -372,6 +383,7 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
         result["mla_gluon_window"] = model.decode_step.mla_gluon_window()  # (verification's; this card's)
         result["gate_up_window"] = model.decode_step.gate_up_window()  # the MoE kernels' window (this card's)
         result["shared_beside_router"] = model.decode_step.shared_beside_router  # (verification's; this card's)
+        result["shared_down_beside"] = model.decode_step.describe()["shared_down_beside"]  # (... its down too)
     if model.decode_step is None and getattr(model, "decode_step_note", ""):
         result["decode_step_note"] = model.decode_step_note
     result["copy_bandwidth_gbs"] = round(copy_bandwidth(device) / 1e9, 1)
