@@ -22,7 +22,7 @@ if nvidia-smi -L | grep -q H200; then
         --deadline "$(($(left) - 100))"
     exit 0
 fi
-gpu_tests 120 tests/test_gpu_fused_step.py -k "beside"
+gpu_tests 200 tests/test_gpu_fused_step.py -k "beside or pdl_launches"
 grep -E "worst|FAILED" "$OUT/gpu_tests.log" | head -16
 i="shared expert inside"
 o="L2 next off"
