@@ -45,22 +45,26 @@ def main(out_dir: str) -> None:
             dict(H=H, I=I, TOPK=TOPK, HAS_LIMIT=False, BLOCK_N=cfg.gv_gu_block_n, BLOCK_W=cfg.gv_gu_block_w, PDL=True),
             cfg.gv_gu_warps,
         ),
-        "gemv_down_combine": _compile(
-            gemv._gemv_down_combine,
-            {"aq_ptr": "*i32", "ids_ptr": "*i64", "wt_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8"}
-            | {"o_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32", "stride_ot": "i32"},
-            dict(
-                H=H,
-                I=I,
-                TOPK=TOPK,
-                BLOCK_N=cfg.gv_dn_block_n,
-                BLOCK_W=cfg.gv_dn_block_w,
-                SPLIT_E=cfg.gv_dn_split_e,
-                PDL=True,
-                EARLY_WEIGHTS=True,
-            ),
-            cfg.gv_dn_warps,
-        ),
+        **{
+            f"gemv_down_combine{'_onto' if onto else ''}": _compile(
+                gemv._gemv_down_combine,
+                {"aq_ptr": "*i32", "ids_ptr": "*i64", "wt_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8"}
+                | {"o_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32", "stride_ot": "i32", "sh_ptr": "*bf16"},
+                dict(
+                    H=H,
+                    I=I,
+                    TOPK=TOPK,
+                    BLOCK_N=cfg.gv_dn_block_n,
+                    BLOCK_W=cfg.gv_dn_block_w,
+                    SPLIT_E=cfg.gv_dn_split_e,
+                    PDL=True,
+                    EARLY_WEIGHTS=True,
+                    ONTO=onto,  # (onto the residual stream with the shared expert's output: add_onto_residual)
+                ),
+                cfg.gv_dn_warps,
+            )
+            for onto in (False, True)
+        },
         "grouped_gate_up_act": _compile(
             grouped._grouped_gate_up_act,
             {"x_ptr": "*bf16", "sorted_ptr": "*i32", "expert_ptr": "*i32", "npad_ptr": "*i32", "w_ptr": "*i32"}
