@@ -376,9 +376,12 @@ class _MoE:
         else:
             if self.step.shared_beside_router and self.shared_gate_up is not None:
                 if self._shared_down_beside(x.shape[0]):
-                    shared = self._shared_expert_beside(x)
+                    # (both outputs held until the join: a buffer freed while the side stream still writes or
+                    # reads it goes to the next allocation on this stream, e.g. the router's expert ids)
+                    act, shared = self._shared_expert_beside(x)
                     xn, ids, weights = self.router(x)
                     self.experts.add_onto_residual(xn, ids, weights, x, shared, self.step.join_side_stream)
+                    del act, shared
                     return
                 act = self._shared_gate_up_beside(x)
             xn, ids, weights = self.router(x)
@@ -405,16 +408,16 @@ class _MoE:
             return False
         return self.experts.adds_onto_residual_in_kernel(tokens) or self.step.side_stream is None
 
-    def _shared_expert_beside(self, x: torch.Tensor) -> torch.Tensor:
+    def _shared_expert_beside(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The shared expert's gate_up (normalising x itself) and down on the step's side stream, beside the router
-        and the routed experts' gate_up; its output, rounded as the down's epilogue rounds it, for
-        MoEBackend.add_onto_residual, whose down kernel joins the side stream first. Allocated on the current stream,
-        which outlives its use."""
+        and the routed experts' gate_up: (its activations, its output rounded as the down's epilogue rounds it, for
+        MoEBackend.add_onto_residual, whose down kernel joins the side stream first). Both are allocated on the
+        current stream, so the caller keeps both until that join."""
         act = self._shared_gate_up_beside(x)
         shared = torch.empty((x.shape[0], self.shared_down.rows), dtype=torch.bfloat16, device=x.device)
         with self.step.on_side_stream():
             self.shared_down(act, shared)
-        return shared
+        return act, shared
 
     def _shared_gate_up_beside(self, x: torch.Tensor) -> torch.Tensor:
         """The shared gate_up normalising x itself, launched on the step's side stream after everything before it
