@@ -514,6 +514,17 @@ def test_the_shared_gate_up_waiting_late_matches_the_reference_layers(setup):
     assert worst < 2e-2 and apart < 1e-2
 
 
+class StreamRecording:
+    """A step kernel that records the CUDA stream each of its launches goes to (`streams`), then launches."""
+
+    def __init__(self, kernel, streams: list[int]):
+        self.kernel, self.rows, self.streams = kernel, kernel.rows, streams
+
+    def __call__(self, *args, **kwargs):
+        self.streams.append(torch.cuda.current_stream().cuda_stream)
+        return self.kernel(*args, **kwargs)
+
+
 def test_the_shared_gate_up_beside_the_router_matches_the_reference_layers(setup, monkeypatch):
     """FusedDecodeStep.shared_beside_router (the product on SHARED_BESIDE_CARDS): verification's shared gate_up
     normalises x itself and runs on the step's side stream beside the router and the routed experts. Each MoE layer
@@ -530,15 +541,7 @@ def test_the_shared_gate_up_beside_the_router_matches_the_reference_layers(setup
     pairs = [(layer, mine) for layer, mine in zip(fused.model.layers, step.layers, strict=False)]
     pairs = [(layer, mine) for layer, mine in pairs if isinstance(mine.mlp, _MoE)]
     assert pairs and all(mine.mlp.shared_gate_up is not None for _, mine in pairs)
-    streams = []  # the stream each shared gate_up was launched on
-
-    class Recording:
-        def __init__(self, kernel):
-            self.kernel, self.rows = kernel, kernel.rows
-
-        def __call__(self, *args, **kwargs):
-            streams.append(torch.cuda.current_stream().cuda_stream)
-            return self.kernel(*args, **kwargs)
+    streams: list[int] = []  # the stream each shared gate_up was launched on
 
     tokens = 4
     positions = torch.arange(30, 30 + tokens, device="cuda")
@@ -565,7 +568,7 @@ def test_the_shared_gate_up_beside_the_router_matches_the_reference_layers(setup
 
     worst, apart, redrawn = 0.0, 0.0, []
     for j, (layer, mine) in enumerate(pairs):
-        monkeypatch.setattr(mine.mlp, "shared_gate_up", Recording(mine.mlp.shared_gate_up))
+        monkeypatch.setattr(mine.mlp, "shared_gate_up", StreamRecording(mine.mlp.shared_gate_up, streams))
         off, from_product = clear_of_ties(functools.partial(run, layer, mine), f"layer {j}", redrawn)
         worst = max(worst, off)
         apart = max(apart, from_product)
@@ -593,15 +596,7 @@ def test_the_shared_expert_beside_the_router_matches_its_gate_up_beside_it_bit_f
     pairs = [(layer, mine) for layer, mine in zip(fused.model.layers, step.layers, strict=False)]
     pairs = [(layer, mine) for layer, mine in pairs if isinstance(mine.mlp, _MoE)]
     assert pairs and all(mine.mlp.experts.adds_onto_residual_in_kernel(4) for _, mine in pairs)
-    streams = []  # the stream each shared down was launched on
-
-    class Recording:
-        def __init__(self, kernel):
-            self.kernel, self.rows = kernel, kernel.rows
-
-        def __call__(self, *args, **kwargs):
-            streams.append(torch.cuda.current_stream().cuda_stream)
-            return self.kernel(*args, **kwargs)
+    streams: list[int] = []  # the stream each shared down was launched on
 
     tokens = 4
     positions = torch.arange(30, 30 + tokens, device="cuda")
@@ -628,7 +623,7 @@ def test_the_shared_expert_beside_the_router_matches_its_gate_up_beside_it_bit_f
 
     worst, apart, redrawn = 0.0, 0.0, []
     for j, (layer, mine) in enumerate(pairs):
-        monkeypatch.setattr(mine.mlp, "shared_down", Recording(mine.mlp.shared_down))
+        monkeypatch.setattr(mine.mlp, "shared_down", StreamRecording(mine.mlp.shared_down, streams))
         off, from_gate_up_beside = clear_of_ties(functools.partial(run, layer, mine), f"layer {j}", redrawn)
         worst = max(worst, off)
         apart = max(apart, from_gate_up_beside)

@@ -25,7 +25,6 @@ pair by slot pair (other orders: decode_schedule).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from solo.kernels.cuda_moe_plan import (
     tile_bytes,
     with_shared_column,
 )
-from solo.kernels.moe import CompileEvidence, MoEBackend, MXFP4Experts
+from solo.kernels.moe import CompileEvidence, MXFP4Experts
 from solo.kernels.triton_moe import MoEConfig, TritonMoE
 
 SOURCE = Path(__file__).parent / "cuda" / "moe_decode.cu"
@@ -415,21 +414,8 @@ class PersistentDecodeMoE(TritonMoE):
         return out
 
     def adds_onto_residual_in_kernel(self, tokens: int) -> bool:
-        return tokens != 1 and super().adds_onto_residual_in_kernel(tokens)  # (one token: the persistent kernel)
-
-    def add_onto_residual(
-        self,
-        x: torch.Tensor,
-        topk_ids: torch.Tensor,
-        topk_weights: torch.Tensor,
-        residual: torch.Tensor,
-        shared: torch.Tensor,
-        before_down: Callable[[], None] | None = None,
-    ) -> None:
-        if topk_ids.shape[0] == 1:  # the persistent kernel, then the addition (MoEBackend's)
-            MoEBackend.add_onto_residual(self, x, topk_ids, topk_weights, residual, shared, before_down)
-        else:
-            super().add_onto_residual(x, topk_ids, topk_weights, residual, shared, before_down)
+        # (one token: the persistent kernel, then MoEBackend's addition; TritonMoE.add_onto_residual asks this)
+        return tokens != 1 and super().adds_onto_residual_in_kernel(tokens)
 
     def launch_persistent(self, xb: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, out: torch.Tensor) -> None:
         kernel, _, table, threads = self.kernel_for(ids.numel(), ids.dtype == torch.int64)

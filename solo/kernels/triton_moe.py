@@ -233,10 +233,11 @@ class TritonMoE(MoEBackend):
         shared: torch.Tensor,
         before_down: Callable[[], None] | None = None,
     ) -> None:
-        """See MoEBackend.add_onto_residual; on the GEMV path the down kernel's last program of each slot adds its
-        rows (triton_epilogues.store_rows_onto), and `before_down` runs between the gate_up and the down kernels."""
+        """See MoEBackend.add_onto_residual; where adds_onto_residual_in_kernel (the GEMV path) the down kernel's last
+        program of each slot adds its rows (triton_epilogues.store_rows_onto), and `before_down` runs between the
+        gate_up and the down kernels."""
         t, top_k = topk_ids.shape
-        if not self.uses_gemv(t):
+        if not self.adds_onto_residual_in_kernel(t):
             super().add_onto_residual(x, topk_ids, topk_weights, residual, shared, before_down)
             return
         self._check_onto(residual, shared, t)
