@@ -382,3 +382,38 @@ def _rank_zero(torchrun_pid: int) -> int | None:
         if ppid == torchrun_pid and b"RANK=0" in environ:
             return int(entry.name)
     return None
+
+
+TEARDOWN = """
+import torch
+from solo.distributed.lockstep import release_followers
+from solo.distributed.parallel import init_tensor_parallel
+
+tp = init_tensor_parallel(2, "cpu")
+x = torch.randn(2560)
+for _ in range(20):
+    tp.all_reduce(x)
+if tp.leader:
+    release_followers(tp)
+else:
+    assert tp.broadcast_object(None)["kind"] == "stop"
+tp.close()
+"""
+
+
+def test_ranks_that_close_their_groups_exit_cleanly_every_time(tmp_path):
+    """A closed TensorParallel must hold no handle on gloo's groups: one still held at exit is destroyed during the
+    interpreter's finalisation and aborted a rank (SIGABRT) in about one exit of three (10 of 30 before the fix, 0
+    of 40 after, 2026-12-08); 12 exits, 4 at a time, would all pass with that fault with odds under 1%."""
+    script = tmp_path / "teardown.py"
+    script.write_text(TEARDOWN)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    for _ in range(3):
+        runs = [
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+            for _ in range(4)
+        ]
+        for run in runs:
+            out, _ = run.communicate(timeout=300)
+            assert run.returncode == 0, out[-3000:]
