@@ -2,8 +2,10 @@
 # Thirty-ninth session. On an H200: the GPU tests of the H100's products and lab switches the H200 has not run (the
 # fused KDA front, the window rings, both Gluon rings, the shared expert beside the router, the NEXTN rounds in graphs
 # under PDL with it after 07a0866's fix), then the A/B at 32K of each beside the H200's product, twice. On an H100:
-# those NEXTN rounds and the beside tests only (the fix's first run on a GPU). Results under $OUT: gpu_tests.log[,
-# ab.{log,json}]. timeout_s LAB_SECONDS + 20.
+# those NEXTN rounds and the beside tests (the fix's first run on a GPU), then the MoE kernels' L2 asks for more of the
+# fused KDA front's weights (its first tasks are the q rows, 10 MB; the product asks for 16, chosen for the CUDA GEMV's
+# order, and 10 measured +10 us in lab95), 24 and 32 MB, twice. Results under $OUT: gpu_tests.log, ab.{log,json}.
+# timeout_s LAB_SECONDS + 20.
 LAB_DEFAULT_SECONDS=560
 source dev/lab_prelude.sh
 if nvidia-smi -L | grep -q H200; then
@@ -18,3 +20,6 @@ if nvidia-smi -L | grep -q H200; then
 fi
 gpu_tests 200 tests/test_gpu_fused_step.py -k "beside or pdl_launches"
 grep -E "worst|FAILED" "$OUT/gpu_tests.log" | head -16
+a="L2 next: shared + 24 MB, after the copies"
+b="L2 next: shared + 32 MB, after the copies"
+ab ab "product;$a;$b;product again;$a, again;$b, again" --deadline "$(($(left) - 60))"
