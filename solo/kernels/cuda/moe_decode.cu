@@ -1418,65 +1418,15 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
                 asm volatile("bar.arrive %0, %1;" ::"r"(BAR_SELECT), "r"((SEL_WARPS + 1) * 32) : "memory");
 #else
                 u32 key = rt_key(biased);
-#if FAST_SEL
-                u32 kept_groups = 0xFFFFFFFFu;  // bit g: group g is kept
-#endif
+                u32 kept_groups = 0xFFFFFFFFu;  // bit g: group g is kept (FAST_SEL)
 #if KEEP < GROUPS
                 {
-                    // the two largest biased scores of my group's lanes in this warp, then of its warps
 #define WPG (GSIZE >= 32 ? GSIZE / 32 : 1)
-                    float m1 = biased, m2 = NEG_INF;
-#pragma unroll
-                    for (int o = 1; o < (GSIZE < 32 ? GSIZE : 32); o <<= 1) {
-                        const float o1 = __shfl_xor_sync(0xFFFFFFFFu, m1, o), o2 = __shfl_xor_sync(0xFFFFFFFFu, m2, o);
-                        const float hi = fmaxf(m1, o1), lo = fmaxf(fminf(m1, o1), fmaxf(m2, o2));
-                        m1 = hi;
-                        m2 = lo;
-                    }
-                    const int group = me / GSIZE;
-                    if (me % (GSIZE < 32 ? GSIZE : 32) == 0) {
-                        const int part = GSIZE >= 32 ? warp % WPG : 0;
-                        sm.rt.gtop[0][group][part] = m1;
-                        sm.rt.gtop[1][group][part] = m2;
-                    }
+                    store_group_best_two<GSIZE, WPG>(sm.rt.gtop, biased, me, warp);
                     SEL_CLOCK(1);  // groups' two best in this warp
                     asm volatile("bar.sync %0, %1;" ::"r"(BAR_SELECT), "r"(SEL_WARPS * 32) : "memory");
                     SEL_CLOCK(2);
-                    float gs = NEG_INF;
-                    if (lane < GROUPS) {
-                        float a1 = sm.rt.gtop[0][lane][0], a2 = sm.rt.gtop[1][lane][0];
-#pragma unroll
-                        for (int w = 1; w < WPG; ++w) {
-                            const float o1 = sm.rt.gtop[0][lane][w], o2 = sm.rt.gtop[1][lane][w];
-                            const float hi = fmaxf(a1, o1), lo = fmaxf(fminf(a1, o1), fmaxf(a2, o2));
-                            a1 = hi;
-                            a2 = lo;
-                        }
-                        gs = a1 + a2;
-                    }
-#if FAST_SEL && LEAN_SELECT
-                    // only the kept groups' warps rank their experts below, and their keys stand as they are (a
-                    // lane's own group's rank is not needed)
-                    kept_groups = kept_groups_mask<GROUPS, KEEP>(gs, lane);
-#else
-                    const float mine = __shfl_sync(0xFFFFFFFFu, gs, group);
-                    int rank = 0;
-#if FAST_SEL
-                    int lane_rank = 0;  // lane g < GROUPS: group g's rank
-#endif
-#pragma unroll
-                    for (int g = 0; g < GROUPS; ++g) {
-                        const float other = __shfl_sync(0xFFFFFFFFu, gs, g);
-                        rank += (other > mine || (other == mine && g < group)) ? 1 : 0;
-#if FAST_SEL
-                        lane_rank += (other > gs || (other == gs && g < lane)) ? 1 : 0;
-#endif
-                    }
-#if FAST_SEL
-                    kept_groups = __ballot_sync(0xFFFFFFFFu, lane < GROUPS && lane_rank < KEEP);
-#endif
-                    if (rank >= KEEP) key = 0u;
-#endif
+                    rank_groups<GROUPS, KEEP, WPG, FAST_SEL, LEAN_SELECT>(sm.rt.gtop, me / GSIZE, lane, key, kept_groups);
 #undef WPG
                 }
 #endif

@@ -61,62 +61,12 @@ __device__ __forceinline__ void select_sync() {
 __device__ __forceinline__ void select_top(SelectScratch &s, float sc, float biased, int warp, int lane) {
     const int me = warp * 32 + lane;
     u32 key = order_key(biased);
-#if SEL_FAST
-    u32 kept_groups = 0u;  // bit g: group g is kept
-#endif
+    u32 kept_groups = 0u;  // bit g: group g is kept (SEL_FAST)
 #if KEEP < GROUPS
     {
-        // the two largest biased scores of my group's lanes in this warp, then of its warps
-        float m1 = biased, m2 = SEL_NEG_INF;
-#pragma unroll
-        for (int o = 1; o < (GSIZE < 32 ? GSIZE : 32); o <<= 1) {
-            const float o1 = __shfl_xor_sync(0xFFFFFFFFu, m1, o), o2 = __shfl_xor_sync(0xFFFFFFFFu, m2, o);
-            const float hi = fmaxf(m1, o1), lo = fmaxf(fminf(m1, o1), fmaxf(m2, o2));
-            m1 = hi;
-            m2 = lo;
-        }
-        const int group = me / GSIZE;
-        if (me % (GSIZE < 32 ? GSIZE : 32) == 0) {
-            const int part = GSIZE >= 32 ? warp % SEL_WPG : 0;
-            s.gtop[0][group][part] = m1;
-            s.gtop[1][group][part] = m2;
-        }
+        store_group_best_two<GSIZE, SEL_WPG>(s.gtop, biased, me, warp);
         select_sync();
-        float gs = SEL_NEG_INF;
-        if (lane < GROUPS) {
-            float a1 = s.gtop[0][lane][0], a2 = s.gtop[1][lane][0];
-#pragma unroll
-            for (int w = 1; w < SEL_WPG; ++w) {
-                const float o1 = s.gtop[0][lane][w], o2 = s.gtop[1][lane][w];
-                const float hi = fmaxf(a1, o1), lo = fmaxf(fminf(a1, o1), fmaxf(a2, o2));
-                a1 = hi;
-                a2 = lo;
-            }
-            gs = a1 + a2;
-        }
-#if SEL_FAST && LEAN_SELECT
-        // only the kept groups' warps rank their experts below, and their keys stand as they are (a lane's own
-        // group's rank is not needed)
-        kept_groups = kept_groups_mask<GROUPS, KEEP>(gs, lane);
-#else
-        const float mine = __shfl_sync(0xFFFFFFFFu, gs, group);
-        int rank = 0;
-#if SEL_FAST
-        int lane_rank = 0;  // lane g < GROUPS: group g's rank
-#endif
-#pragma unroll
-        for (int g = 0; g < GROUPS; ++g) {
-            const float other = __shfl_sync(0xFFFFFFFFu, gs, g);
-            rank += (other > mine || (other == mine && g < group)) ? 1 : 0;
-#if SEL_FAST
-            lane_rank += (other > gs || (other == gs && g < lane)) ? 1 : 0;
-#endif
-        }
-#if SEL_FAST
-        kept_groups = __ballot_sync(0xFFFFFFFFu, lane < GROUPS && lane_rank < KEEP);
-#endif
-        if (rank >= KEEP) key = 0u;
-#endif
+        rank_groups<GROUPS, KEEP, SEL_WPG, SEL_FAST, LEAN_SELECT>(s.gtop, me / GSIZE, lane, key, kept_groups);
     }
 #endif
 #if SEL_FAST

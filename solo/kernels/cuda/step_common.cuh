@@ -208,6 +208,63 @@ __device__ __forceinline__ u32 kept_groups_mask(float gs, int lane) {
     return __ballot_sync(0xFFFFFFFFu, lane < NG && rank < NK);
 }
 
+// The grouped top-k's first half, before its barrier: the two largest biased scores of the lanes of my group (GS
+// experts, WPG = its warps) in this warp, stored by the group's first lane in the warp as gtop[0 / 1][group][its warp].
+// Every lane of the selecting warps calls it with its expert `me`'s biased score. (GS, WPG: the kernels' GSIZE and
+// their warps per group, macros there; W, the array's last extent, may exceed WPG.)
+template <int GS, int WPG, int NG, int W>
+__device__ __forceinline__ void store_group_best_two(float (&gtop)[2][NG][W], float biased, int me, int warp) {
+    float m1 = biased, m2 = __int_as_float(0xff800000);
+#pragma unroll
+    for (int o = 1; o < (GS < 32 ? GS : 32); o <<= 1) {
+        const float o1 = __shfl_xor_sync(0xFFFFFFFFu, m1, o), o2 = __shfl_xor_sync(0xFFFFFFFFu, m2, o);
+        const float hi = fmaxf(m1, o1), lo = fmaxf(fminf(m1, o1), fmaxf(m2, o2));
+        m1 = hi;
+        m2 = lo;
+    }
+    const int group = me / GS;
+    if (me % (GS < 32 ? GS : 32) == 0) {
+        const int part = GS >= 32 ? warp % WPG : 0;
+        gtop[0][group][part] = m1;
+        gtop[1][group][part] = m2;
+    }
+}
+
+// The grouped top-k's second half, after that barrier: each group's score is the sum of its two best biased scores
+// (over its WPG warps' pairs in gtop), and the best NK groups are kept (ties: the lower group first). FAST (the kept
+// groups' warps alone rank their experts, which needs groups of whole warps) sets `kept` (bit g: group g is kept);
+// with LEAN too that is all, and the keys stand as they are (no kept warp reads a dropped group's). Otherwise a lane
+// of a dropped `group` zeroes its `key`. Every lane of the selecting warps calls it.
+template <int NG, int NK, int WPG, bool FAST, bool LEAN, int W>
+__device__ __forceinline__ void rank_groups(const float (&gtop)[2][NG][W], int group, int lane, u32 &key, u32 &kept) {
+    float gs = __int_as_float(0xff800000);
+    if (lane < NG) {
+        float a1 = gtop[0][lane][0], a2 = gtop[1][lane][0];
+#pragma unroll
+        for (int w = 1; w < WPG; ++w) {
+            const float o1 = gtop[0][lane][w], o2 = gtop[1][lane][w];
+            const float hi = fmaxf(a1, o1), lo = fmaxf(fminf(a1, o1), fmaxf(a2, o2));
+            a1 = hi;
+            a2 = lo;
+        }
+        gs = a1 + a2;
+    }
+    if constexpr (FAST && LEAN) {
+        kept = kept_groups_mask<NG, NK>(gs, lane);
+    } else {
+        const float mine = __shfl_sync(0xFFFFFFFFu, gs, group);
+        int rank = 0, lane_rank = 0;  // lane_rank (FAST): lane g < NG's group g's rank
+#pragma unroll
+        for (int g = 0; g < NG; ++g) {
+            const float other = __shfl_sync(0xFFFFFFFFu, gs, g);
+            rank += (other > mine || (other == mine && g < group)) ? 1 : 0;
+            if constexpr (FAST) lane_rank += (other > gs || (other == gs && g < lane)) ? 1 : 0;
+        }
+        if constexpr (FAST) kept = __ballot_sync(0xFFFFFFFFu, lane < NG && lane_rank < NK);
+        if (rank >= NK) key = 0u;
+    }
+}
+
 // Candidate me / SUB's rank among the N distinct 64-bit keys of `keys` (TK to a row of W), the
 // comparisons split over SUB consecutive lanes of a warp (every lane calls it); `ck` gets the candidate.
 template <int N, int SUB, int TK, int W>
