@@ -1481,12 +1481,7 @@ moe_decode(const unsigned short *__restrict__ x,    // [H] bf16
 #undef SEL_CANDS
 #undef SEL_SUB
 #else
-                int wrank = 0;
-#pragma unroll
-                for (int j = 0; j < 32; ++j) {
-                    const u32 kj = __shfl_sync(0xFFFFFFFFu, key, j);
-                    wrank += (int)((kj > key) | ((kj == key) & (j < lane)));
-                }
+                const int wrank = rank_in_warp(key, lane);
                 const u64 mykey = (u64)key << 32 | (u32)~me;
                 if (wrank < TOPK) {
                     sm.rt.key[warp][wrank] = mykey;

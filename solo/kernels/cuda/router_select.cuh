@@ -93,12 +93,7 @@ __device__ __forceinline__ void select_top(SelectScratch &s, float sc, float bia
 #else
     // this warp's best TOPK, in order: each lane's rank among the warp's 32 (ties: the lower lane, which
     // is the lower index), and the first TOPK write themselves down
-    int wrank = 0;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-        const u32 kj = __shfl_sync(0xFFFFFFFFu, key, j);
-        wrank += (int)((kj > key) | ((kj == key) & (j < lane)));
-    }
+    const int wrank = rank_in_warp(key, lane);
     if (wrank < TOPK) {
         s.key[warp][wrank] = (u64)key << 32 | (u32)~me;
         s.score[warp][wrank] = sc;
