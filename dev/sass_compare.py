@@ -42,8 +42,9 @@ ROUTER_VARIANTS = {"product": {}, "no_fast_select": {"FAST_SELECT": 0}, "no_lean
 ROUTER = dict(H=2560, E=512, GROUPS=8, KEEP=4, TOPK=8, RENORM=1, WARPS=16, EPW=1, FAST_SELECT=1, LEAN_SELECT=1)
 # the fused KDA front as the H100's product builds it (decode_step.KDA_FRONT_BUILD: 1 task ahead, global exchange, a
 # ring of 3 task slots, the g rows last; cuda_kda.CudaKdaFront._kernel's defines)
-KDA_FRONT = dict(K=2560, H=32, DK=128, SPLIT=SPLIT, WARPS=10, TA=1, SAFE_GATE=1, MIN_BLOCKS=1, L2A=0, XCHG=1, RING=3)
-KDA_FRONT.update(GLAST=1, L2O=0)
+KDA_FRONT = dict(
+    K=2560, H=32, DK=128, SPLIT=SPLIT, WARPS=10, TA=1, SAFE_GATE=1, MIN_BLOCKS=1, L2A=0, XCHG=1, RING=3, GLAST=1, L2O=0
+)
 REGISTER = re.compile(r"\bR\d+\b")
 
 

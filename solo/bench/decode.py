@@ -383,7 +383,7 @@ def measure_config(args: argparse.Namespace, config: Config, config_index: int =
         result["mla_gluon_window"] = model.decode_step.mla_gluon_window()  # (verification's; this card's)
         result["gate_up_window"] = model.decode_step.gate_up_window()  # the MoE kernels' window (this card's)
         result["shared_beside_router"] = model.decode_step.shared_beside_router  # (verification's; this card's)
-        result["shared_down_beside"] = model.decode_step.describe()["shared_down_beside"]  # (... its down too)
+        result["shared_down_beside"] = model.decode_step.shared_expert_beside_router()  # (... its down too)
     if model.decode_step is None and getattr(model, "decode_step_note", ""):
         result["decode_step_note"] = model.decode_step_note
     result["copy_bandwidth_gbs"] = round(copy_bandwidth(device) / 1e9, 1)

@@ -259,7 +259,6 @@ class TensorParallel:
         if self.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
         self.group = self.control = None
-        self.shm = None
 
 
 TRANSPORTS = ("auto", "gloo", "shm")

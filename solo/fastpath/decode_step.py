@@ -849,6 +849,11 @@ class FusedDecodeStep:
         solo.kernels.fused_mla.GLUON_RING_CARDS where Gluon can run), not the Triton kernel."""
         return any(mla.ONE_TOKEN.gluon for mla in self._mlas())
 
+    def shared_expert_beside_router(self) -> bool:
+        """Whether verification's whole shared expert runs beside its router: shared_down_beside needs the shared
+        gate_up there too (shared_beside_router)."""
+        return self.shared_beside_router and self.shared_down_beside
+
     def mla_gluon_window(self) -> bool:
         """Whether verification's MLA attention is the Gluon ring (the product's on the cards of
         solo.kernels.fused_mla.GLUON_WINDOW_CARDS where Gluon can run), not the Triton kernel."""
@@ -1006,7 +1011,7 @@ class FusedDecodeStep:
             "handoff": self.handoff,
             "shared_late_wait": self.shared_late_wait,
             "shared_beside_router": self.shared_beside_router,
-            "shared_down_beside": self.shared_beside_router and self.shared_down_beside,
+            "shared_down_beside": self.shared_expert_beside_router(),
             "kda_l2_ahead": self.kda_l2_ahead,
             "kda_fronts": self.kda_fronts(),
             "kda_front_build": self.kda_front_build,

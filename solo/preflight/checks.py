@@ -358,7 +358,7 @@ def check_decode_step(engine: Engine, requested: str) -> Check:
         evidence["mla_gluon_window"] = True
     if step.shared_beside_router:  # verification's shared gate_up on the side stream beside its router (this card's)
         evidence["shared_beside_router"] = True
-    if step.describe()["shared_down_beside"]:  # ... and its shared down, the routed down adding both (this card's)
+    if step.shared_expert_beside_router():  # ... and its shared down, the routed down adding both (this card's)
         evidence["shared_down_beside"] = True
     if window := step.gate_up_window():  # the MoE kernels' gate_up tiles in a window (this card's choice)
         evidence["gate_up_window"] = window
